@@ -1,0 +1,102 @@
+"""The op registry: per-op metadata and backend dispatch.
+
+Each op module builds one :class:`OpSpec` and registers it; ``linattn.ops.list_ops()`` and
+``linattn.ops.op_info(name)`` read the registry. ``OpSpec.resolve`` turns a ``backend=`` argument
+into the implementation to call, with a clear error when that backend does not exist for the op.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+BACKENDS = ("recurrent", "parallel", "chunk", "triton")
+AUTO_ORDER_CPU = ("chunk", "parallel", "recurrent")
+
+
+@dataclass
+class OpSpec:
+    """Metadata and implementations of one op.
+
+    ``implementations`` maps a backend name to a callable with the op's full signature minus
+    ``backend`` (inputs already validated). ``no_parallel_reason`` says why an op has no explicit
+    matrix form, where it has none.
+    """
+
+    name: str
+    family: str
+    equation: str
+    op_args: tuple[str, ...]
+    state_shape: str
+    fn: Callable | None = None
+    step: Callable | None = None
+    implementations: dict[str, Callable] = field(default_factory=dict)
+    no_parallel_reason: str = ""
+    notes: str = ""
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        return tuple(b for b in BACKENDS if b in self.implementations)
+
+    def resolve(self, backend: str, device: torch.device) -> Callable:
+        """The implementation for ``backend`` ("auto": triton on CUDA when present, else chunk)."""
+        if backend == "auto":
+            if device.type == "cuda" and "triton" in self.implementations:
+                return self.implementations["triton"]
+            for name in AUTO_ORDER_CPU:
+                if name in self.implementations:
+                    return self.implementations[name]
+        if backend not in BACKENDS:
+            raise ValueError(
+                f"backend must be one of 'auto', {', '.join(repr(b) for b in BACKENDS)}; got {backend!r}"
+            )
+        if backend not in self.implementations:
+            why = f" ({self.no_parallel_reason})" if backend == "parallel" and self.no_parallel_reason else ""
+            raise ValueError(
+                f"backend={backend!r} is not available for {self.name}{why}; "
+                f"available: {', '.join(self.backends)}"
+            )
+        if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(
+                f"backend='triton' needs CUDA tensors (got device {device}); "
+                "set TRITON_INTERPRET=1 to run the kernels on the CPU"
+            )
+        return self.implementations[backend]
+
+    def info(self) -> dict:
+        """Plain-data description of the op (for ``linattn list`` and docs)."""
+        return {
+            "name": self.name,
+            "family": self.family,
+            "equation": self.equation,
+            "args": list(self.op_args),
+            "state_shape": self.state_shape,
+            "backends": list(self.backends),
+            "has_step": self.step is not None,
+            "no_parallel_reason": self.no_parallel_reason,
+            "notes": self.notes,
+        }
+
+
+_REGISTRY: dict[str, OpSpec] = {}
+
+
+def register_op(spec: OpSpec) -> OpSpec:
+    """Add ``spec`` to the registry (re-registering a name replaces it)."""
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def get_op(name: str) -> OpSpec:
+    """The spec of op ``name``; ValueError listing the known ops otherwise."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown op {name!r}; known ops: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]
+
+
+def list_ops() -> list[str]:
+    """Names of all registered ops, sorted."""
+    return sorted(_REGISTRY)

@@ -1,0 +1,82 @@
+"""Public entry points of simple_gla: validation, backend dispatch, registry entry."""
+
+from __future__ import annotations
+
+import torch
+
+from ..common.checks import (
+    check_chunk_size,
+    check_initial_state,
+    check_qkv,
+    check_scalar_gate,
+    check_shape,
+    check_step_qkv,
+    resolve_scale,
+)
+from ..common.registry import OpSpec, register_op
+from .reference import simple_gla_parallel, simple_gla_recurrent, simple_gla_step_reference
+
+SPEC = register_op(
+    OpSpec(
+        name="simple_gla",
+        family="decay",
+        equation="S_t = exp(g_t) S_{t-1} + k_t v_t^T;  o_t = S_t^T q_t",
+        op_args=("g",),
+        state_shape="[B, H, K, V]",
+        implementations={"recurrent": simple_gla_recurrent, "parallel": simple_gla_parallel},
+    )
+)
+
+
+def simple_gla(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    backend: str = "auto",
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Linear attention with a data-dependent scalar decay per head (Mamba2 / SSD core).
+
+    S_t = exp(g_t) S_{t-1} + k_t v_t^T,   o_t = S_t^T (scale q_t).
+
+    Args: q, k [B, T, H, K]; v [B, T, H, V]; g [B, T, H] log decay (<= 0); initial_state
+    [B, H, K, V]. Returns (o [B, T, H, V] in q's dtype, final state [B, H, K, V] float32 or None).
+    """
+    d = check_qkv(q, k, v)
+    check_scalar_gate("g", g, d)
+    check_initial_state(initial_state, d)
+    check_chunk_size(chunk_size)
+    impl = SPEC.resolve(backend, q.device)
+    return impl(
+        q, k, v, g,
+        scale=resolve_scale(scale, d.K),
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        chunk_size=chunk_size,
+    )
+
+
+def simple_gla_step(
+    q_t: torch.Tensor,
+    k_t: torch.Tensor,
+    v_t: torch.Tensor,
+    g_t: torch.Tensor,
+    state: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoding step of :func:`simple_gla`: q_t, k_t [B, H, K], v_t [B, H, V], g_t [B, H]."""
+    d = check_step_qkv(q_t, k_t, v_t)
+    check_shape("g_t", g_t, (d.B, d.H), "[B, H]")
+    if state is not None:
+        check_shape("state", state, (d.B, d.H, d.K, d.V), "[B, H, K, V]")
+    return simple_gla_step_reference(q_t, k_t, v_t, g_t, state, scale=resolve_scale(scale, d.K))
+
+
+SPEC.fn = simple_gla
+SPEC.step = simple_gla_step
