@@ -23,7 +23,10 @@ class OpSpec:
 
     ``implementations`` maps a backend name to a callable with the op's full signature minus
     ``backend`` (inputs already validated). ``no_parallel_reason`` says why an op has no explicit
-    matrix form, where it has none.
+    matrix form, where it has none. ``example_inputs(B, T, H, K, V, *, dtype, device, seed, g_value)``
+    returns a dict of keyword arguments for ``fn`` (q, k, v and the op's own arguments) with
+    realistic values (e.g. L2-normalised keys for delta rules); ``g_value`` (when not None) sets every
+    log gate to that constant. Benchmarks and registry-wide tests use it.
     """
 
     name: str
@@ -34,6 +37,7 @@ class OpSpec:
     fn: Callable | None = None
     step: Callable | None = None
     implementations: dict[str, Callable] = field(default_factory=dict)
+    example_inputs: Callable[..., dict] | None = None
     no_parallel_reason: str = ""
     notes: str = ""
 

@@ -78,5 +78,17 @@ def simple_gla_step(
     return simple_gla_step_reference(q_t, k_t, v_t, g_t, state, scale=resolve_scale(scale, d.K))
 
 
+def simple_gla_example_inputs(
+    B: int, T: int, H: int, K: int, V: int, *, dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu", seed: int = 0, g_value: float | None = None,
+) -> dict[str, torch.Tensor]:
+    """Random q, k, v and log decays g in [-0.5, 0) (or all ``g_value``) for tests and benchmarks."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, T, H, d, generator=gen) for d in (K, K, V))
+    g = -0.5 * torch.rand(B, T, H, generator=gen) if g_value is None else torch.full((B, T, H), float(g_value))
+    return {name: x.to(device=device, dtype=dtype) for name, x in dict(q=q, k=k, v=v, g=g).items()}
+
+
 SPEC.fn = simple_gla
+SPEC.example_inputs = simple_gla_example_inputs
 SPEC.step = simple_gla_step
