@@ -25,12 +25,50 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 2
 
 
+def _cmd_bench_ops(args: argparse.Namespace) -> int:
+    import torch
+
+    from linattn.bench.ops import format_table, rows_as_dicts, run_ops_bench
+
+    cuda = args.device == "cuda"
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[
+        args.dtype or ("bfloat16" if cuda else "float32")]
+    shape = dict(B=args.B or (4 if cuda else 1), H=args.H or (16 if cuda else 4),
+                 K=args.K or (128 if cuda else 64), V=args.V or (128 if cuda else 64))
+    lengths = [int(t) for t in (args.lengths or ("2048,4096,8192,16384,32768,65536" if cuda else "2048")).split(",")]
+    impls = (args.impls or ("chunk,triton,fla,sdpa" if cuda else "recurrent,parallel,chunk,sdpa")).split(",")
+    ops = (args.ops or "simple_gla,gla,delta_rule,gated_delta_rule").split(",")
+    rows = run_ops_bench(ops, lengths, impls, dtype=dtype, device=torch.device(args.device),
+                         repeats=args.repeats, memory=not args.no_memory, **shape)
+    header = (f"device={args.device} dtype={str(dtype).replace('torch.', '')} "
+              f"B={shape['B']} H={shape['H']} K={shape['K']} V={shape['V']} torch={torch.__version__}")
+    table = header + "\n\n" + format_table(rows)
+    print(table)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"header": header, "rows": rows_as_dicts(rows)}, f, indent=1)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="linattn", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("list", help="list the ops with their backends and equations")
     p.add_argument("--json", action="store_true", help="print machine-readable metadata")
     p.set_defaults(func=_cmd_list)
+    bench = sub.add_parser("bench", help="speed / memory benchmarks").add_subparsers(dest="what", required=True)
+    p = bench.add_parser("ops", help="time every backend of the ops (and SDPA, FLA) at several lengths")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--ops", help="comma-separated op names (default: simple_gla,gla,delta_rule,gated_delta_rule)")
+    p.add_argument("--lengths", help="comma-separated T values (cpu default 2048; cuda 2048..65536)")
+    p.add_argument("--impls", help="comma-separated: recurrent,parallel,chunk,triton,fla,sdpa")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    for name in ("B", "H", "K", "V"):
+        p.add_argument(f"--{name}", type=int)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--no-memory", action="store_true", help="skip peak-memory measurement")
+    p.add_argument("--out", help="also write the rows as JSON to this file")
+    p.set_defaults(func=_cmd_bench_ops)
     p = sub.add_parser("run", help="run a named study (shortconv, lra)")
     p.add_argument("study")
     p.add_argument("--preset", default="smoke", choices=["smoke", "full"])

@@ -1,0 +1,1 @@
+"""Speed and memory benchmarks of ops (``linattn bench ops``) and decoding (``linattn bench decode``)."""

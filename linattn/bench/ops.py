@@ -1,0 +1,164 @@
+"""``linattn bench ops``: per op and sequence length, forward and forward+backward time of every
+backend, torch SDPA (causal flash attention) and FLA (when importable) in the same process, with
+ratios and peak memory.
+
+Speed-ups are reported as ``other_time / our_time`` (above 1: ours is faster).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+
+from linattn.ops import get_op
+
+from .memprobe import probe
+from .timing import cuda_peak_mb, median_ms
+
+# FLA's chunk kernels for the ops that have one, same argument names and [B, T, H, K] layout.
+FLA_FUNCTIONS = {
+    "simple_gla": ("fla.ops.simple_gla", "chunk_simple_gla"),
+    "gla": ("fla.ops.gla", "chunk_gla"),
+    "delta_rule": ("fla.ops.delta_rule", "chunk_delta_rule"),
+    "gated_delta_rule": ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"),
+    "retention": ("fla.ops.retention", "chunk_retention"),
+    "linear_attn": ("fla.ops.linear_attn", "chunk_linear_attn"),
+}
+
+
+@dataclass
+class BenchRow:
+    """One measured implementation at one shape. Times in ms (None: not run), memory in MiB."""
+
+    op: str
+    T: int
+    impl: str
+    fwd_ms: float | None
+    fwdbwd_ms: float | None
+    peak_mb: float | None
+    note: str = ""
+
+
+def _fla_function(op: str):
+    if op not in FLA_FUNCTIONS:
+        return None
+    module, name = FLA_FUNCTIONS[op]
+    try:
+        return getattr(importlib.import_module(module), name)
+    except Exception:  # FLA missing or broken on this stack: the row is simply absent
+        return None
+
+
+def _timed(call, inputs: dict, device: torch.device, repeats: int, budget_s: float, memory: bool,
+           fwdbwd: bool) -> tuple[float, float | None, float | None]:
+    leaves = {n: (x.detach().requires_grad_(True) if isinstance(x, torch.Tensor) and x.is_floating_point() else x)
+              for n, x in inputs.items()}
+
+    def fwd():
+        with torch.no_grad():
+            call(leaves)
+
+    def fwd_bwd():
+        out = call(leaves)
+        out.backward(torch.ones_like(out))
+        for x in leaves.values():
+            if isinstance(x, torch.Tensor):
+                x.grad = None
+
+    fwd_ms = median_ms(fwd, device, repeats, budget_s=budget_s)
+    fb_ms = median_ms(fwd_bwd, device, repeats, budget_s=budget_s) if fwdbwd else None
+    peak = cuda_peak_mb(fwd_bwd if fwdbwd else fwd, device) if memory and device.type == "cuda" else None
+    return fwd_ms, fb_ms, peak
+
+
+def bench_op(op: str, T: int, impl: str, *, B: int, H: int, K: int, V: int, dtype: torch.dtype,
+             device: torch.device, repeats: int = 5, budget_s: float = 30.0, memory: bool = True,
+             fwdbwd: bool = True) -> BenchRow | None:
+    """Time one implementation ("recurrent", "parallel", "chunk", "triton", "fla", "sdpa") of ``op``."""
+    spec = get_op(op)
+    inputs = spec.example_inputs(B, T, H, K, V, dtype=dtype, device=device)
+    if impl == "sdpa":
+        q, k, v = (inputs[n].transpose(1, 2) for n in ("q", "k", "v"))
+        call = lambda x: F.scaled_dot_product_attention(x["q"], x["k"], x["v"], is_causal=True)
+        inputs = {"q": q, "k": k, "v": v}
+    elif impl == "fla":
+        fn = _fla_function(op)
+        if fn is None:
+            return None
+        call = lambda x: fn(**x)[0]
+    else:
+        if impl not in spec.backends:
+            return None
+        call = lambda x: spec.fn(**x, backend=impl)[0]
+    try:
+        fwd_ms, fb_ms, peak = _timed(call, inputs, device, repeats, budget_s, memory, fwdbwd)
+    except Exception as err:  # e.g. FLA refusing a kernel on this GPU: report it, keep going
+        return BenchRow(op, T, impl, None, None, None, note=f"{type(err).__name__}: {str(err)[:80]}")
+    if memory and device.type == "cpu" and impl in spec.backends and impl != "recurrent":
+        peak = probe(op, impl, B, T, H, K, V, "fwdbwd" if fwdbwd else "fwd")  # fresh process: a clean peak
+    return BenchRow(op, T, impl, fwd_ms, fb_ms, peak)
+
+
+def run_ops_bench(ops: list[str], lengths: list[int], impls: list[str], *, B: int, H: int, K: int, V: int,
+                  dtype: torch.dtype, device: torch.device, repeats: int = 5, budget_s: float = 30.0,
+                  max_recurrent_T: int = 4096, max_parallel_T: int = 8192, memory: bool = True,
+                  progress: bool = True) -> list[BenchRow]:
+    """Measure every (op, T, impl); the recurrent and parallel forms are skipped above their limits
+    (a Python loop over T tokens, and a T x T matrix)."""
+    from tqdm import tqdm
+
+    jobs = [(op, T, impl) for op in ops for T in lengths for impl in impls]
+    rows: list[BenchRow] = []
+    sdpa_done: set[int] = set()
+    for op, T, impl in tqdm(jobs, disable=not progress, desc="bench ops"):
+        if (impl == "recurrent" and T > max_recurrent_T) or (impl == "parallel" and T > max_parallel_T):
+            continue
+        if impl == "sdpa":  # one SDPA row per length, shared by every op
+            if T in sdpa_done:
+                continue
+            sdpa_done.add(T)
+            row = bench_op(ops[0], T, "sdpa", B=B, H=H, K=K, V=V, dtype=dtype, device=device, repeats=repeats,
+                           budget_s=budget_s, memory=memory)
+            row.op = "(sdpa causal)"
+        else:
+            row = bench_op(op, T, impl, B=B, H=H, K=K, V=V, dtype=dtype, device=device, repeats=repeats,
+                           budget_s=budget_s, memory=memory)
+        if row is not None:
+            rows.append(row)
+    return rows
+
+
+def _fmt(x: float | None, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def format_table(rows: list[BenchRow]) -> str:
+    """Markdown table with, per row, speed-ups (fwd+bwd) over recurrent, SDPA and FLA at the same T."""
+    by_key = {(r.op, r.T, r.impl): r for r in rows}
+    sdpa = {r.T: r for r in rows if r.impl == "sdpa"}
+    lines = ["| op | T | impl | fwd ms | fwd+bwd ms | peak MiB | x recurrent | x sdpa | x fla | note |",
+             "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+
+    def ratio(other: BenchRow | None, r: BenchRow) -> str:
+        if other is None or other.fwdbwd_ms is None or r.fwdbwd_ms is None:
+            return "-"
+        return f"{other.fwdbwd_ms / r.fwdbwd_ms:.2f}"
+
+    for r in rows:
+        rec = by_key.get((r.op, r.T, "recurrent"))
+        fla = by_key.get((r.op, r.T, "fla"))
+        own = r.impl not in ("sdpa",)
+        lines.append(
+            f"| {r.op} | {r.T} | {r.impl} | {_fmt(r.fwd_ms)} | {_fmt(r.fwdbwd_ms)} | {_fmt(r.peak_mb, 1)} | "
+            f"{ratio(rec, r) if own and r.impl != 'recurrent' else '-'} | "
+            f"{ratio(sdpa.get(r.T), r) if own else '-'} | "
+            f"{ratio(fla, r) if own and r.impl not in ('fla',) else '-'} | {r.note} |"
+        )
+    return "\n".join(lines)
+
+
+def rows_as_dicts(rows: list[BenchRow]) -> list[dict]:
+    return [asdict(r) for r in rows]

@@ -1,0 +1,47 @@
+"""Timing and peak-memory primitives for the benchmarks (CPU and CUDA).
+
+Timings are medians over repeats after warm-up; on CUDA, each repeat is bracketed by
+synchronisation so that asynchronous launches are counted. Figures are meant to be read as ratios
+measured in one process on one device.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_ms(fn: Callable[[], object], device: torch.device, repeats: int = 5, warmup: int = 1,
+              budget_s: float | None = None) -> float:
+    """Median wall time of ``fn()`` in milliseconds (stops early once ``budget_s`` is spent)."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times: list[float] = []
+    start_all = time.perf_counter()
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+        if budget_s is not None and time.perf_counter() - start_all > budget_s:
+            break
+    return statistics.median(times)
+
+
+def cuda_peak_mb(fn: Callable[[], object], device: torch.device) -> float:
+    """Peak CUDA memory allocated during ``fn()`` above what was allocated before, in MiB."""
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return (torch.cuda.max_memory_allocated(device) - base) / 2**20

@@ -1,0 +1,41 @@
+"""The benchmark harness and the CLI run end to end at tiny sizes (function, not timing)."""
+
+import json
+
+import torch
+
+from linattn.bench.memprobe import probe
+from linattn.bench.ops import format_table, run_ops_bench
+from linattn.cli import main
+
+
+def test_ops_bench_rows_and_table():
+    rows = run_ops_bench(["simple_gla"], [16, 33], ["recurrent", "parallel", "sdpa", "fla"], B=1, H=2, K=8, V=4,
+                         dtype=torch.float32, device=torch.device("cpu"), repeats=1, memory=False, progress=False)
+    impls = {(r.T, r.impl) for r in rows}
+    assert {(16, "recurrent"), (16, "parallel"), (16, "sdpa"), (33, "parallel")} <= impls
+    assert all(r.fwd_ms > 0 and r.fwdbwd_ms > 0 for r in rows)
+    table = format_table(rows)
+    assert table.count("\n") == len(rows) + 1 and "x recurrent" in table
+
+
+def test_recurrent_skipped_above_limit():
+    rows = run_ops_bench(["simple_gla"], [40], ["recurrent", "parallel"], B=1, H=1, K=4, V=4, dtype=torch.float32,
+                         device=torch.device("cpu"), repeats=1, max_recurrent_T=32, memory=False, progress=False)
+    assert [r.impl for r in rows] == ["parallel"]
+
+
+def test_memprobe_grows_with_length():
+    small = probe("simple_gla", "parallel", 1, 64, 1, 8, 8)
+    large = probe("simple_gla", "parallel", 1, 2048, 4, 8, 8)  # T x T matrices: ~200 MiB
+    assert large > small and large > 50
+
+
+def test_cli_list_and_bench(tmp_path, capsys):
+    assert main(["list", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert "simple_gla" in [r["name"] for r in listed]
+    out = tmp_path / "bench.json"
+    assert main(["bench", "ops", "--ops", "simple_gla", "--lengths", "16", "--impls", "parallel",
+                 "--K", "8", "--V", "8", "--repeats", "1", "--no-memory", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["rows"][0]["impl"] == "parallel"
