@@ -14,6 +14,7 @@ from ..common.checks import (
     resolve_scale,
 )
 from ..common.registry import OpSpec, register_op
+from .chunk import simple_gla_chunk
 from .reference import simple_gla_parallel, simple_gla_recurrent, simple_gla_step_reference
 
 SPEC = register_op(
@@ -23,7 +24,11 @@ SPEC = register_op(
         equation="S_t = exp(g_t) S_{t-1} + k_t v_t^T;  o_t = S_t^T q_t",
         op_args=("g",),
         state_shape="[B, H, K, V]",
-        implementations={"recurrent": simple_gla_recurrent, "parallel": simple_gla_parallel},
+        implementations={
+            "recurrent": simple_gla_recurrent,
+            "parallel": simple_gla_parallel,
+            "chunk": simple_gla_chunk,
+        },
     )
 )
 
@@ -45,7 +50,9 @@ def simple_gla(
     S_t = exp(g_t) S_{t-1} + k_t v_t^T,   o_t = S_t^T (scale q_t).
 
     Args: q, k [B, T, H, K]; v [B, T, H, V]; g [B, T, H] log decay (<= 0); initial_state
-    [B, H, K, V]. Returns (o [B, T, H, V] in q's dtype, final state [B, H, K, V] float32 or None).
+    [B, H, K, V]; backend "recurrent", "parallel", "chunk" or "auto" (= "chunk"); chunk_size, the
+    chunk length of the chunk backend (any positive int; 16, 32, 64, 128 are tested).
+    Returns (o [B, T, H, V] in q's dtype, final state [B, H, K, V] float32 or None).
     """
     d = check_qkv(q, k, v)
     check_scalar_gate("g", g, d)
