@@ -1,0 +1,102 @@
+"""Public entry points of gla: validation, backend dispatch, registry entry."""
+
+from __future__ import annotations
+
+import torch
+
+from ..common.checks import (
+    check_chunk_size,
+    check_initial_state,
+    check_qkv,
+    check_shape,
+    check_step_qkv,
+    check_vector_gate,
+    resolve_scale,
+)
+from ..common.registry import OpSpec, register_op
+from .chunk import gla_chunk
+from .reference import gla_parallel, gla_recurrent, gla_step_reference
+
+SPEC = register_op(
+    OpSpec(
+        name="gla",
+        family="decay",
+        equation="S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T;  o_t = S_t^T q_t",
+        op_args=("g",),
+        state_shape="[B, H, K, V]",
+        implementations={"recurrent": gla_recurrent, "parallel": gla_parallel, "chunk": gla_chunk},
+        notes="parallel builds a [B, T, T, H, K] decay tensor: for small T only",
+    )
+)
+
+
+def gla(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    backend: str = "auto",
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Gated linear attention: a data-dependent decay per key channel (Yang et al., 2023).
+
+    S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T,   o_t = S_t^T (scale q_t).
+
+    Args: q, k [B, T, H, K]; v [B, T, H, V]; g [B, T, H, K] log decay (<= 0); initial_state
+    [B, H, K, V]; backend "recurrent", "parallel", "chunk" or "auto" (= "chunk"); chunk_size, the
+    chunk length of the chunk backend (any positive int; 16, 32, 64, 128 are tested).
+    Returns (o [B, T, H, V] in q's dtype, final state [B, H, K, V] float32 or None).
+    """
+    d = check_qkv(q, k, v)
+    check_vector_gate("g", g, d)
+    check_initial_state(initial_state, d)
+    check_chunk_size(chunk_size)
+    impl = SPEC.resolve(backend, q.device)
+    return impl(
+        q, k, v, g,
+        scale=resolve_scale(scale, d.K),
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        chunk_size=chunk_size,
+    )
+
+
+def gla_step(
+    q_t: torch.Tensor,
+    k_t: torch.Tensor,
+    v_t: torch.Tensor,
+    g_t: torch.Tensor,
+    state: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoding step of :func:`gla`: q_t, k_t, g_t [B, H, K], v_t [B, H, V], state [B, H, K, V].
+
+    S = diag(exp(g_t)) S + k_t v_t^T,   o_t = S^T (scale q_t).
+    """
+    d = check_step_qkv(q_t, k_t, v_t)
+    check_shape("g_t", g_t, (d.B, d.H, d.K), "[B, H, K]")
+    if state is not None:
+        check_shape("state", state, (d.B, d.H, d.K, d.V), "[B, H, K, V]")
+    return gla_step_reference(q_t, k_t, v_t, g_t, state, scale=resolve_scale(scale, d.K))
+
+
+def gla_example_inputs(
+    B: int, T: int, H: int, K: int, V: int, *, dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu", seed: int = 0, g_value: float | None = None,
+) -> dict[str, torch.Tensor]:
+    """Random q, k, v and per-channel log decays g in [-0.5, 0) (or all ``g_value``)."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, T, H, d, generator=gen) for d in (K, K, V))
+    shape = (B, T, H, K)
+    g = -0.5 * torch.rand(*shape, generator=gen) if g_value is None else torch.full(shape, float(g_value))
+    return {name: x.to(device=device, dtype=dtype) for name, x in dict(q=q, k=k, v=v, g=g).items()}
+
+
+SPEC.fn = gla
+SPEC.example_inputs = gla_example_inputs
+SPEC.step = gla_step
