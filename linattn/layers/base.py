@@ -1,0 +1,136 @@
+"""The shared frame of every op-backed mixer layer.
+
+One layer = projections q, k, v (``tie_kv``: v reuses k's projection) -> optional ShortConv on any
+of the streams (``short_conv`` letters, ``conv_mode``) -> per-head reshape -> the subclass's
+feature maps and gates (:meth:`MixerLayer.mix_inputs`) -> the op (full sequence, or its step
+function for a single token with a cache) -> per-head output RMSNorm, optionally gated by
+SiLU(W_g x) -> output projection. A subclass states its paper's parameterisation and fills in
+:meth:`mix_inputs` (and at most a few class attributes).
+
+``forward(x, cache=None) -> (y, cache)``: the returned :class:`LayerCache` holds the ShortConv
+caches and the op state, so prefill then single-token steps equals one full forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from .cache import LayerCache
+from .checks import check_layer_input, check_short_conv, head_dims
+from .shortconv import ShortConv
+
+TokenArgs = list[tuple[torch.Tensor, bool]]  # the op's positional args after v: (tensor, varies over time)
+
+
+class MixerLayer(nn.Module):
+    """Base of the op-backed layers. Subclasses set ``op`` / ``op_step`` (the op's public functions),
+    ``default_short_conv``, ``default_output_norm``, ``default_output_gate``, ``scale`` (None: the
+    op's K^-1/2), and override :meth:`mix_inputs`.
+
+    Args: d_model; n_heads; head_dim (key width per head, default d_model / n_heads); head_dim_v
+    (value width, default head_dim); short_conv (letters of "qkv", "" for none; None: the paper's
+    default); conv_mode ("learned", "shift", "identity"); conv_kernel (4); conv_activation ("silu"
+    or None); tie_kv (v uses k's projection, before k's conv and feature map; needs head_dim_v ==
+    head_dim); output_norm / output_gate (None: the paper's default); backend ("auto", ...);
+    chunk_size; norm_eps.
+    """
+
+    op: Callable | None = None
+    op_step: Callable | None = None
+    default_short_conv: str = ""
+    default_output_norm: bool = True
+    default_output_gate: bool = False
+    scale: float | None = None
+    conv_letters: str = "qkv"
+
+    def __init__(self, d_model: int, n_heads: int, *, head_dim: int | None = None, head_dim_v: int | None = None,
+                 short_conv: str | None = None, conv_mode: str = "learned", conv_kernel: int = 4,
+                 conv_activation: str | None = "silu", tie_kv: bool = False, output_norm: bool | None = None,
+                 output_gate: bool | None = None, backend: str = "auto", chunk_size: int = 64,
+                 norm_eps: float = 1e-5) -> None:
+        super().__init__()
+        K = head_dims(d_model, n_heads, head_dim)
+        V = K if head_dim_v is None else head_dims(d_model, n_heads, head_dim_v)
+        short_conv = self.default_short_conv if short_conv is None else short_conv
+        self.short_conv = check_short_conv(short_conv, self.conv_letters)
+        if not isinstance(tie_kv, bool):
+            raise TypeError(f"tie_kv must be a bool, got {tie_kv!r}")
+        if tie_kv and V != K:
+            raise ValueError(f"tie_kv=True needs head_dim_v == head_dim, got head_dim_v={V}, head_dim={K}")
+        self.d_model, self.n_heads, self.head_dim, self.head_dim_v = d_model, n_heads, K, V
+        self.tie_kv, self.backend, self.chunk_size = tie_kv, backend, chunk_size
+        self.conv_mode = conv_mode
+        H = n_heads
+        self.q_proj = nn.Linear(d_model, H * K, bias=False)
+        self.k_proj = nn.Linear(d_model, H * K, bias=False)
+        self.v_proj = None if tie_kv else nn.Linear(d_model, H * V, bias=False)
+        widths = {"q": H * K, "k": H * K, "v": H * V}
+        self.convs = nn.ModuleDict({
+            c: ShortConv(widths[c], conv_kernel, conv_activation, mode=conv_mode) for c in self.short_conv
+        })
+        self.output_norm = self.default_output_norm if output_norm is None else bool(output_norm)
+        self.output_gate = self.default_output_gate if output_gate is None else bool(output_gate)
+        self.o_norm = nn.RMSNorm(V, eps=norm_eps) if self.output_norm else None
+        self.g_proj = nn.Linear(d_model, H * V, bias=False) if self.output_gate else None
+        self.o_proj = nn.Linear(H * V, d_model, bias=False)
+
+    # --- hooks for subclasses -------------------------------------------------------------------
+    def mix_inputs(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, TokenArgs, dict[str, Any]]:
+        """Feature maps and gates: q, k [B, T, H, K], v [B, T, H, V] after the ShortConvs; ``offset`` is
+        the position of x's first token. Returns (q, k, v, the op's positional args after v as
+        (tensor, varies_over_time) pairs, extra keyword args for the op and its step)."""
+        return q, k, v, [], {}
+
+    def skip(self, o: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Added to the op output before the output norm (e.g. Mamba2's D skip); default none."""
+        return o
+
+    def op_kwargs(self) -> dict[str, Any]:
+        """Keyword args of the full-sequence op call only (not of its step)."""
+        return {"backend": self.backend, "chunk_size": self.chunk_size}
+
+    # --- the frame --------------------------------------------------------------------------------
+    def streams(self, x: torch.Tensor, cache: LayerCache | None) -> tuple[dict[str, torch.Tensor], dict]:
+        """Projections q, k, v (flat [B, T, H*D]) after their ShortConvs, and the new conv caches."""
+        k = self.k_proj(x)
+        out = {"q": self.q_proj(x), "k": k, "v": k if self.v_proj is None else self.v_proj(x)}
+        new_conv = {}
+        for name, conv in self.convs.items():
+            out[name], new_conv[name] = conv(out[name], None if cache is None else cache.conv.get(name))
+        return out, new_conv
+
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None, *, use_cache: bool = True
+                ) -> tuple[torch.Tensor, LayerCache | None]:
+        check_layer_input(x, self.d_model, cache)
+        B, T, _ = x.shape
+        H, K, V = self.n_heads, self.head_dim, self.head_dim_v
+        offset = 0 if cache is None else cache.offset
+        s, new_conv = self.streams(x, cache)
+        q, k, v = s["q"].view(B, T, H, K), s["k"].view(B, T, H, K), s["v"].view(B, T, H, V)
+        q, k, v, args, kwargs = self.mix_inputs(x, q, k, v, offset)
+        state = None if cache is None else cache.state
+        if cache is not None and T == 1 and state is not None:
+            step_args = [a[:, 0] if per_token else a for a, per_token in args]
+            o, state = self.op_step(q[:, 0], k[:, 0], v[:, 0], *step_args, state=state, scale=self.scale, **kwargs)
+            o = o[:, None]
+        else:
+            o, state = self.op(q, k, v, *[a for a, _ in args], scale=self.scale, initial_state=state,
+                               output_final_state=use_cache, **kwargs, **self.op_kwargs())
+        y = self.finish(self.skip(o, v), x)
+        return y, (LayerCache(new_conv, state, offset + T) if use_cache else None)
+
+    def finish(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Output norm per head, SiLU gate, output projection: o [B, T, H, V] -> [B, T, d_model]."""
+        B, T = o.shape[:2]
+        o = o.to(x.dtype)
+        if self.o_norm is not None:
+            o = self.o_norm(o)
+        o = o.reshape(B, T, -1)
+        if self.g_proj is not None:
+            o = o * torch.nn.functional.silu(self.g_proj(x))
+        return self.o_proj(o)

@@ -1,0 +1,52 @@
+"""Argument checks shared by the layers (errors name the argument and list the valid choices)."""
+
+from __future__ import annotations
+
+import torch
+
+from .cache import LayerCache
+
+CONV_LETTERS = "qkv"
+
+
+def check_positive_int(name: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def check_short_conv(short_conv: object, allowed: str = CONV_LETTERS) -> str:
+    """``short_conv`` is a string of distinct letters from ``allowed`` ("" for none)."""
+    valid = f"a subset of {allowed!r} such as {allowed[-1]!r} or {allowed!r}, or '' for none"
+    if not isinstance(short_conv, str):
+        raise ValueError(f"short_conv must be {valid}; got {short_conv!r}")
+    bad = sorted(set(short_conv) - set(allowed))
+    if bad or len(set(short_conv)) != len(short_conv):
+        raise ValueError(f"short_conv must be {valid}; got {short_conv!r}")
+    return "".join(c for c in allowed if c in short_conv)
+
+
+def head_dims(d_model: int, n_heads: int, head_dim: int | None) -> int:
+    """The per-head width: ``head_dim`` when given, else d_model / n_heads (which must divide)."""
+    check_positive_int("d_model", d_model)
+    check_positive_int("n_heads", n_heads)
+    if head_dim is not None:
+        return check_positive_int("head_dim", head_dim)
+    if d_model % n_heads:
+        divisors = [h for h in range(1, d_model + 1) if d_model % h == 0]
+        raise ValueError(f"n_heads={n_heads} must divide d_model={d_model} (valid n_heads: {divisors}), "
+                         "or pass head_dim")
+    return d_model // n_heads
+
+
+def check_layer_input(x: object, d_model: int, cache: object) -> torch.Tensor:
+    """``x`` is a floating ``[B, T, d_model]`` tensor with T >= 1; ``cache`` is None or a LayerCache."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        what = f"dtype {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise TypeError(f"x must be a floating torch.Tensor of shape [B, T, d_model], got {what}")
+    if x.dim() != 3 or x.shape[-1] != d_model or x.shape[1] < 1:
+        raise ValueError(f"x must have shape [B, T, d_model] with d_model = {d_model} and T >= 1, "
+                         f"got {list(x.shape)}")
+    if cache is not None and not isinstance(cache, LayerCache):
+        raise TypeError(f"cache must be None or a LayerCache, got {type(cache).__name__}")
+    return x

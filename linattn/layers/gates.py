@@ -1,0 +1,43 @@
+"""Gate parameterisations shared by several layers (DESIGN §4, FLA's defaults)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class MambaDecay(nn.Module):
+    """Mamba2-style scalar decay per head: dt = softplus(W_a x + dt_bias), g = -exp(A_log) * dt.
+
+    Returns (g [B, T, H] log decay <= 0, dt [B, T, H]). Initialisation as Mamba2: A = exp(A_log)
+    uniform in [1, 16], dt = softplus(dt_bias) log-uniform in [dt_min, dt_max] = [1e-3, 0.1].
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dt_min: float = 1e-3, dt_max: float = 0.1) -> None:
+        super().__init__()
+        self.a_proj = nn.Linear(d_model, n_heads, bias=False)
+        self.A_log = nn.Parameter(torch.empty(n_heads).uniform_(1.0, 16.0).log())
+        dt = torch.exp(torch.rand(n_heads) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dt = F.softplus(self.a_proj(x).float() + self.dt_bias.float())
+        return -torch.exp(self.A_log.float()) * dt, dt
+
+
+class LowRankLogSigmoidGate(nn.Module):
+    """GLA's gate: g = logsigmoid(W_2 W_1 x + b) / normaliser, [B, T, H, K] (rank 16, normaliser 16)."""
+
+    def __init__(self, d_model: int, n_heads: int, head_dim: int, rank: int = 16, normaliser: float = 16.0) -> None:
+        super().__init__()
+        self.n_heads, self.head_dim, self.normaliser = n_heads, head_dim, normaliser
+        self.down = nn.Linear(d_model, rank, bias=False)
+        self.up = nn.Linear(rank, n_heads * head_dim, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        g = F.logsigmoid(self.up(self.down(x)).float()) / self.normaliser
+        return g.view(B, T, self.n_heads, self.head_dim)

@@ -1,0 +1,71 @@
+"""The short convolution: a causal depthwise conv1d over time with a decoding cache.
+
+    y_t = act( sum_{i=0}^{W-1} w_i ⊙ x_{t-W+1+i} )      (x_s = 0 for s < 0, or the cached inputs)
+
+Modes (DESIGN §4): "learned" (trainable kernel, default), and two fixed controls for the study:
+"shift" outputs exactly x_{t-1} (a pure shift, no activation) and "identity" outputs act(x_t)
+(the activation without any mixing over time). The cache holds the last W-1 inputs, so a
+T-token call followed by single-token calls equals one call over the whole sequence.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+CONV_MODES = ("learned", "shift", "identity")
+ACTIVATIONS = ("silu", None)
+
+
+class ShortConv(nn.Module):
+    """Causal depthwise conv1d over ``[B, T, D]`` inputs, kernel ``kernel_size`` (4), SiLU, no bias.
+
+    ``forward(x, cache=None) -> (y, cache)``: ``cache`` is ``None`` (zeros before the start) or the
+    ``[B, W-1, D]`` inputs preceding ``x``; the returned cache holds the last W-1 inputs seen.
+    """
+
+    def __init__(self, dim: int, kernel_size: int = 4, activation: str | None = "silu", bias: bool = False,
+                 mode: str = "learned") -> None:
+        super().__init__()
+        if not isinstance(dim, int) or dim < 1:
+            raise ValueError(f"dim must be a positive int, got {dim!r}")
+        if not isinstance(kernel_size, int) or kernel_size < 1:
+            raise ValueError(f"kernel_size must be a positive int, got {kernel_size!r}")
+        if mode not in CONV_MODES:
+            raise ValueError(f"conv_mode must be one of {', '.join(map(repr, CONV_MODES))}; got {mode!r}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {', '.join(map(repr, ACTIVATIONS))}; got {activation!r}")
+        if mode == "shift" and kernel_size < 2:
+            raise ValueError(f"conv_mode='shift' needs kernel_size >= 2, got {kernel_size}")
+        self.dim, self.kernel_size, self.mode = dim, kernel_size, mode
+        self.activation = None if mode == "shift" else activation
+        if mode == "learned":
+            self.weight = nn.Parameter(torch.empty(dim, 1, kernel_size))
+            nn.init.kaiming_uniform_(self.weight, a=5 ** 0.5)  # nn.Conv1d's default initialisation
+            self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+        else:
+            w = torch.zeros(dim, 1, kernel_size)
+            w[:, 0, -2 if mode == "shift" else -1] = 1.0  # tap W-1 is x_t, tap W-2 is x_{t-1}
+            self.register_buffer("weight", w, persistent=False)
+            self.bias = None
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, kernel_size={self.kernel_size}, mode={self.mode!r}, activation={self.activation!r}"
+
+    def forward(self, x: torch.Tensor, cache: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.dim:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"x must have shape [B, T, D] with D = {self.dim}, got {got}")
+        B, T, D = x.shape
+        W = self.kernel_size
+        if cache is None:
+            cache = x.new_zeros(B, W - 1, D)
+        elif tuple(cache.shape) != (B, W - 1, D):
+            raise ValueError(f"cache must have shape [B, W-1, D] = [{B}, {W - 1}, {D}], got {list(cache.shape)}")
+        xp = torch.cat([cache.to(x.dtype), x], dim=1)  # [B, W-1+T, D]
+        y = F.conv1d(xp.transpose(1, 2), self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype),
+                     groups=D).transpose(1, 2)
+        if self.activation == "silu":
+            y = F.silu(y)
+        return y, xp[:, xp.shape[1] - (W - 1):]
