@@ -1,0 +1,73 @@
+"""Pre-norm residual blocks: x + mixer(RMSNorm(x)), then x + SwiGLU(RMSNorm(x)) (or no MLP)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from linattn.layers.cache import LayerCache
+
+from .config import ModelConfig
+
+
+class SwiGLU(nn.Module):
+    """W_down (SiLU(W_gate x) ⊙ W_up x)."""
+
+    def __init__(self, d_model: int, hidden: int) -> None:
+        super().__init__()
+        self.gate = nn.Linear(d_model, hidden, bias=False)
+        self.up = nn.Linear(d_model, hidden, bias=False)
+        self.down = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+def reverse_within(x: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
+    """Reverse each sequence of ``x`` [B, T, ...] along time within its length (padding stays put).
+    Applying it twice gives ``x`` back."""
+    if lengths is None:
+        return x.flip(1)
+    T = x.shape[1]
+    t = torch.arange(T, device=x.device)[None]
+    idx = torch.where(t < lengths[:, None], lengths[:, None] - 1 - t, t)  # [B, T]
+    return x.gather(1, idx.view(*idx.shape, *([1] * (x.dim() - 2))).expand_as(x))
+
+
+class Bidirectional(nn.Module):
+    """Runs one mixer left to right and another right to left and sums: y = f(x) + R(b(R(x))), where
+    R reverses each sequence within its length."""
+
+    def __init__(self, forward_mixer: nn.Module, backward_mixer: nn.Module) -> None:
+        super().__init__()
+        self.fwd, self.bwd = forward_mixer, backward_mixer
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        y_f, _ = self.fwd(x, use_cache=False)
+        y_b, _ = self.bwd(reverse_within(x, lengths), use_cache=False)
+        return y_f + reverse_within(y_b, lengths)
+
+
+class Block(nn.Module):
+    """One pre-norm residual block of ``config`` (bidirectional: the mixer runs both ways)."""
+
+    def __init__(self, config: ModelConfig, bidirectional: bool = False) -> None:
+        super().__init__()
+        self.bidirectional = bidirectional
+        self.norm1 = nn.RMSNorm(config.d_model, eps=config.norm_eps)
+        mixer = config.build_mixer()
+        self.mixer = Bidirectional(mixer, config.build_mixer()) if bidirectional else mixer
+        self.norm2 = nn.RMSNorm(config.d_model, eps=config.norm_eps) if config.mlp else None
+        self.mlp = SwiGLU(config.d_model, config.ffn_hidden) if config.mlp else None
+
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None, *, use_cache: bool = True,
+                lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, LayerCache | None]:
+        if self.bidirectional:
+            h, cache = self.mixer(self.norm1(x), lengths), None
+        else:
+            h, cache = self.mixer(self.norm1(x), cache, use_cache=use_cache)
+        x = x + h
+        if self.mlp is not None:
+            x = x + self.mlp(self.norm2(x))
+        return x, cache

@@ -1,0 +1,85 @@
+"""ModelConfig: everything needed to build a model, with a YAML round trip."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from linattn.layers.registry import build_mixer, mixer_class
+
+
+@dataclass
+class ModelConfig:
+    """Model hyper-parameters.
+
+    mixer: a name from ``list_mixers()``; d_model, n_layers, n_heads, vocab_size; mlp: a SwiGLU MLP
+    after each mixer (False: mixer-only blocks); mlp_hidden: its width (None: 8/3 d_model rounded up
+    to a multiple of 8); mixer_kwargs: passed to the layer (e.g. short_conv, conv_mode, tie_kv,
+    head_dim, backend); tie_embeddings: the LM head reuses the embedding; norm_eps: RMSNorm epsilon.
+    """
+
+    mixer: str = "gated_delta_rule"
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    vocab_size: int = 256
+    mlp: bool = True
+    mlp_hidden: int | None = None
+    mixer_kwargs: dict[str, Any] = field(default_factory=dict)
+    tie_embeddings: bool = True
+    norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        mixer_class(self.mixer)
+        for name in ("d_model", "n_layers", "n_heads", "vocab_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.mlp_hidden is not None and (not isinstance(self.mlp_hidden, int) or self.mlp_hidden < 1):
+            raise ValueError(f"mlp_hidden must be None or a positive int, got {self.mlp_hidden!r}")
+        if not isinstance(self.mixer_kwargs, dict):
+            raise TypeError(f"mixer_kwargs must be a dict, got {type(self.mixer_kwargs).__name__}")
+        self.mixer_kwargs = dict(self.mixer_kwargs)
+        if "head_dim" not in self.mixer_kwargs and self.d_model % self.n_heads:
+            divisors = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0]
+            raise ValueError(f"n_heads={self.n_heads} must divide d_model={self.d_model} "
+                             f"(valid n_heads: {divisors}), or set mixer_kwargs['head_dim']")
+
+    @property
+    def ffn_hidden(self) -> int:
+        return self.mlp_hidden or -(-(8 * self.d_model // 3) // 8) * 8
+
+    def build_mixer(self):
+        """One mixer layer of this config (unknown mixer_kwargs raise ValueError listing valid ones)."""
+        return build_mixer(self.mixer, self.d_model, self.n_heads, **self.mixer_kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        if not isinstance(data, dict):
+            raise TypeError(f"a ModelConfig must be read from a mapping, got {type(data).__name__}")
+        valid = [f.name for f in dataclasses.fields(cls)]
+        bad = sorted(set(data) - set(valid))
+        if bad:
+            raise ValueError(f"unknown ModelConfig field(s) {', '.join(bad)}; valid: {', '.join(valid)}")
+        return cls(**data)
+
+    def to_yaml(self, path: str | Path | None = None) -> str:
+        """The config as YAML text; also written to ``path`` when given."""
+        text = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    @classmethod
+    def from_yaml(cls, source: str | Path) -> ModelConfig:
+        """Read a config from a ``.yaml``/``.yml`` file path or from YAML text."""
+        is_file = isinstance(source, Path) or str(source).endswith((".yaml", ".yml"))
+        text = Path(source).read_text() if is_file else source
+        return cls.from_dict(yaml.safe_load(text))
