@@ -1,0 +1,219 @@
+"""Blockwise softmax attention in plain PyTorch: online softmax over key blocks, memory T x C (not T x T).
+
+    o_i = sum_j softmax_j(q_i . k_j scale + bias_ij + mask_ij) v_j
+
+for queries at the last Tq of the Tk key positions (a KV cache of length Tk - Tq before them), with an
+optional causal / sliding-window mask, ALiBi bias -slope_h |i - j| and a data-dependent "forgetting"
+bias G_i - G_j, G = cumsum of per-position log gates g <= 0 (FoX, arXiv 2503.02130).
+
+Layout: the key sequence is padded at the front so that the first query starts a block of C = chunk_size
+positions, and at the end to a multiple of C; query block a is then key block n0 + a. The work is
+batched over all blocks at once for one "lag" d = (query block) - (key block) at a time, so the only
+Python loop is over lags (over ceil(window / C) + 1 of them with a sliding window). Per lag:
+
+  * the relative distance i - j = d C + t - s is the same for every block pair (one [C, C] pattern);
+  * the forgetting bias is c_t - c_s + O_d, with c the block-local cumulative gates and O_d the sum of
+    the gate totals of the d blocks in between, accumulated lag by lag: no cumulative sum over the
+    whole sequence is ever formed, so nothing loses precision or overflows for long T.
+
+Forward keeps the running max, normaliser and output (flash-attention style) and saves only the
+row log-sum-exp; backward recomputes each lag's probabilities (dS = P (dP - rowsum(dO o))), so
+memory stays linear in T for training too. Gradients of the gates: dG_r = -(column sum of dS at key r)
+(row sums of dS are zero), and dg = reverse cumulative sum of dG.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+def blockwise_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float,
+    causal: bool = True,
+    window_size: int | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    log_gates: torch.Tensor | None = None,
+    chunk_size: int = 64,
+) -> torch.Tensor:
+    """softmax(q k^T scale + bias + mask) v, blockwise over keys, differentiable in q, k, v, log_gates.
+
+    Args: q [B, Tq, H, K] (queries at positions Tk - Tq .. Tk - 1); k [B, Tk, H_kv, K]; v [B, Tk, H_kv, V]
+    with H_kv dividing H (query head h reads key/value head h // (H // H_kv)); window_size w: each query
+    sees keys with i - w < j <= i (|i - j| < w if not causal); alibi_slopes [H]: bias -slope_h |i - j|;
+    log_gates [B, Tk, H]: bias G_i - G_j, G = cumsum(log_gates) (causal only). All tensors in one
+    floating dtype (the math runs in it). Returns o [B, Tq, H, V].
+    """
+    if log_gates is not None and not causal:
+        raise ValueError("log_gates (forgetting bias) needs causal=True")
+    if q.shape[1] > k.shape[1]:
+        raise ValueError(f"q has {q.shape[1]} positions, more than the {k.shape[1]} keys")
+    return _BlockwiseAttention.apply(q, k, v, log_gates, alibi_slopes, scale, causal, window_size, chunk_size)
+
+
+@dataclass
+class _Lag:
+    """One lag d: query blocks a0:a1 against key blocks j0:j1 (j = n0 + a - d)."""
+
+    d: int
+    a0: int
+    a1: int
+    j0: int
+    j1: int
+    logits: torch.Tensor  # [B, H_kv, G, nb, C, C], masked entries -inf
+
+
+class _Blocks:
+    """Blocked views of one call's inputs and the per-lag logits (shared by forward and backward)."""
+
+    def __init__(self, q, k, v, log_gates, slopes, scale, causal, window_size, C):
+        B, Tq, H, K = q.shape
+        Tk, Hkv = k.shape[1], k.shape[2]
+        self.scale, self.causal, self.window, self.C = scale, causal, window_size, C
+        self.Tq, self.Tk, self.G = Tq, Tk, H // Hkv
+        T0 = Tk - Tq
+        self.P0 = (-T0) % C  # front padding of the keys: the queries start a block
+        self.n0 = (T0 + self.P0) // C  # key block of the first query block
+        self.Nq = -(-Tq // C)
+        self.Nk = self.n0 + self.Nq
+        self.end_pad_q = self.Nq * C - Tq
+        self.end_pad_k = self.Nk * C - self.P0 - Tk
+        # q [B, H_kv, G, Nq, C, K]; k, v [B, H_kv, Nk, C, *]
+        self.q = self.block_queries(q)
+        self.k = self.block_keys(k)
+        self.v = self.block_keys(v)
+        pos = torch.arange(self.Nk * C, device=q.device) - self.P0
+        self.key_valid = ((pos >= 0) & (pos < Tk)).view(self.Nk, C)
+        t = torch.arange(C, device=q.device)
+        self.in_block = t[:, None] - t[None, :]  # t - s
+        self.slopes = None if slopes is None else slopes.to(q.dtype).reshape(Hkv, self.G, 1, 1, 1)
+        self.c = None
+        if log_gates is not None:
+            g = F.pad(log_gates, (0, 0, self.P0, self.end_pad_k))  # neutral zeros: [B, Nk C, H]
+            g = g.reshape(B, self.Nk, C, Hkv, self.G).permute(0, 3, 4, 1, 2)  # [B, H_kv, G, Nk, C]
+            self.c = torch.cumsum(g, dim=-1)  # block-local cumulative gates
+            self.totals = self.c[..., -1]  # [B, H_kv, G, Nk]
+
+    def block_queries(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, Tq, H, D] -> [B, H_kv, G, Nq, C, D] (zero-padded at the end)."""
+        B, _, H, D = x.shape
+        x = F.pad(x, (0, 0, 0, 0, 0, self.end_pad_q))
+        return x.reshape(B, self.Nq, self.C, H // self.G, self.G, D).permute(0, 3, 4, 1, 2, 5)
+
+    def unblock_queries(self, x: torch.Tensor) -> torch.Tensor:
+        """Inverse of :meth:`block_queries`."""
+        B, Hkv, G, Nq, C, D = x.shape
+        return x.permute(0, 3, 4, 1, 2, 5).reshape(B, Nq * C, Hkv * G, D)[:, : self.Tq]
+
+    def block_keys(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, Tk, H_kv, D] -> [B, H_kv, Nk, C, D] (zero-padded at both ends)."""
+        B, _, Hkv, D = x.shape
+        x = F.pad(x, (0, 0, 0, 0, self.P0, self.end_pad_k))
+        return x.reshape(B, self.Nk, self.C, Hkv, D).permute(0, 3, 1, 2, 4)
+
+    def unblock_keys(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, H_kv, Nk, C, D] -> [B, Tk, H_kv, D]."""
+        B, Hkv, Nk, C, D = x.shape
+        return x.permute(0, 2, 3, 1, 4).reshape(B, Nk * C, Hkv, D)[:, self.P0: self.P0 + self.Tk]
+
+    def lags(self) -> Iterator[int]:
+        """Lag 0 first (every query sees itself there, so running maxima become finite), then the others."""
+        C, w = self.C, self.window
+        reach = self.Nk - 1 if w is None else min(self.Nk - 1, (w + C - 2) // C)
+        yield from range(reach + 1)
+        if not self.causal:
+            yield from range(-1, -min(reach, self.Nq - 1) - 1, -1)
+
+    def iter_logits(self) -> Iterator[_Lag]:
+        """Masked, biased logits of every lag with at least one block pair."""
+        offset = None if self.c is None else torch.zeros_like(self.totals[..., : self.Nq])
+        for d in self.lags():
+            a0, a1 = max(0, d - self.n0), min(self.Nq, self.Nq + d)
+            if a0 >= a1:
+                continue
+            j0, j1 = self.n0 + a0 - d, self.n0 + a1 - d
+            if offset is not None and d > 0:  # O_d = O_{d-1} + total of the key block j = n0 + a - d
+                offset[..., a0:a1] += self.totals[..., j0:j1]
+            yield _Lag(d, a0, a1, j0, j1, self._logits(d, a0, a1, j0, j1, offset))
+
+    def _logits(self, d, a0, a1, j0, j1, offset) -> torch.Tensor:
+        k = self.k[:, :, None, j0:j1]
+        logits = torch.matmul(self.q[:, :, :, a0:a1], k.transpose(-1, -2)) * self.scale
+        dist = d * self.C + self.in_block  # i - j, the same for every block pair of this lag
+        visible = dist >= 0 if self.causal else torch.ones_like(dist, dtype=torch.bool)
+        if self.window is not None:
+            visible = visible & (dist.abs() < self.window)
+        visible = visible & self.key_valid[j0:j1, None, :]  # [nb, C, C]
+        if self.slopes is not None:
+            logits = logits - self.slopes * dist.abs().to(logits.dtype)
+        if self.c is not None:
+            c_q = self.c[..., self.n0 + a0: self.n0 + a1, :] + offset[..., a0:a1, None]
+            logits = logits + (c_q[..., :, None] - self.c[..., j0:j1, None, :])
+        return logits.masked_fill(~visible, float("-inf"))
+
+
+def _safe(m: torch.Tensor) -> torch.Tensor:
+    """Running maxima with -inf (no visible key yet) replaced by 0, so exp(-inf - m) is 0, not NaN."""
+    return m.masked_fill(m == float("-inf"), 0.0)
+
+
+class _BlockwiseAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, log_gates, slopes, scale, causal, window_size, C):
+        blocks = _Blocks(q, k, v, log_gates, slopes, scale, causal, window_size, C)
+        shape = blocks.q.shape[:-1]  # [B, H_kv, G, Nq, C]
+        m = q.new_full(shape, float("-inf"))
+        denom = q.new_zeros(shape)
+        acc = q.new_zeros(*shape, v.shape[-1])
+        for lag in blocks.iter_logits():
+            a = slice(lag.a0, lag.a1)  # dims [B, H_kv, G, Nq, ...]
+            m_new = torch.maximum(m[:, :, :, a], lag.logits.amax(dim=-1))
+            base = _safe(m_new)
+            p = torch.exp(lag.logits - base[..., None])
+            alpha = torch.exp(m[:, :, :, a] - base)
+            denom[:, :, :, a] = denom[:, :, :, a] * alpha + p.sum(dim=-1)
+            pv = torch.matmul(p, blocks.v[:, :, None, lag.j0: lag.j1])
+            acc[:, :, :, a] = acc[:, :, :, a] * alpha[..., None] + pv
+            m[:, :, :, a] = m_new
+        # a padding row may see no key at all (denom 0): give it o = 0 and a finite lse, so that its
+        # probabilities exp(-inf - lse) are 0 in backward; real rows have denom >= 1 (their max gives 1)
+        denom = denom.clamp_min(torch.finfo(denom.dtype).tiny)
+        o = acc / denom[..., None]
+        lse = _safe(m) + torch.log(denom)
+        ctx.save_for_backward(q, k, v, log_gates, slopes, o, lse)
+        ctx.options = (scale, causal, window_size, C)
+        return blocks.unblock_queries(o)
+
+    @staticmethod
+    def backward(ctx, grad_o):
+        q, k, v, log_gates, slopes, o, lse = ctx.saved_tensors
+        scale, causal, window_size, C = ctx.options
+        blocks = _Blocks(q, k, v, log_gates, slopes, scale, causal, window_size, C)
+        do = blocks.block_queries(grad_o.to(q.dtype))
+        delta = (do * o).sum(dim=-1)  # rowsum(dO o) = sum_s P dP
+        dq, dk, dv = torch.zeros_like(blocks.q), torch.zeros_like(blocks.k), torch.zeros_like(blocks.v)
+        dG = None if log_gates is None else torch.zeros_like(blocks.c)  # per key position [B, H_kv, G, Nk, C]
+        for lag in blocks.iter_logits():
+            a, j = slice(lag.a0, lag.a1), slice(lag.j0, lag.j1)
+            p = torch.exp(lag.logits - lse[:, :, :, a, :, None])
+            k_j, v_j, do_a = blocks.k[:, :, None, j], blocks.v[:, :, None, j], do[:, :, :, a]
+            dv[:, :, j] += torch.matmul(p.transpose(-1, -2), do_a).sum(dim=2)
+            ds = p * (torch.matmul(do_a, v_j.transpose(-1, -2)) - delta[:, :, :, a, :, None])
+            dq[:, :, :, a] += torch.matmul(ds, k_j) * scale
+            dk[:, :, j] += torch.matmul(ds.transpose(-1, -2), blocks.q[:, :, :, a]).sum(dim=2) * scale
+            if dG is not None:
+                dG[:, :, :, j] -= ds.sum(dim=-2)
+        dg = None
+        if dG is not None:  # g_r enters every G_i with i >= r: reverse cumulative sum over positions
+            B, Hkv, G, Nk, _ = dG.shape
+            flat = dG.reshape(B, Hkv * G, Nk * C)
+            dg = flat.flip(-1).cumsum(-1).flip(-1)[..., blocks.P0: blocks.P0 + blocks.Tk].transpose(1, 2)
+        return (blocks.unblock_queries(dq), blocks.unblock_keys(dk), blocks.unblock_keys(dv), dg,
+                None, None, None, None, None)
