@@ -6,11 +6,20 @@ Every layer: ``forward(x [B, T, d_model], cache=None) -> (y, cache)``; see :clas
 
 from .base import MixerLayer
 from .cache import LayerCache
+from .decay import GLALayer, LinearAttentionLayer, RetNetLayer
+from .delta import CombaLayer, DeltaNetLayer, GatedDeltaNetLayer, MesaNetLayer
 from .mamba2 import Mamba2Layer
 from .registry import build_mixer, list_mixers, mixer_class, register_mixer
 from .shortconv import CONV_MODES, ShortConv
 
-register_mixer("mamba2", Mamba2Layer)
+for _name, _cls in {
+    "linear_attn": LinearAttentionLayer, "retention": RetNetLayer, "mamba2": Mamba2Layer, "gla": GLALayer,
+    "delta_rule": DeltaNetLayer, "gated_delta_rule": GatedDeltaNetLayer, "comba": CombaLayer, "mesa_net": MesaNetLayer,
+}.items():
+    register_mixer(_name, _cls)
 
-__all__ = ["CONV_MODES", "LayerCache", "Mamba2Layer", "MixerLayer", "ShortConv", "build_mixer", "list_mixers",
-           "mixer_class", "register_mixer"]
+__all__ = [
+    "CONV_MODES", "CombaLayer", "DeltaNetLayer", "GLALayer", "GatedDeltaNetLayer", "LayerCache", "LinearAttentionLayer",
+    "Mamba2Layer", "MesaNetLayer", "MixerLayer", "RetNetLayer", "ShortConv", "build_mixer", "list_mixers",
+    "mixer_class", "register_mixer",
+]

@@ -1,0 +1,82 @@
+"""Layers of the additive family with decays: linear attention, RetNet, GLA."""
+
+from __future__ import annotations
+
+from linattn.ops.gla import gla, gla_step
+from linattn.ops.linear_attn import linear_attn, linear_attn_step
+from linattn.ops.retention import retention, retention_step
+
+from .base import MixerLayer
+from .gates import LowRankLogSigmoidGate
+from .rope import apply_rope
+
+
+class LinearAttentionLayer(MixerLayer):
+    """Linear attention (Katharopoulos et al., 2020) on :func:`linattn.ops.linear_attn.linear_attn`.
+
+    phi = elu + 1 (``feature_map``), S_t = S_{t-1} + phi(k_t) v_t^T,
+    o_t = S_t^T phi(q_t) / (z_t^T phi(q_t) + eps), z_t = sum_{s<=t} phi(k_s) (``normalize=True``),
+    no query scaling, no ShortConv and no output norm by default (the paper's layer).
+    """
+
+    op = staticmethod(linear_attn)
+    op_step = staticmethod(linear_attn_step)
+    default_output_norm = False
+    scale = 1.0
+
+    def __init__(self, d_model: int, n_heads: int, *, feature_map: str = "elu", normalize: bool = True,
+                 **kwargs) -> None:
+        super().__init__(d_model, n_heads, **kwargs)
+        if feature_map not in ("identity", "elu", "relu"):
+            raise ValueError(f"feature_map must be one of 'identity', 'elu', 'relu' for the layer; got {feature_map!r}")
+        self.feature_map, self.normalize = feature_map, bool(normalize)
+
+    def mix_inputs(self, x, q, k, v, offset):
+        return q, k, v, [], {"feature_map": self.feature_map, "normalize": self.normalize}
+
+
+class RetNetLayer(MixerLayer):
+    """Multi-scale retention (RetNet, arXiv 2307.08621) on :func:`linattn.ops.retention.retention`.
+
+    q, k rotated by RoPE (the texts' complex decay; ``rope=False`` drops it), fixed per-head decay
+    gamma_h = 1 - 2^(-5-h): S_t = gamma_h S_{t-1} + k_t v_t^T, o_t = S_t^T (q_t / sqrt(K));
+    output GroupNorm per head (an RMSNorm here) times SiLU(W_g x); value heads twice as wide
+    (``head_dim_v`` = 2 head_dim by default); no ShortConv by default.
+    """
+
+    op = staticmethod(retention)
+    op_step = staticmethod(retention_step)
+    default_output_gate = True
+
+    def __init__(self, d_model: int, n_heads: int, *, rope: bool = True, head_dim: int | None = None,
+                 head_dim_v: int | None = None, **kwargs) -> None:
+        if head_dim_v is None and not kwargs.get("tie_kv", False):
+            head_dim_v = 2 * (head_dim or max(d_model // n_heads, 1))
+        super().__init__(d_model, n_heads, head_dim=head_dim, head_dim_v=head_dim_v, **kwargs)
+        self.rope = bool(rope)
+
+    def mix_inputs(self, x, q, k, v, offset):
+        if self.rope:
+            q, k = apply_rope(q, offset), apply_rope(k, offset)
+        return q, k, v, [], {}
+
+
+class GLALayer(MixerLayer):
+    """Gated linear attention (GLA, arXiv 2312.06635) on :func:`linattn.ops.gla.gla`.
+
+    g_t = logsigmoid(W_2 W_1 x_t + b) / 16 per key channel (rank 16), S_t = diag(exp(g_t)) S_{t-1} +
+    k_t v_t^T, o_t = S_t^T (q_t / sqrt(K)); output RMSNorm per head times SiLU(W_g x); no ShortConv
+    by default.
+    """
+
+    op = staticmethod(gla)
+    op_step = staticmethod(gla_step)
+    default_output_gate = True
+
+    def __init__(self, d_model: int, n_heads: int, *, gate_rank: int = 16, gate_normaliser: float = 16.0,
+                 **kwargs) -> None:
+        super().__init__(d_model, n_heads, **kwargs)
+        self.gate = LowRankLogSigmoidGate(d_model, n_heads, self.head_dim, gate_rank, gate_normaliser)
+
+    def mix_inputs(self, x, q, k, v, offset):
+        return q, k, v, [(self.gate(x).to(q.dtype), True)], {}

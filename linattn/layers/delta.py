@@ -1,0 +1,127 @@
+"""Layers of the delta-rule family: DeltaNet, Gated DeltaNet, Comba, MesaNet."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from linattn.ops.comba import comba, comba_step
+from linattn.ops.delta_rule import delta_rule, delta_rule_step
+from linattn.ops.gated_delta_rule import gated_delta_rule, gated_delta_rule_step
+from linattn.ops.mesa_net import mesa_net, mesa_net_step
+
+from .base import MixerLayer
+from .gates import MambaDecay
+
+
+def l2norm(x: torch.Tensor) -> torch.Tensor:
+    return F.normalize(x, p=2.0, dim=-1, eps=1e-6)
+
+
+class _BetaLayer(MixerLayer):
+    """Shared by the delta rules: L2-normalised q, k; beta = sigmoid(W_b x) per head (times 2 with
+    ``allow_neg_eigval``, so beta in (0, 2) and the transition may have negative eigenvalues)."""
+
+    default_short_conv = "qkv"
+
+    def __init__(self, d_model: int, n_heads: int, *, allow_neg_eigval: bool = False, **kwargs) -> None:
+        super().__init__(d_model, n_heads, **kwargs)
+        self.allow_neg_eigval = bool(allow_neg_eigval)
+        self.b_proj = nn.Linear(d_model, n_heads, bias=False)
+
+    def beta(self, x: torch.Tensor) -> torch.Tensor:
+        b = torch.sigmoid(self.b_proj(x))
+        return 2 * b if self.allow_neg_eigval else b
+
+
+class DeltaNetLayer(_BetaLayer):
+    """DeltaNet (Schlag et al. 2021; Yang et al., arXiv 2406.06484) on :func:`linattn.ops.delta_rule.delta_rule`.
+
+    q, k L2-normalised per head, beta_t = sigmoid(W_b x_t),
+    S_t = (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T, o_t = S_t^T (q_t / sqrt(K));
+    ShortConv (SiLU) on q, k, v by default; output RMSNorm per head, no gate (FLA's defaults).
+    """
+
+    op = staticmethod(delta_rule)
+    op_step = staticmethod(delta_rule_step)
+
+    def mix_inputs(self, x, q, k, v, offset):
+        beta = self.beta(x).to(q.dtype)
+        return l2norm(q), l2norm(k), v, [(beta, True)], {"allow_neg_eigval": self.allow_neg_eigval}
+
+
+class GatedDeltaNetLayer(_BetaLayer):
+    """Gated DeltaNet (arXiv 2412.06464) on :func:`linattn.ops.gated_delta_rule.gated_delta_rule`.
+
+    q, k L2-normalised, beta_t = sigmoid(W_b x_t), g_t = -exp(A_log) softplus(W_a x_t + dt_bias),
+    S_t = exp(g_t) (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T, o_t = S_t^T (q_t / sqrt(K));
+    ShortConv on q, k, v by default; output RMSNorm per head times SiLU(W_g x).
+    """
+
+    op = staticmethod(gated_delta_rule)
+    op_step = staticmethod(gated_delta_rule_step)
+    default_output_gate = True
+
+    def __init__(self, d_model: int, n_heads: int, **kwargs) -> None:
+        super().__init__(d_model, n_heads, **kwargs)
+        self.decay = MambaDecay(d_model, n_heads)
+
+    def mix_inputs(self, x, q, k, v, offset):
+        g, _ = self.decay(x)
+        args = [(g.to(q.dtype), True), (self.beta(x).to(q.dtype), True)]
+        return l2norm(q), l2norm(k), v, args, {"allow_neg_eigval": self.allow_neg_eigval}
+
+
+class CombaLayer(GatedDeltaNetLayer):
+    """Comba (arXiv 2506.02475) on :func:`linattn.ops.comba.comba`: Gated DeltaNet's layer with the
+    prediction read by its own key p_t = sigmoid(d) ⊙ k_t (d [H, K] learned, sigmoid(d) = 0.5 at init):
+
+    S_t = exp(g_t) S_{t-1} + b_t k_t (v_t - exp(g_t) S_{t-1}^T p_t)^T,  o_t = S_t^T (q_t / sqrt(K)).
+    """
+
+    op = staticmethod(comba)
+    op_step = staticmethod(comba_step)
+
+    def __init__(self, d_model: int, n_heads: int, **kwargs) -> None:
+        super().__init__(d_model, n_heads, **kwargs)
+        self.d = nn.Parameter(torch.zeros(n_heads, self.head_dim))
+
+    def mix_inputs(self, x, q, k, v, offset):
+        q, k, v, gate_args, kw = super().mix_inputs(x, q, k, v, offset)
+        p = torch.sigmoid(self.d).to(k.dtype) * k
+        return q, k, v, [(p, True), *gate_args], kw
+
+
+class MesaNetLayer(MixerLayer):
+    """MesaNet (arXiv 2506.05233) on :func:`linattn.ops.mesa_net.mesa_net`.
+
+    q, k L2-normalised, g_t = logsigmoid(W_a x_t) (per head), beta_t = sigmoid(W_b x_t),
+    lamb = softplus(lamb_raw) + 0.25 ([H, K], 1 at init), G_t = exp(g_t) G_{t-1} + b_t k_t k_t^T,
+    H_t = exp(g_t) H_{t-1} + b_t k_t v_t^T, o_t = H_t^T (G_t + diag(lamb))^-1 (q_t / sqrt(K));
+    ``solver`` "exact" or "cg" (``cg_steps``); ShortConv on q, k, v; output RMSNorm times SiLU(W_g x).
+    """
+
+    op = staticmethod(mesa_net)
+    op_step = staticmethod(mesa_net_step)
+    default_short_conv = "qkv"
+    default_output_gate = True
+
+    def __init__(self, d_model: int, n_heads: int, *, solver: str = "exact", cg_steps: int | None = None,
+                 **kwargs) -> None:
+        super().__init__(d_model, n_heads, **kwargs)
+        if solver not in ("exact", "cg"):
+            raise ValueError(f"solver must be one of 'exact', 'cg'; got {solver!r}")
+        self.solver, self.cg_steps = solver, cg_steps
+        self.a_proj = nn.Linear(d_model, n_heads, bias=True)
+        nn.init.constant_(self.a_proj.bias, 4.0)  # decays near 1 at init
+        self.b_proj = nn.Linear(d_model, n_heads, bias=False)
+        lamb0 = float(torch.log(torch.expm1(torch.tensor(0.75))))  # softplus^-1(0.75)
+        self.lamb_raw = nn.Parameter(torch.full((n_heads, self.head_dim), lamb0))
+
+    def mix_inputs(self, x, q, k, v, offset):
+        g = F.logsigmoid(self.a_proj(x)).to(q.dtype)
+        beta = torch.sigmoid(self.b_proj(x)).to(q.dtype)
+        lamb = (F.softplus(self.lamb_raw) + 0.25).to(q.dtype)
+        args = [(g, True), (beta, True), (lamb, False)]
+        return l2norm(q), l2norm(k), v, args, {"solver": self.solver, "cg_steps": self.cg_steps}
