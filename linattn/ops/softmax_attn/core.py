@@ -1,0 +1,71 @@
+"""One call of softmax attention around a kernel: dtype, RoPE and ALiBi at the cache's offset, the KV cache.
+
+Shared by softmax_attn and forgetting_attn (inputs already validated). Keys are cached *after* RoPE
+(rotated at their own absolute positions), so a continued call rotates only its own tokens; FoX's
+log forget gates are cached in ``extras["g"]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ..common.blockwise_softmax import blockwise_attention
+from ..common.checks import compute_dtype
+from ..common.kv_cache import KVCache
+from ..common.positions import alibi_slopes, apply_rope, rope_config
+from .reference import masked_softmax_attention, sdpa_attention
+
+KERNELS: dict[str, Callable[..., torch.Tensor]] = {
+    "recurrent": masked_softmax_attention,
+    "parallel": sdpa_attention,
+    "chunk": blockwise_attention,
+}
+HALF = (torch.float16, torch.bfloat16)
+
+
+def run_attention(
+    backend: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None,
+    *,
+    scale: float,
+    causal: bool,
+    window_size: int | None,
+    rope: dict | None,
+    alibi: bool,
+    initial_state: KVCache | None,
+    output_final_state: bool,
+    chunk_size: int,
+) -> tuple[torch.Tensor, KVCache | None]:
+    """Attend q [B, T, H, K] to the cached and the new keys/values with the kernel of ``backend``.
+
+    Math in float32 (float64 for float64 inputs); the "parallel" backend keeps float16/bfloat16 inputs in
+    their dtype on CUDA (SDPA's fused kernels accumulate in float32). Returns (o in q's dtype, the cache
+    with this call's keys/values (and gates) appended, or None).
+    """
+    dt, in_dtype = compute_dtype(q), q.dtype
+    T0 = 0 if initial_state is None else initial_state.length
+    q, k, v = (x.to(dt) for x in (q, k, v))
+    cfg = rope_config(rope)
+    if cfg is not None:
+        q, k = apply_rope(q, T0, **cfg), apply_rope(k, T0, **cfg)
+    gates = None if g is None else g.to(dt)
+    if initial_state is not None:
+        k = torch.cat([initial_state.k.to(dt), k], dim=1)
+        v = torch.cat([initial_state.v.to(dt), v], dim=1)
+        if gates is not None:
+            gates = torch.cat([initial_state.extras["g"].to(dt), gates], dim=1)
+    slopes = alibi_slopes(q.shape[2]).to(device=q.device, dtype=dt) if alibi else None
+    run_dt = in_dtype if backend == "parallel" and in_dtype in HALF and q.is_cuda else dt
+    o = KERNELS[backend](
+        q.to(run_dt), k.to(run_dt), v.to(run_dt), scale=scale, causal=causal, window_size=window_size,
+        alibi_slopes=slopes, log_gates=gates, chunk_size=chunk_size,
+    )
+    state = None
+    if output_final_state:
+        state = KVCache(k, v, {} if gates is None else {"g": gates})
+    return o.to(in_dtype), state
