@@ -1,0 +1,93 @@
+"""Chunkwise PaTH attention: the UT transform inside chunks (all chunks at once), keys carried across.
+
+Inside every chunk c (C positions, all chunks batched), with L = tril(diag(b) W W^T, -1),
+
+    [T_w | T_k] = (I + L)^-1 diag(b) [W | tril(W K^T, -1)]
+    Q^ = Q - tril(Q W^T) T_w          queries moved to the frame of the chunk start: q^_t = (H_t..H_a)^T q_t
+    A  = tril(Q K^T) - tril(Q W^T) T_k  intra-chunk scores q_t^T H_t..H_{s+1} k_s
+    P  = I - W^T T_w                  the chunk's Householder product H_{a+C-1} .. H_a  (K x K)
+    K^ = K - T_k^T W                  the chunk's keys moved to the frame of the chunk end
+
+Only the cache of past keys (all moved to the frame of the current chunk start) is carried from chunk
+to chunk: scores against the past are Q^ S^T, then S <- [S P^T ; K^] (one [P x K] x [K x K] matmul).
+The forget gate enters as chunk-local cumulative sums plus a per-key log decay carried like the keys,
+so nothing is exponentiated but softmax logits. Working memory per chunk: C x (T0 + T) scores, the
+carried keys (T0 + T) x K and one K x K product per chunk. Cost O(T^2 (K + K^2 / C)). Autograd keeps
+every chunk's carried keys and scores for the backward (O(T^2 K / C) in total); forward alone is linear.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..common.causal_softmax import causal_mask
+from ..common.checks import compute_dtype
+from ..common.chunking import chunk_local_cumsum, from_chunks, to_chunks
+from ..common.kv_cache import KVCache
+from ..common.triangular import solve_unit_lower
+from .reference import _past
+
+
+def _heads_first(x: torch.Tensor, C: int) -> torch.Tensor:
+    """[B, T, H, ...] -> [B, H, N, C, ...] (zero-padded to a multiple of C)."""
+    x = to_chunks(x, C)
+    return x.permute(0, 3, 1, 2, *range(4, x.dim()))
+
+
+def path_attn_chunk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    w: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor | None = None,
+    *,
+    scale: float,
+    initial_state: KVCache | None = None,
+    output_final_state: bool = False,
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, KVCache | None]:
+    """Chunkwise-parallel PaTH (see the module docstring); any T, any device."""
+    dt, in_dtype = compute_dtype(q), q.dtype
+    q, k, v, w, beta = (x.to(dt) for x in (q, k, v, w, beta))
+    g = torch.zeros_like(beta) if g is None else g.to(dt)
+    k0, v0, d0 = _past(initial_state, k, v.shape[-1], dt)
+    B, T, H, K = q.shape
+    T0, C = k0.shape[1], chunk_size
+    Q, Kc, W, Vc = (_heads_first(x, C) for x in (q, k, w, v))  # [B, H, N, C, *]; padding: w = b = 0, H = I
+    b = _heads_first(beta, C)[..., None]
+    Gl = chunk_local_cumsum(g, C).permute(0, 3, 1, 2)  # [B, H, N, C]
+    N = Q.shape[2]
+    M, Ms = causal_mask(C, C, device=q.device), causal_mask(C, C, strict=True, device=q.device)
+    tril = lambda x, m: x.masked_fill(~m, 0.0)
+    tr = lambda x: x.transpose(-1, -2)
+
+    # Everything that does not depend on earlier chunks, for all chunks at once.
+    X = solve_unit_lower(b * (W @ tr(W)), b * torch.cat([W, tril(W @ tr(Kc), Ms)], dim=-1))
+    Tw, Tk = X[..., :K], X[..., K:]
+    QW = tril(Q @ tr(W), M)
+    Qhat = Q - QW @ Tw
+    intra = scale * (tril(Q @ tr(Kc), M) - QW @ Tk) + (Gl[..., :, None] - Gl[..., None, :])
+    intra = intra.masked_fill(~M, float("-inf"))
+    Pt = torch.eye(K, dtype=dt, device=q.device) - tr(Tw) @ W  # P^T = I - T_w^T W
+    Khat = Kc - tr(Tk) @ W
+    total = Gl[..., -1]  # [B, H, N] log decay across each chunk
+
+    S, D = k0.transpose(1, 2), d0.transpose(1, 2)  # past keys in the current frame [B, H, P, K]; log decays
+    V_all = torch.cat([v0.transpose(1, 2), from_chunks(Vc.permute(0, 2, 3, 1, 4), N * C).transpose(1, 2)], dim=2)
+    outputs = []
+    for n in range(N):
+        P = S.shape[2]
+        past = scale * Qhat[:, :, n] @ tr(S) + Gl[:, :, n, :, None] + D[:, :, None, :]
+        p = torch.softmax(torch.cat([past, intra[:, :, n]], dim=-1), dim=-1)
+        outputs.append(p[..., :P] @ V_all[:, :, :P] + p[..., P:] @ Vc[:, :, n])
+        S = torch.cat([S @ Pt[:, :, n], Khat[:, :, n]], dim=2)
+        D = torch.cat([D + total[:, :, n, None], total[:, :, n, None] - Gl[:, :, n]], dim=2)
+    o = torch.stack(outputs, dim=2).permute(0, 2, 3, 1, 4)  # [B, N, C, H, V]
+    o = from_chunks(o, T)
+    state = None
+    if output_final_state:
+        end = T0 + T
+        state = KVCache(S[:, :, :end].transpose(1, 2), V_all[:, :, :end].transpose(1, 2),
+                        {"log_decay": D[:, :, :end].transpose(1, 2)})
+    return o.to(in_dtype), state
