@@ -15,6 +15,7 @@ from ..common.checks import (
     resolve_scale,
 )
 from ..common.registry import OpSpec, register_op
+from ..common.values import check_range
 from .chunk import mesa_net_chunk
 from .reference import MesaState, mesa_net_parallel, mesa_net_recurrent, mesa_net_step_reference
 from .solve import SOLVERS
@@ -50,8 +51,7 @@ def _check_mesa_args(beta: torch.Tensor, lamb: object, d: Dims, solver: object, 
     if not bool((lamb > 0).all()):
         raise ValueError(f"lamb must be > 0 everywhere (G_t + diag(lamb) must be positive definite), "
                          f"got min {float(lamb.min()):.3g}")
-    if not bool((beta >= 0).all()):
-        raise ValueError(f"beta must be >= 0 everywhere, got min {float(beta.min()):.3g}")
+    check_range("beta", beta, 0.0, float("inf"), "input strengths must be >= 0")
     check_choice("solver", solver, SOLVERS)
     if cg_steps is not None and (not isinstance(cg_steps, int) or isinstance(cg_steps, bool) or cg_steps < 1):
         raise ValueError(f"cg_steps must be None (K steps) or a positive int, got {cg_steps!r}")
