@@ -1,0 +1,64 @@
+"""ShortConv: causal depthwise conv, cache continuation, the fixed shift and identity controls, checks."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from linattn.layers import ShortConv
+from linattn.testing import assert_close
+
+
+def test_learned_matches_explicit_sum_and_is_causal():
+    torch.manual_seed(0)
+    conv = ShortConv(3, kernel_size=4)
+    x = torch.randn(2, 9, 3, dtype=torch.float64)
+    y, _ = conv.double()(x)
+    w = conv.weight[:, 0]  # [D, W]
+    xp = F.pad(x, (0, 0, 3, 0))
+    expected = F.silu(sum(w[:, i] * xp[:, i:i + 9] for i in range(4)))
+    assert_close(y, expected, 1e-12, "conv")
+    x2 = x.clone()
+    x2[:, 5:] += 1.0
+    assert torch.equal(conv(x2)[0][:, :5], y[:, :5]), "output before t=5 changed with inputs after it"
+
+
+@pytest.mark.parametrize("mode", ["learned", "shift", "identity"])
+@pytest.mark.parametrize("activation", ["silu", None])
+def test_cache_continuation_equals_full(mode, activation):
+    torch.manual_seed(1)
+    conv = ShortConv(5, kernel_size=4, activation=activation, mode=mode)
+    x = torch.randn(2, 10, 5)
+    y, last = conv(x)
+    y1, cache = conv(x[:, :2])  # prefill shorter than the kernel
+    ys = [y1]
+    for t in range(2, 10):
+        yt, cache = conv(x[:, t:t + 1], cache)
+        ys.append(yt)
+    assert_close(torch.cat(ys, 1), y, 1e-6, f"{mode} steps")
+    assert torch.equal(cache, last) and torch.equal(last, x[:, -3:])
+
+
+def test_shift_outputs_previous_input_and_identity_only_activates():
+    x = torch.randn(2, 7, 4)
+    y, _ = ShortConv(4, mode="shift")(x)
+    assert torch.equal(y[:, 1:], x[:, :-1]) and torch.equal(y[:, 0], torch.zeros(2, 4))
+    y, _ = ShortConv(4, mode="identity")(x)
+    assert torch.equal(y, F.silu(x))
+    y, _ = ShortConv(4, mode="identity", activation=None)(x)
+    assert torch.equal(y, x)
+    assert len(list(ShortConv(4, mode="shift").parameters())) == 0
+    assert len(list(ShortConv(4, mode="learned", bias=True).parameters())) == 2
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="conv_mode must be one of 'learned', 'shift', 'identity'"):
+        ShortConv(4, mode="shifted")
+    with pytest.raises(ValueError, match="activation must be one of"):
+        ShortConv(4, activation="gelu")
+    with pytest.raises(ValueError, match="kernel_size"):
+        ShortConv(4, kernel_size=0)
+    conv = ShortConv(4)
+    with pytest.raises(ValueError, match=r"x must have shape \[B, T, D\] with D = 4"):
+        conv(torch.randn(2, 3, 5))
+    with pytest.raises(ValueError, match="cache must have shape"):
+        conv(torch.randn(2, 3, 4), torch.zeros(2, 2, 4))
