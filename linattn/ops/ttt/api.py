@@ -1,0 +1,135 @@
+"""Public entry points of ttt_linear: validation, backend dispatch, registry entry."""
+
+from __future__ import annotations
+
+import torch
+
+from ..common.checks import check_chunk_size, check_qkv, check_scalar_gate, check_shape, check_step_qkv, resolve_scale
+from ..common.registry import OpSpec, register_op
+from .checks import check_mini_batch_size, check_step_state, check_weights, resolve_inner_norm
+from .chunk import ttt_linear_chunk
+from .reference import make_norm, ttt_linear_recurrent, ttt_token
+from .state import MiniBatchState
+
+NO_PARALLEL = ("mini-batch gradient descent has no closed T x T matrix form: each mini-batch's gradients "
+               "depend on the weights the previous mini-batches produced")
+
+SPEC = register_op(
+    OpSpec(
+        name="ttt_linear",
+        family="ttt",
+        equation=("W_t = W_{t-1} - eta_t grad_W 0.5||f(k_t; W_0) - v_t||^2 (W_0: the mini-batch's start);  "
+                  "o_t = f(q_t; W_t), f(x; W) = W^T x or x + LN(W^T x)"),
+        op_args=("eta",),
+        state_shape="[B, H, K, V]",
+        implementations={"recurrent": ttt_linear_recurrent, "chunk": ttt_linear_chunk},
+        no_parallel_reason=NO_PARALLEL,
+        notes="mini_batch_size (default 16); inner_norm=True adds the inner LayerNorm + residual (K == V)",
+    )
+)
+
+
+def ttt_linear(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    eta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    backend: str = "auto",
+    chunk_size: int = 64,
+    mini_batch_size: int = 16,
+    inner_norm: bool = False,
+    norm_weight: torch.Tensor | None = None,
+    norm_bias: torch.Tensor | None = None,
+    norm_eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """TTT-Linear: an inner linear model W [K, V] per head trained online by mini-batch gradient descent.
+
+    Loss l_t(W) = 0.5 ||f(k_t; W) - v_t||^2. Within a mini-batch of ``mini_batch_size`` tokens every
+    gradient is taken at the mini-batch's starting weights W_0 (the paper's dual form):
+
+        W_t = W_{t-1} - eta_t grad l_t(W_0),     o_t = f(scale q_t; W_t),
+
+    plain: f(x; W) = W^T x, so grad l_t = k_t (W_0^T k_t - v_t)^T (mini_batch_size=1: the delta rule
+    with beta = eta). ``inner_norm=True``: f(x; W) = x + LN(W^T x) (needs K == V), with LayerNorm
+    weight/bias ``norm_weight``, ``norm_bias`` [H, V] (learnable: gradients flow to them; default 1
+    and 0) and ``norm_eps``.
+
+    Args: q, k [B, T, H, K]; v [B, T, H, V]; eta [B, T, H] per-token inner learning rate;
+    initial_state W [B, H, K, V] (at a mini-batch boundary). The end of the sequence closes the last
+    mini-batch: running [0:t] then [t:T] equals [0:T] when t is a multiple of mini_batch_size. The chunk
+    backend chunks on mini-batch boundaries (with inner_norm, one mini-batch per chunk; chunk_size unused).
+    Returns (o [B, T, H, V] in q's dtype, final W [B, H, K, V] float32 (float64 for float64) or None).
+    """
+    d = check_qkv(q, k, v)
+    check_scalar_gate("eta", eta, d)
+    if initial_state is not None:
+        check_weights("initial_state", initial_state, d, 1)
+    check_chunk_size(chunk_size)
+    check_mini_batch_size(mini_batch_size)
+    norm_weight, norm_bias = resolve_inner_norm(inner_norm, norm_weight, norm_bias, norm_eps, d, q)
+    impl = SPEC.resolve(backend, q.device)
+    return impl(
+        q, k, v, eta,
+        scale=resolve_scale(scale, d.K),
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        chunk_size=chunk_size,
+        mini_batch_size=mini_batch_size,
+        norm_weight=norm_weight,
+        norm_bias=norm_bias,
+        norm_eps=norm_eps,
+    )
+
+
+def ttt_linear_step(
+    q_t: torch.Tensor,
+    k_t: torch.Tensor,
+    v_t: torch.Tensor,
+    eta_t: torch.Tensor,
+    state: torch.Tensor | MiniBatchState | None = None,
+    *,
+    scale: float | None = None,
+    mini_batch_size: int = 16,
+    inner_norm: bool = False,
+    norm_weight: torch.Tensor | None = None,
+    norm_bias: torch.Tensor | None = None,
+    norm_eps: float = 1e-6,
+) -> tuple[torch.Tensor, MiniBatchState]:
+    """One decoding step of :func:`ttt_linear`: q_t, k_t [B, H, K], v_t [B, H, V], eta_t [B, H].
+
+    ``state``: None (zeros), a W [B, H, K, V] at a mini-batch boundary (e.g. the op's final state) or
+    the :class:`MiniBatchState` a previous step returned. Returns (o_t [B, H, V], MiniBatchState);
+    its ``current[0]`` is W_t.
+    """
+    d = check_step_qkv(q_t, k_t, v_t)
+    check_shape("eta_t", eta_t, (d.B, d.H), "[B, H]")
+    check_mini_batch_size(mini_batch_size)
+    st = check_step_state(state, d, 1, mini_batch_size, q_t)
+    norm_weight, norm_bias = resolve_inner_norm(inner_norm, norm_weight, norm_bias, norm_eps, d, q_t)
+    dt = st.start.dtype
+    norm = make_norm(norm_weight, norm_bias, norm_eps, dt, 1)
+    q, k, v, eta = (x.to(dt) for x in (q_t, k_t, v_t, eta_t))
+    o_t, st = ttt_token(st, q * resolve_scale(scale, d.K), k, v, eta, norm, mini_batch_size)
+    return o_t.to(q_t.dtype), st
+
+
+def ttt_linear_example_inputs(
+    B: int, T: int, H: int, K: int, V: int, *, dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu", seed: int = 0, g_value: float | None = None,
+) -> dict[str, torch.Tensor]:
+    """L2-normalised q, k, random v and learning rates eta in (0, 1) (sigmoid of noise) for tests and
+    benchmarks; ttt_linear has no log gate, so ``g_value`` is ignored."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, T, H, d, generator=gen) for d in (K, K, V))
+    q, k = (x / x.norm(dim=-1, keepdim=True).clamp_min(1e-6) for x in (q, k))
+    eta = torch.sigmoid(torch.randn(B, T, H, generator=gen))
+    return {name: x.to(device=device, dtype=dtype) for name, x in dict(q=q, k=k, v=v, eta=eta).items()}
+
+
+SPEC.fn = ttt_linear
+SPEC.example_inputs = ttt_linear_example_inputs
+SPEC.step = ttt_linear_step

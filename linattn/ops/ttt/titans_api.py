@@ -1,0 +1,129 @@
+"""Public entry points of titans (linear memory with momentum and weight decay): validation,
+backend dispatch, registry entry."""
+
+from __future__ import annotations
+
+import torch
+
+from ..common.checks import check_chunk_size, check_qkv, check_scalar_gate, check_shape, check_step_qkv, resolve_scale
+from ..common.registry import OpSpec, register_op
+from ..common.values import check_range
+from .api import NO_PARALLEL
+from .checks import check_mini_batch_size, check_step_state, check_weights
+from .chunk import titans_chunk
+from .reference import titans_recurrent, titans_token
+from .state import MiniBatchState
+
+SPEC = register_op(
+    OpSpec(
+        name="titans",
+        family="ttt",
+        equation=("S_t = eta_t S_{t-1} - theta_t k_t (M_0^T k_t - v_t)^T (M_0: the mini-batch's start);  "
+                  "M_t = (1 - alpha_t) M_{t-1} + S_t;  o_t = M_t^T q_t"),
+        op_args=("theta", "alpha", "eta"),
+        state_shape="(M [B, H, K, V], S [B, H, K, V])",
+        implementations={"recurrent": titans_recurrent, "chunk": titans_chunk},
+        no_parallel_reason=NO_PARALLEL,
+        notes="mini_batch_size (default 16); eta = alpha = 0 is ttt_linear with eta = theta",
+    )
+)
+
+
+def _check_gates(theta: torch.Tensor, alpha: torch.Tensor, eta: torch.Tensor) -> None:
+    """alpha and eta in [0, 1] (decay factors); theta is any learning rate."""
+    check_range("alpha", alpha, 0.0, 1.0, "weight decay: M_t = (1 - alpha_t) M_{t-1} + S_t")
+    check_range("eta", eta, 0.0, 1.0, "momentum decay: S_t = eta_t S_{t-1} - theta_t grad_t")
+
+
+def titans(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    theta: torch.Tensor,
+    alpha: torch.Tensor,
+    eta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: tuple[torch.Tensor, torch.Tensor] | None = None,
+    output_final_state: bool = False,
+    backend: str = "auto",
+    chunk_size: int = 64,
+    mini_batch_size: int = 16,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+    """Titans' neural memory with a linear memory M [K, V] per head: gradient descent with momentum
+    and weight decay on l_t(M) = 0.5 ||M^T k_t - v_t||^2, mini-batched (every gradient of a mini-batch
+    taken at the mini-batch's starting memory M_0):
+
+        S_t = eta_t S_{t-1} - theta_t k_t (M_0^T k_t - v_t)^T,   M_t = (1 - alpha_t) M_{t-1} + S_t,
+        o_t = M_t^T (scale q_t).
+
+    Args: q, k [B, T, H, K]; v [B, T, H, V]; theta [B, T, H] learning rate; alpha [B, T, H] weight
+    decay in [0, 1]; eta [B, T, H] momentum decay in [0, 1]; initial_state (M, S), each [B, H, K, V],
+    at a mini-batch boundary. The end of the sequence closes the last mini-batch (split at multiples
+    of mini_batch_size to chain calls). eta = alpha = 0 gives ttt_linear with eta = theta.
+    Returns (o [B, T, H, V] in q's dtype, final (M, S) float32 (float64 for float64) or None).
+    """
+    d = check_qkv(q, k, v)
+    for name, x in (("theta", theta), ("alpha", alpha), ("eta", eta)):
+        check_scalar_gate(name, x, d)
+    _check_gates(theta, alpha, eta)
+    if initial_state is not None:
+        initial_state = check_weights("initial_state", initial_state, d, 2)
+    check_chunk_size(chunk_size)
+    check_mini_batch_size(mini_batch_size)
+    impl = SPEC.resolve(backend, q.device)
+    return impl(
+        q, k, v, theta, alpha, eta,
+        scale=resolve_scale(scale, d.K),
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        chunk_size=chunk_size,
+        mini_batch_size=mini_batch_size,
+    )
+
+
+def titans_step(
+    q_t: torch.Tensor,
+    k_t: torch.Tensor,
+    v_t: torch.Tensor,
+    theta_t: torch.Tensor,
+    alpha_t: torch.Tensor,
+    eta_t: torch.Tensor,
+    state: tuple[torch.Tensor, torch.Tensor] | MiniBatchState | None = None,
+    *,
+    scale: float | None = None,
+    mini_batch_size: int = 16,
+) -> tuple[torch.Tensor, MiniBatchState]:
+    """One decoding step of :func:`titans`: q_t, k_t [B, H, K], v_t [B, H, V], theta_t, alpha_t, eta_t
+    [B, H]; ``state`` None (zeros), the op's (M, S) (a mini-batch boundary) or the
+    :class:`MiniBatchState` a previous step returned. Returns (o_t [B, H, V], MiniBatchState)."""
+    d = check_step_qkv(q_t, k_t, v_t)
+    for name, x in (("theta_t", theta_t), ("alpha_t", alpha_t), ("eta_t", eta_t)):
+        check_shape(name, x, (d.B, d.H), "[B, H]")
+    _check_gates(theta_t, alpha_t, eta_t)
+    check_mini_batch_size(mini_batch_size)
+    st = check_step_state(state, d, 2, mini_batch_size, q_t)
+    dt = st.start.dtype
+    q, k, v, theta, alpha, eta = (x.to(dt) for x in (q_t, k_t, v_t, theta_t, alpha_t, eta_t))
+    o_t, st = titans_token(st, q * resolve_scale(scale, d.K), k, v, theta, alpha, eta, mini_batch_size)
+    return o_t.to(q_t.dtype), st
+
+
+def titans_example_inputs(
+    B: int, T: int, H: int, K: int, V: int, *, dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu", seed: int = 0, g_value: float | None = None,
+) -> dict[str, torch.Tensor]:
+    """L2-normalised q, k, random v, theta in (0, 1), alpha in (0, 0.1), eta in (0, 1) (sigmoids of
+    noise; alpha = 1 - exp(g_value) when ``g_value`` is given: the weight decay as a log gate)."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, T, H, d, generator=gen) for d in (K, K, V))
+    q, k = (x / x.norm(dim=-1, keepdim=True).clamp_min(1e-6) for x in (q, k))
+    theta, alpha, eta = (torch.sigmoid(torch.randn(B, T, H, generator=gen)) for _ in range(3))
+    alpha = 0.1 * alpha if g_value is None else -torch.expm1(torch.full((B, T, H), float(g_value)))
+    inputs = dict(q=q, k=k, v=v, theta=theta, alpha=alpha, eta=eta)
+    return {name: x.to(device=device, dtype=dtype) for name, x in inputs.items()}
+
+
+SPEC.fn = titans
+SPEC.example_inputs = titans_example_inputs
+SPEC.step = titans_step
