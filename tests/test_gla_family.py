@@ -168,3 +168,24 @@ def test_long_sequence_recurrent_and_chunk_gradients(case, g_value):
     _, gs = grads(lambda *a: case.run(*a, backend="chunk"), xs)
     for name, gr in zip(names, gs):
         assert torch.isfinite(gr).all(), f"{case.name}: non-finite grad of {name}"
+
+
+@pytest.mark.parametrize("case", GATED, ids=[c.name for c in GATED])
+@pytest.mark.parametrize("chunk_size", [16, 64])
+def test_chunk_exact_with_strong_random_gates(case, chunk_size):
+    """Gates in [-20, 0): decays span exp(-20)..1 within one token, far beyond exp(-87) across a chunk."""
+    xs, names = case.make(1, 100, 2, 6, 5, seed=7, g_low=-20.0)
+    check_backends_agree(lambda *a, backend: case.run(*a, backend=backend, chunk_size=chunk_size), xs, names,
+                         ["chunk"], tol=1e-10)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_auto_is_chunk_on_cpu_and_chunk_size_checked(case):
+    xs, _ = case.make(1, 20, 1, 4, 4, dtype=torch.float32)
+    o_auto, _ = case.run(*xs)
+    o_chunk, _ = case.run(*xs, backend="chunk")
+    assert torch.equal(o_auto, o_chunk)
+    with pytest.raises(ValueError, match="chunk_size"):
+        case.run(*xs, chunk_size=0)
+    with pytest.raises(ValueError, match="backend"):
+        case.run(*xs, backend="fast")
