@@ -48,7 +48,7 @@ def test_chunk_sizes(chunk_size):
 
 @pytest.mark.parametrize("T0", [0, 4])
 def test_bf16_chunk_vs_float32_recurrent(T0):
-    inputs = make(2, 45, 2, 16, 16, T0=T0, dtype=torch.bfloat16, seed=2)
+    inputs = make(2, 33, 2, 16, 16, T0=T0, dtype=torch.bfloat16, seed=2)
 
     def fn(*xs, backend):
         if backend == "recurrent":  # the float32 reference on the same bf16-rounded numbers
@@ -101,7 +101,7 @@ def test_first_row_of_kernel_uses_one_past_key():
 
 
 def test_long_sequence_finite():
-    q, k, v, beta, _, _ = make(1, 4096, 1, 16, 16, dtype=torch.float32, seed=7)
+    q, k, v, beta, _, _ = make(1, 2048, 1, 16, 16, dtype=torch.float32, seed=7)
     with torch.no_grad():
         o, _ = deltaformer(q, k, v, beta, backend="chunk", chunk_size=128)
     assert torch.isfinite(o).all()
