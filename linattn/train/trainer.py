@@ -1,0 +1,253 @@
+"""The Trainer: AdamW + warmup/cosine, clipping, AMP, eval, early stop, atomic checkpoints, exact resume, DDP.
+
+Data: ``train_data.batch(index, rank, world) -> (inputs, targets)`` returns this rank's share of global
+batch ``index`` (:class:`linattn.data.TaskStream` does), so the data position is the step counter and a
+resumed or data-parallel run sees exactly the batches of an uninterrupted single-process run. Loss:
+mean token cross-entropy over the labelled positions of the global batch (targets != -100).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from linattn.train.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from linattn.train.config import TrainConfig
+from linattn.train.distributed import DistInfo, all_reduce_sum, barrier, init_distributed
+from linattn.train.metrics import MetricsLog, logits_of, sequence_correct, token_stats
+from linattn.train.schedule import make_scheduler
+
+CHECKPOINT_NAME = "checkpoint.pt"
+METRICS_NAME = "metrics.jsonl"
+
+
+class BatchSource(Protocol):
+    def batch(self, index: int, rank: int = 0, world: int = 1) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training produced a NaN/Inf loss or gradient; the last good checkpoint is kept."""
+
+
+@dataclass
+class TrainResult:
+    """How a fit ended: status is "completed", "target_reached" or "interrupted" (deadline)."""
+
+    status: str
+    step: int
+    metrics: dict = field(default_factory=dict)
+    best: float | None = None
+    wall_s: float = 0.0
+
+
+def _is_lower_better(metric: str) -> bool:
+    return "loss" in metric
+
+
+class Trainer:
+    """Train ``model`` on ``train_data`` under ``config``; evaluate on the fixed ``eval_data``
+    ``(inputs, targets)``. With ``out_dir`` it writes ``checkpoint.pt`` and ``metrics.jsonl`` there and
+    :meth:`fit` resumes from an existing checkpoint. Inside a torchrun job (or an initialised process
+    group) it trains data-parallel; rank 0 writes the files."""
+
+    def __init__(self, model: nn.Module, train_data: BatchSource, config: TrainConfig,
+                 eval_data: tuple[torch.Tensor, torch.Tensor] | None = None, out_dir: str | Path | None = None,
+                 on_eval: Callable[[int, dict], None] | None = None) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if not isinstance(config, TrainConfig):
+            raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+        if not callable(getattr(train_data, "batch", None)):
+            raise TypeError("train_data must have a batch(index, rank, world) method (e.g. linattn.data.TaskStream)")
+        if eval_data is not None and (len(eval_data) != 2 or eval_data[0].shape[0] != eval_data[1].shape[0]):
+            raise ValueError("eval_data must be (inputs, targets) with the same number of rows")
+        self.config, self.train_data, self.eval_data, self.on_eval = config, train_data, eval_data, on_eval
+        self.dist: DistInfo = init_distributed(config.device)
+        if config.batch_size % self.dist.world:
+            raise ValueError(f"batch_size {config.batch_size} must be divisible by the world size {self.dist.world}")
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.model = model.to(self.dist.device)
+        self.ddp = self.model
+        if self.dist.world > 1:
+            ids = [self.dist.device.index] if self.dist.device.type == "cuda" else None
+            self.ddp = nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
+        decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() >= 2]
+        no_decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() < 2]
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=config.lr, betas=config.betas)
+        self.scheduler = make_scheduler(self.optimizer, config.warmup_steps, config.max_steps, config.min_lr_ratio)
+        use_bf16 = config.precision == "bf16" or (config.precision == "auto" and self.dist.device.type == "cuda")
+        self.autocast_dtype = torch.bfloat16 if use_bf16 else None
+        self.step, self.best, self.last_eval, self.elapsed = 0, None, {}, 0.0
+        self.checkpoint_step: int | None = None
+
+    # -- files -------------------------------------------------------------------------------------------
+    @property
+    def checkpoint_path(self) -> Path | None:
+        return None if self.out_dir is None else self.out_dir / CHECKPOINT_NAME
+
+    def _save(self) -> None:
+        if self.checkpoint_path is not None and self.dist.is_main:
+            save_checkpoint(self.checkpoint_path, {
+                "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "rng": rng_state(), "step": self.step,
+                "data_position": self.step, "best": self.best, "last_eval": self.last_eval,
+                "elapsed": self.elapsed, "config": self.config.to_dict(), "world": self.dist.world})
+        self.checkpoint_step = self.step
+        barrier(self.dist)
+
+    def _restore(self) -> None:
+        ckpt = load_checkpoint(self.checkpoint_path)
+        try:
+            self.model.load_state_dict(ckpt["model"])
+            self.optimizer.load_state_dict(ckpt["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as exc:
+            raise CheckpointError(f"checkpoint {self.checkpoint_path} does not match this model/optimizer: {exc}") \
+                from exc
+        self.scheduler.load_state_dict(ckpt["scheduler"])
+        set_rng_state(ckpt["rng"])
+        self.step = self.checkpoint_step = int(ckpt["data_position"])
+        self.best, self.last_eval, self.elapsed = ckpt["best"], ckpt["last_eval"], ckpt["elapsed"]
+
+    # -- compute -----------------------------------------------------------------------------------------
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.dist.device.type, dtype=self.autocast_dtype)
+
+    def _train_step(self) -> tuple[float, float]:
+        x, y = self.train_data.batch(self.step, self.dist.rank, self.dist.world)
+        x, y = x.to(self.dist.device), y.to(self.dist.device)
+        self.ddp.train()
+        with self._autocast():
+            ce, count, _ = token_stats(logits_of(self.ddp(x)), y)
+        totals = all_reduce_sum(torch.stack([ce.detach(), count.to(ce.dtype)]), self.dist)
+        total_count = totals[1].clamp_min(1.0)
+        # DDP averages gradients over ranks, so scale by world: the gradient is that of the global mean.
+        loss = ce / total_count * self.dist.world
+        loss_value = float(totals[0] / total_count)
+        if not math.isfinite(loss_value):
+            self._non_finite("loss", loss_value)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        clip = self.config.grad_clip if self.config.grad_clip > 0 else float("inf")
+        grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        if not math.isfinite(grad_norm):
+            self._non_finite("gradient norm", grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        return loss_value, grad_norm
+
+    def _non_finite(self, what: str, value: float) -> None:
+        where = "no checkpoint was written"
+        if self.checkpoint_step is not None and self.checkpoint_path is not None:
+            where = f"the last good checkpoint ({self.checkpoint_path}, step {self.checkpoint_step}) is kept"
+        raise NonFiniteLossError(f"non-finite {what} ({value}) at step {self.step + 1}; training stopped and {where}. "
+                                 f"Lower the lr, raise warmup or clip harder.")
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Loss, token accuracy and whole-sequence accuracy on ``eval_data`` (rows split over ranks)."""
+        x_all, y_all = self.eval_data
+        x_all, y_all = x_all[self.dist.rank::self.dist.world], y_all[self.dist.rank::self.dist.world]
+        self.ddp.eval()
+        sums = torch.zeros(5, dtype=torch.float64, device=self.dist.device)
+        for i in range(0, x_all.shape[0], self.config.eval_batch_size):
+            x = x_all[i:i + self.config.eval_batch_size].to(self.dist.device)
+            y = y_all[i:i + self.config.eval_batch_size].to(self.dist.device)
+            with self._autocast():
+                logits = logits_of(self.model(x))
+            ce, count, correct = token_stats(logits, y)
+            sums += torch.stack([ce.double(), count.double(), correct.double(),
+                                 sequence_correct(logits, y).double(), torch.tensor(float(x.shape[0]))
+                                 .double().to(sums.device)])
+        sums = all_reduce_sum(sums, self.dist)
+        n_tok = max(float(sums[1]), 1.0)
+        return {"loss": float(sums[0]) / n_tok, "accuracy": float(sums[2]) / n_tok,
+                "seq_accuracy": float(sums[3]) / max(float(sums[4]), 1.0)}
+
+    def _reached_target(self, metrics: dict) -> bool:
+        cfg = self.config
+        if cfg.target_value is None:
+            return False
+        if cfg.target_metric not in metrics:
+            raise ValueError(f"target_metric {cfg.target_metric!r} is not an eval metric; expected one of "
+                             f"{sorted(metrics)}")
+        value = metrics[cfg.target_metric]
+        return value <= cfg.target_value if _is_lower_better(cfg.target_metric) else value >= cfg.target_value
+
+    def _update_best(self, metrics: dict) -> None:
+        value = metrics.get(self.config.target_metric)
+        if value is None:
+            return
+        lower = _is_lower_better(self.config.target_metric)
+        if self.best is None or (value < self.best if lower else value > self.best):
+            self.best = value
+
+    # -- the loop ----------------------------------------------------------------------------------------
+    def fit(self, deadline: float | None = None) -> TrainResult:
+        """Train to ``max_steps`` (or the target metric), resuming from ``out_dir/checkpoint.pt`` when it
+        exists. ``deadline`` (a ``time.time()`` value): checkpoint and return "interrupted" once passed."""
+        cfg = self.config
+        if self.out_dir is not None and self.dist.is_main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        log = MetricsLog(self.out_dir / METRICS_NAME if self.out_dir is not None and self.dist.is_main else None,
+                         self.out_dir / "tensorboard" if cfg.tensorboard and self.dist.is_main else None)
+        if self.checkpoint_path is not None and self.checkpoint_path.exists():
+            self._restore()
+            if self.dist.is_main:
+                log.truncate_after(self.step)
+        else:
+            torch.manual_seed(cfg.seed)
+            log.truncate_after(-1)
+        status = "completed" if self.step >= cfg.max_steps else "running"
+        if status == "running" and self.last_eval and self._reached_target(self.last_eval):
+            status = "target_reached"
+        bar = tqdm(total=cfg.max_steps, initial=self.step, disable=not (cfg.progress and self.dist.is_main),
+                   dynamic_ncols=True, leave=False)
+        t0 = time.time() - self.elapsed
+        while status == "running":
+            loss, grad_norm = self._train_step()
+            self.elapsed = time.time() - t0
+            bar.update(1)
+            if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
+                bar.set_postfix(loss=f"{loss:.4f}")
+                log.write({"step": self.step, "split": "train", "loss": loss, "grad_norm": grad_norm,
+                           "lr": self.scheduler.get_last_lr()[0], "time": round(self.elapsed, 3)})
+            done = self.step >= cfg.max_steps
+            if self.eval_data is not None and (self.step % cfg.eval_every == 0 or done):
+                self.last_eval = {"step": self.step, **self.evaluate()}
+                self._update_best(self.last_eval)
+                log.write({"split": "eval", **self.last_eval, "time": round(self.elapsed, 3)})
+                if self.on_eval is not None and self.dist.is_main:
+                    self.on_eval(self.step, self.last_eval)
+                if self._reached_target(self.last_eval):
+                    status = "target_reached"
+            if done and status == "running":
+                status = "completed"
+            if status != "running" or self.step % cfg.checkpoint_interval == 0:
+                self._save()
+            if status == "running" and deadline is not None and time.time() >= deadline:
+                self._save()
+                status = "interrupted"
+        bar.close()
+        log.close()
+        return TrainResult(status, self.step, dict(self.last_eval), self.best, round(self.elapsed, 3))
+
+
+def read_metrics(out_dir: str | Path) -> list[dict]:
+    """The records of ``out_dir/metrics.jsonl``."""
+    path = Path(out_dir) / METRICS_NAME
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
