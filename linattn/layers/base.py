@@ -21,7 +21,7 @@ from torch import nn
 
 from .cache import LayerCache
 from .checks import check_layer_input, check_short_conv, head_dims
-from .shortconv import ShortConv
+from .shortconv import CONV_MODES, ShortConv
 
 TokenArgs = list[tuple[torch.Tensor, bool]]  # the op's positional args after v: (tensor, varies over time)
 
@@ -63,27 +63,39 @@ class MixerLayer(nn.Module):
             raise ValueError(f"tie_kv=True needs head_dim_v == head_dim, got head_dim_v={V}, head_dim={K}")
         self.d_model, self.n_heads, self.head_dim, self.head_dim_v = d_model, n_heads, K, V
         self.tie_kv, self.backend, self.chunk_size = tie_kv, backend, chunk_size
+        if conv_mode not in CONV_MODES:
+            raise ValueError(f"conv_mode must be one of {', '.join(map(repr, CONV_MODES))}; got {conv_mode!r}")
         self.conv_mode = conv_mode
         H = n_heads
         self.q_proj = nn.Linear(d_model, H * K, bias=False)
-        self.k_proj = nn.Linear(d_model, H * K, bias=False)
-        self.v_proj = None if tie_kv else nn.Linear(d_model, H * V, bias=False)
-        widths = {"q": H * K, "k": H * K, "v": H * V}
-        self.convs = nn.ModuleDict({
-            c: ShortConv(widths[c], conv_kernel, conv_activation, mode=conv_mode) for c in self.short_conv
-        })
+        self._conv_args = dict(kernel_size=conv_kernel, activation=conv_activation, mode=conv_mode)
+        self.convs = nn.ModuleDict({c: ShortConv(self.q_proj.out_features, **self._conv_args) for c in self.short_conv})
+        self.set_kv_heads(H)
         self.output_norm = self.default_output_norm if output_norm is None else bool(output_norm)
         self.output_gate = self.default_output_gate if output_gate is None else bool(output_gate)
         self.o_norm = nn.RMSNorm(V, eps=norm_eps) if self.output_norm else None
         self.g_proj = nn.Linear(d_model, H * V, bias=False) if self.output_gate else None
         self.o_proj = nn.Linear(H * V, d_model, bias=False)
 
+    def set_kv_heads(self, n: int) -> None:
+        """(Re)build the k and v projections (and their ShortConvs) for ``n`` key/value heads
+        (grouped-query attention: n < n_heads; Gated DeltaProduct: n_heads * num_householder)."""
+        K, V = self.head_dim, self.head_dim_v
+        self.k_proj = nn.Linear(self.d_model, n * K, bias=False)
+        self.v_proj = None if self.tie_kv else nn.Linear(self.d_model, n * V, bias=False)
+        for c, width in (("k", n * K), ("v", n * V)):
+            if c in self.convs:
+                self.convs[c] = ShortConv(width, **self._conv_args)
+
     # --- hooks for subclasses -------------------------------------------------------------------
-    def mix_inputs(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int
+    def mix_inputs(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int,
+                   streams: dict[str, torch.Tensor]
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, TokenArgs, dict[str, Any]]:
-        """Feature maps and gates: q, k [B, T, H, K], v [B, T, H, V] after the ShortConvs; ``offset`` is
-        the position of x's first token. Returns (q, k, v, the op's positional args after v as
-        (tensor, varies_over_time) pairs, extra keyword args for the op and its step)."""
+        """Feature maps and gates: q [B, T, H, K], k [B, T, H_kv, K], v [B, T, H_kv, V] after the
+        ShortConvs; ``offset`` is the position of x's first token; ``streams`` every projected stream
+        (flat, after its ShortConv; subclasses may add their own in :meth:`streams`). Returns (q, k, v,
+        the op's positional args after v as (tensor, varies_over_time) pairs, keyword args for the op
+        and its step)."""
         return q, k, v, [], {}
 
     def skip(self, o: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -108,21 +120,30 @@ class MixerLayer(nn.Module):
                 ) -> tuple[torch.Tensor, LayerCache | None]:
         check_layer_input(x, self.d_model, cache)
         B, T, _ = x.shape
-        H, K, V = self.n_heads, self.head_dim, self.head_dim_v
         offset = 0 if cache is None else cache.offset
         s, new_conv = self.streams(x, cache)
-        q, k, v = s["q"].view(B, T, H, K), s["k"].view(B, T, H, K), s["v"].view(B, T, H, V)
-        q, k, v, args, kwargs = self.mix_inputs(x, q, k, v, offset)
-        state = None if cache is None else cache.state
-        if cache is not None and T == 1 and state is not None:
-            step_args = [a[:, 0] if per_token else a for a, per_token in args]
-            o, state = self.op_step(q[:, 0], k[:, 0], v[:, 0], *step_args, state=state, scale=self.scale, **kwargs)
-            o = o[:, None]
-        else:
-            o, state = self.op(q, k, v, *[a for a, _ in args], scale=self.scale, initial_state=state,
-                               output_final_state=use_cache, **kwargs, **self.op_kwargs())
+        q = s["q"].view(B, T, -1, self.head_dim)
+        k = s["k"].view(B, T, -1, self.head_dim)
+        v = s["v"].view(B, T, -1, self.head_dim_v)
+        q, k, v, args, kwargs = self.mix_inputs(x, q, k, v, offset, s)
+        o, state = self.run_op(q, k, v, args, kwargs, None if cache is None else cache.state, use_cache)
         y = self.finish(self.skip(o, v), x)
         return y, (LayerCache(new_conv, state, offset + T) if use_cache else None)
+
+    def run_op(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: TokenArgs, kwargs: dict[str, Any],
+               state: Any, use_cache: bool) -> tuple[torch.Tensor, Any]:
+        """The op over the whole input, or its step function for one token continuing a state."""
+        if state is not None and q.shape[1] == 1:
+            return self.step(q, k, v, args, kwargs, state)
+        return self.op(q, k, v, *[a for a, _ in args], scale=self.scale, initial_state=state,
+                       output_final_state=use_cache, **kwargs, **self.op_kwargs())
+
+    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: TokenArgs, kwargs: dict[str, Any],
+             state: Any) -> tuple[torch.Tensor, Any]:
+        """One token (T == 1) through the op's step function; returns (o [B, 1, H, V], state)."""
+        step_args = [a[:, 0] if per_token else a for a, per_token in args]
+        o, state = self.op_step(q[:, 0], k[:, 0], v[:, 0], *step_args, state=state, scale=self.scale, **kwargs)
+        return o[:, None], state
 
     def finish(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Output norm per head, SiLU gate, output projection: o [B, T, H, V] -> [B, T, d_model]."""

@@ -31,7 +31,7 @@ class LinearAttentionLayer(MixerLayer):
             raise ValueError(f"feature_map must be one of 'identity', 'elu', 'relu' for the layer; got {feature_map!r}")
         self.feature_map, self.normalize = feature_map, bool(normalize)
 
-    def mix_inputs(self, x, q, k, v, offset):
+    def mix_inputs(self, x, q, k, v, offset, streams):
         return q, k, v, [], {"feature_map": self.feature_map, "normalize": self.normalize}
 
 
@@ -55,7 +55,7 @@ class RetNetLayer(MixerLayer):
         super().__init__(d_model, n_heads, head_dim=head_dim, head_dim_v=head_dim_v, **kwargs)
         self.rope = bool(rope)
 
-    def mix_inputs(self, x, q, k, v, offset):
+    def mix_inputs(self, x, q, k, v, offset, streams):
         if self.rope:
             q, k = apply_rope(q, offset), apply_rope(k, offset)
         return q, k, v, [], {}
@@ -78,5 +78,5 @@ class GLALayer(MixerLayer):
         super().__init__(d_model, n_heads, **kwargs)
         self.gate = LowRankLogSigmoidGate(d_model, n_heads, self.head_dim, gate_rank, gate_normaliser)
 
-    def mix_inputs(self, x, q, k, v, offset):
+    def mix_inputs(self, x, q, k, v, offset, streams):
         return q, k, v, [(self.gate(x).to(q.dtype), True)], {}

@@ -31,7 +31,7 @@ class Mamba2Layer(MixerLayer):
         self.decay = MambaDecay(d_model, n_heads)
         self.D = nn.Parameter(torch.ones(n_heads))
 
-    def mix_inputs(self, x, q, k, v, offset):
+    def mix_inputs(self, x, q, k, v, offset, streams):
         g, dt = self.decay(x)
         return q, k * dt[..., None].to(k.dtype), v, [(g.to(q.dtype), True)], {}
 
