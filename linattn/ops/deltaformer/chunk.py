@@ -1,4 +1,4 @@
-"""Chunkwise DeltaFormer: the triangular solve chunk by chunk, then blockwise causal SDPA.
+"""Chunkwise DeltaFormer: the triangular solve chunk by chunk (hand-written backward), then blockwise SDPA.
 
 For the chunk of rows [a, a + C) (a counts the cached positions too) the kernel rows
 kappa_t. (softmax over keys s < t) are computed against all keys [0, a + C) at once; the solve
@@ -6,10 +6,16 @@ kappa_t. (softmax over keys s < t) are computed against all keys [0, a + C) at o
     U_c = (I + diag(b_c) kappa_cc)^-1 (V_c - diag(b_c) kappa_c,past U_past)
 
 needs only the previous chunks' u's, as one matmul. Then every query block attends over (K, U) with
-SDPA and a causal mask that is a view of one shared tensor. Working memory per chunk: C x (T0 + T)
-(kernel rows) plus C x C; the whole-sequence tensors are K and U, O((T0 + T) (K + V)).
-Autograd keeps each chunk's kernel rows and U_past for the backward, i.e. O(T^2) in total (as for any
-softmax kernel without a hand-written backward); the forward alone (torch.no_grad) is linear in T.
+SDPA (flash kernel: memory linear in T) and a causal mask that is a view of one shared tensor.
+
+The solve is a :class:`torch.autograd.Function` that saves only U, the kernel rows' log-normalisers
+lse_t and m_t = sum_{s<t} kappa_ts u_s (so u_t = v_t - b_t m_t), and recomputes each chunk's kernel
+rows in the backward. With psi = (I + A)^-T dU (solved chunk by chunk backwards in time, the later
+chunks' sum_{r} A_rs psi_r carried in one [P, V] buffer):
+
+    dv_t = psi_t,   db_t = -psi_t.m_t,   dl_ts = -b_t kappa_ts psi_t.(u_s - m_t),   l_ts = scale k_t.k_s
+
+so training memory is linear in T too: O((T0 + T)(K + V)) plus one C x (T0 + T) block at a time.
 """
 
 from __future__ import annotations
@@ -17,11 +23,70 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..common.causal_softmax import ChunkMasks, masked_softmax
+from ..common.causal_softmax import ChunkMasks
 from ..common.checks import compute_dtype
 from ..common.kv_cache import KVCache
 from ..common.triangular import solve_unit_lower
 from .reference import _past
+
+
+def _kernel_rows(keys: torch.Tensor, start: int, end: int, scale: float, mask: torch.Tensor,
+                 lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """kappa rows of positions [start, end) over keys [0, end) (strictly causal), and their log-normaliser."""
+    logits = (scale * keys[:, :, start:end] @ keys[:, :, :end].transpose(-1, -2)).masked_fill(~mask, float("-inf"))
+    if lse is None:
+        lse = torch.logsumexp(logits, dim=-1)
+        lse = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))  # a row with no past: kappa = 0
+    return torch.exp(logits - lse[..., None]), lse
+
+
+class _DeltaValues(torch.autograd.Function):
+    """(keys [B, H, T0 + T, K], v [B, H, T, V], b [B, H, T], u0 [B, H, T0, V]) -> all u's [B, H, T0 + T, V]."""
+
+    @staticmethod
+    def forward(ctx, keys, v, b, u0, scale, C):
+        T0, T = u0.shape[2], v.shape[2]
+        P = T0 + T
+        U = torch.cat([u0, torch.empty_like(v)], dim=2)
+        m, lse = torch.empty_like(v), torch.empty_like(b)
+        masks = ChunkMasks(C, P, strict=True, device=v.device)
+        for a in range(0, T, C):
+            e = min(a + C, T)
+            s0, s1 = T0 + a, T0 + e
+            kappa, lse[:, :, a:e] = _kernel_rows(keys, s0, s1, scale, masks(s1, e - a))
+            m_past = kappa[..., :s0] @ U[:, :, :s0]
+            U[:, :, s0:s1] = solve_unit_lower(b[:, :, a:e, None] * kappa[..., s0:],
+                                              v[:, :, a:e] - b[:, :, a:e, None] * m_past)
+            m[:, :, a:e] = m_past + kappa[..., s0:] @ U[:, :, s0:s1]
+        ctx.save_for_backward(keys, b, U, m, lse)
+        ctx.scale, ctx.C = scale, C
+        return U
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dU):
+        keys, b, U, m, lse = ctx.saved_tensors
+        scale, C = ctx.scale, ctx.C
+        T = b.shape[2]
+        P = keys.shape[2]
+        T0 = P - T
+        later = torch.zeros_like(U)  # later[s] = sum over rows r of later chunks of A_rs psi_r
+        dK, dv, db = torch.zeros_like(keys), torch.empty_like(U[:, :, T0:]), torch.empty_like(b)
+        masks = ChunkMasks(C, P, strict=True, device=U.device)
+        for a in reversed(range(0, T, C)):
+            e = min(a + C, T)
+            s0, s1 = T0 + a, T0 + e
+            kappa, _ = _kernel_rows(keys, s0, s1, scale, masks(s1, e - a), lse[:, :, a:e])
+            bc = b[:, :, a:e, None]
+            psi = torch.linalg.solve_triangular((bc * kappa[..., s0:]).transpose(-1, -2),
+                                                dU[:, :, s0:s1] - later[:, :, s0:s1], upper=True, unitriangular=True)
+            later[:, :, :s0] += kappa[..., :s0].transpose(-1, -2) @ (bc * psi)
+            psi_m = (psi * m[:, :, a:e]).sum(-1, keepdim=True)
+            dv[:, :, a:e], db[:, :, a:e] = psi, -psi_m[..., 0]
+            dl = -scale * bc * kappa * (psi @ U[:, :, :s1].transpose(-1, -2) - psi_m)
+            dK[:, :, s0:s1] += dl @ keys[:, :, :s1]
+            dK[:, :, :s1] += dl.transpose(-1, -2) @ keys[:, :, s0:s1]
+        return dK, dv, db, dU[:, :, :T0] - later[:, :, :T0], None, None
 
 
 def deltaformer_chunk(
@@ -42,17 +107,9 @@ def deltaformer_chunk(
     T0, T, C = k0.shape[1], q.shape[1], chunk_size
     P = T0 + T
     keys = torch.cat([k0, k], dim=1).transpose(1, 2)  # [B, H, P, K]
-    qh, vh, bh = q.transpose(1, 2), v.transpose(1, 2), beta.transpose(1, 2)[..., None]
-    strict, causal = ChunkMasks(C, P, strict=True, device=q.device), ChunkMasks(C, P, device=q.device)
-
-    us = u0.transpose(1, 2)  # u's of every position so far, [B, H, T0 + done, V]
-    for a in range(0, T, C):
-        e = min(a + C, T)
-        rows, start, end = e - a, T0 + a, T0 + e
-        kappa = bh[:, :, a:e] * masked_softmax(scale * keys[:, :, start:end] @ keys[:, :, :end].transpose(-1, -2),
-                                               strict(end, rows))
-        rhs = vh[:, :, a:e] if start == 0 else vh[:, :, a:e] - kappa[..., :start] @ us
-        us = torch.cat([us, solve_unit_lower(kappa[..., start:], rhs)], dim=2)
+    qh, vh = q.transpose(1, 2), v.transpose(1, 2)
+    causal = ChunkMasks(C, P, device=q.device)
+    us = _DeltaValues.apply(keys, vh, beta.transpose(1, 2), u0.transpose(1, 2), scale, C)  # [B, H, P, V]
 
     blocks = []
     for a in range(0, T, C):
