@@ -7,6 +7,9 @@ state) -> (o_t, state)``. See DESIGN §2 and ``list_ops()`` / ``op_info(name)``.
 
 from .common.registry import get_op, list_ops
 from .simple_gla import simple_gla, simple_gla_step
+from .triton_backends import register_triton_backends
+
+register_triton_backends()
 
 
 def op_info(name: str) -> dict:

@@ -1,0 +1,44 @@
+"""Small pieces shared by the Triton kernels (import only where Triton is installed)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .triton_compat import patch_interpreter
+
+patch_interpreter()
+
+
+def interpreting() -> bool:
+    """True when kernels run on the CPU through Triton's interpreter."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """float32 inputs keep full precision (tf32 would miss 1e-5 agreement); bf16/fp16 use tensor cores."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def upcast_dots(dtype: torch.dtype) -> bool:
+    """The interpreter multiplies bfloat16 blocks wrongly (it has no bf16 matmul): upcast them there.
+    On a GPU this is False and the kernels use bf16 tensor-core products with float32 accumulation,
+    which gives the same numbers: bf16 values are exact in float32."""
+    return interpreting() and dtype == torch.bfloat16
+
+
+def block(n: int) -> int:
+    """Power-of-two block covering n (at least 16, the smallest tl.dot size)."""
+    return max(16, triton.next_power_of_2(n))
+
+
+@triton.jit
+def mm(a, b, PREC: tl.constexpr, UPCAST: tl.constexpr):
+    """a @ b with float32 accumulation (see :func:`upcast_dots`)."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b, input_precision=PREC)

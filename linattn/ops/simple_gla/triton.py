@@ -1,0 +1,289 @@
+"""Triton kernels (forward and backward) for the scalar-decay linear RNN.
+
+    S_t = exp(g_t) S_{t-1} + k_t v_t^T,        o_t = S_t^T (scale q_t)
+
+Chunkwise, with b_t the cumulative log gate restarted at each chunk (so every exponent below is
+<= 0 and nothing overflows for any T), chunk n of C tokens entering with state S_n:
+
+    o_t     = e^{b_t} (scale q_t)^T S_n + sum_{s<=t} e^{b_t - b_s} (scale q_t . k_s) v_s
+    S_{n+1} = e^{b_C} S_n + sum_s e^{b_C - b_s} k_s v_s^T
+
+Backward (dH_n: gradient of the state leaving chunk n; q~ = scale q):
+
+    dH_{n-1} = e^{b_C} dH_n + sum_t e^{b_t} q~_t do_t^T
+    dq~_t = e^{b_t} S_n do_t + sum_{s<=t} e^{b_t - b_s} (do_t . v_s) k_s
+    dk_s  = sum_{t>=s} e^{b_t - b_s} (do_t . v_s) q~_t + e^{b_C - b_s} dH_n v_s
+    dv_s  = sum_{t>=s} e^{b_t - b_s} (q~_t . k_s) do_t + e^{b_C - b_s} dH_n^T k_s
+
+Every term depends on G = cumsum(g) only through differences G_t - G_s (and G_t alone for the
+initial state), so the gradient of the cumulative gate is dG_t = q_t . dq_t - k_t . dk_t, plus
+<dS_T, S_T> at the last token, and dg is the reverse cumulative sum of dG.
+
+Four kernels: the state scan (a program per value block and batch-head, looping over chunks), the
+output (a program per value block, chunk and batch-head), the reverse scan of state gradients, and
+the per-chunk input gradients. The states entering the chunks are recomputed in the backward pass
+instead of being kept. Block shapes depend on the head dims and the chunk size only, never on T, so
+a new sequence length reuses the compiled kernels (T is not specialised on).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..common.triton_utils import block as _block
+from ..common.triton_utils import dot_precision, mm, upcast_dots
+
+
+@triton.jit(do_not_specialize=["T"])
+def _state_fwd_kernel(k, v, g, h, h0, ht, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
+                      PREC: tl.constexpr, UP: tl.constexpr):
+    """Grid (cdiv(V, BV), B*H): h[b, h, n] = state entering chunk n; ht = state after the last chunk."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    N = tl.cdiv(T, C)
+    o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
+    o_v = i_v * BV + tl.arange(0, BV)
+    kv = o_k[:, None] * V + o_v[None, :]
+    m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_H0:
+        S += tl.load(h0 + i_bh * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
+    for n in range(N):
+        tl.store(h + (i_bh * N + n) * K * V + kv, S.to(h.dtype.element_ty), mask=m_kv)
+        t = n * C + o_c
+        m_t = t < T
+        row = (i_b * T + t) * H + i_h
+        b = tl.cumsum(tl.load(g + row, mask=m_t, other=0.0).to(tl.float32), axis=0)
+        b_last = tl.sum(tl.where(o_c == C - 1, b, 0.0), axis=0)
+        kt = tl.load(k + row[None, :] * K + o_k[:, None], mask=(o_k[:, None] < K) & m_t[None, :], other=0.0)
+        vc = tl.load(v + row[:, None] * V + o_v[None, :], mask=m_t[:, None] & (o_v[None, :] < V), other=0.0)
+        vw = (vc.to(tl.float32) * tl.exp(b_last - b)[:, None]).to(vc.dtype)
+        S = S * tl.exp(b_last) + mm(kt, vw, PREC, UP)
+    tl.store(ht + i_bh * K * V + kv, S, mask=m_kv)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _output_fwd_kernel(q, k, v, g, h, o, scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                       C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+    """Grid (cdiv(V, BV), N, B*H): o for one chunk and value block."""
+    i_v, n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    N = tl.cdiv(T, C)
+    o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
+    o_v = i_v * BV + tl.arange(0, BV)
+    t = n * C + o_c
+    m_t = t < T
+    row = (i_b * T + t) * H + i_h
+    m_ck = m_t[:, None] & (o_k[None, :] < K)
+    m_cv = m_t[:, None] & (o_v[None, :] < V)
+    b = tl.cumsum(tl.load(g + row, mask=m_t, other=0.0).to(tl.float32), axis=0)
+    qc = tl.load(q + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
+    kt = tl.load(k + row[None, :] * K + o_k[:, None], mask=(o_k[:, None] < K) & m_t[None, :], other=0.0)
+    vc = tl.load(v + row[:, None] * V + o_v[None, :], mask=m_cv, other=0.0)
+    S = tl.load(h + (i_bh * N + n) * K * V + o_k[:, None] * V + o_v[None, :],
+                mask=(o_k[:, None] < K) & (o_v[None, :] < V), other=0.0)
+    q_dec = (qc.to(tl.float32) * (scale * tl.exp(b))[:, None]).to(S.dtype)
+    acc = mm(q_dec, S, PREC, UP)
+    causal = o_c[:, None] >= o_c[None, :]
+    D = tl.where(causal, tl.exp(tl.where(causal, b[:, None] - b[None, :], 0.0)), 0.0)
+    A = mm(qc, kt, PREC, UP) * D * scale
+    acc += mm(A.to(vc.dtype), vc, PREC, UP)
+    tl.store(o + row[:, None] * V + o_v[None, :], acc.to(o.dtype.element_ty), mask=m_cv)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _state_bwd_kernel(q, g, do, dh, dht, dh0, scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
+                      PREC: tl.constexpr, UP: tl.constexpr):
+    """Grid (cdiv(V, BV), B*H): dh[b, h, n] = gradient of the state leaving chunk n; dh0 = of the initial one."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    N = tl.cdiv(T, C)
+    o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
+    o_v = i_v * BV + tl.arange(0, BV)
+    kv = o_k[:, None] * V + o_v[None, :]
+    m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
+    dS = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_DHT:
+        dS += tl.load(dht + i_bh * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
+    for i in range(N):
+        n = N - 1 - i
+        tl.store(dh + (i_bh * N + n) * K * V + kv, dS.to(dh.dtype.element_ty), mask=m_kv)
+        t = n * C + o_c
+        m_t = t < T
+        row = (i_b * T + t) * H + i_h
+        b = tl.cumsum(tl.load(g + row, mask=m_t, other=0.0).to(tl.float32), axis=0)
+        b_last = tl.sum(tl.where(o_c == C - 1, b, 0.0), axis=0)
+        qt = tl.load(q + row[None, :] * K + o_k[:, None], mask=(o_k[:, None] < K) & m_t[None, :], other=0.0)
+        doc = tl.load(do + row[:, None] * V + o_v[None, :], mask=m_t[:, None] & (o_v[None, :] < V), other=0.0)
+        q_dec = (qt.to(tl.float32) * (scale * tl.exp(b))[None, :]).to(doc.dtype)
+        dS = dS * tl.exp(b_last) + mm(q_dec, doc, PREC, UP)
+    tl.store(dh0 + i_bh * K * V + kv, dS, mask=m_kv)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _grads_bwd_kernel(q, k, v, g, h, do, dh, dq, dk, dv, scale, T, H: tl.constexpr, K: tl.constexpr,
+                      V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+                      UP: tl.constexpr):
+    """Grid (N, B*H): dq, dk (float32) and dv of one chunk, looping over value blocks."""
+    n, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    N = tl.cdiv(T, C)
+    o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
+    t = n * C + o_c
+    m_t = t < T
+    row = (i_b * T + t) * H + i_h
+    m_ck = m_t[:, None] & (o_k[None, :] < K)
+    b = tl.cumsum(tl.load(g + row, mask=m_t, other=0.0).to(tl.float32), axis=0)
+    b_last = tl.sum(tl.where(o_c == C - 1, b, 0.0), axis=0)
+    qc = tl.load(q + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
+    kc = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
+    causal = o_c[:, None] >= o_c[None, :]
+    D = tl.where(causal, tl.exp(tl.where(causal, b[:, None] - b[None, :], 0.0)), 0.0)  # [t, s]
+    A = mm(qc, tl.trans(kc), PREC, UP) * D * scale  # decayed scores q~_t . k_s
+    k_tail = (kc.to(tl.float32) * tl.exp(b_last - b)[:, None]).to(kc.dtype)
+    dq_acc = tl.zeros([C, BK], dtype=tl.float32)
+    dk_acc = tl.zeros([C, BK], dtype=tl.float32)
+    dA = tl.zeros([C, C], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_cv = m_t[:, None] & (o_v[None, :] < V)
+        m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
+        vc = tl.load(v + row[:, None] * V + o_v[None, :], mask=m_cv, other=0.0)
+        doc = tl.load(do + row[:, None] * V + o_v[None, :], mask=m_cv, other=0.0)
+        S = tl.load(h + (i_bh * N + n) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
+        dS = tl.load(dh + (i_bh * N + n) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
+        dA += mm(doc, tl.trans(vc), PREC, UP)
+        dq_acc += mm(doc.to(S.dtype), tl.trans(S), PREC, UP)
+        dk_acc += mm(vc.to(dS.dtype), tl.trans(dS), PREC, UP)
+        dv_blk = mm(tl.trans(A).to(doc.dtype), doc, PREC, UP)
+        dv_blk += mm(k_tail.to(dS.dtype), dS, PREC, UP)
+        tl.store(dv + row[:, None] * V + o_v[None, :], dv_blk.to(dv.dtype.element_ty), mask=m_cv)
+    dA = dA * D  # (do_t . v_s) e^{b_t - b_s} for s <= t
+    dq_acc = dq_acc * tl.exp(b)[:, None] + mm(dA.to(kc.dtype), kc, PREC, UP)
+    dk_acc = dk_acc * tl.exp(b_last - b)[:, None] + mm(tl.trans(dA).to(qc.dtype), qc,
+                                                            PREC, UP) * scale
+    tl.store(dq + row[:, None] * K + o_k[None, :], dq_acc * scale, mask=m_ck)
+    tl.store(dk + row[:, None] * K + o_k[None, :], dk_acc, mask=m_ck)
+
+
+def _state_dtype(x: torch.Tensor) -> torch.dtype:
+    """Chunk-entry states are kept in the input dtype for bf16/fp16 (half the memory, as FLA does)."""
+    return torch.float32 if x.dtype == torch.float32 else x.dtype
+
+
+def _states(k, v, g, initial_state, C):
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    N = triton.cdiv(T, C)
+    BK, BV = _block(K), min(64, _block(V))
+    h = torch.empty(B, H, N, K, V, device=k.device, dtype=_state_dtype(k))
+    ht = torch.empty(B, H, K, V, device=k.device, dtype=torch.float32)
+    h0 = initial_state if initial_state is not None else ht  # unused pointer when HAS_H0 is False
+    _state_fwd_kernel[(triton.cdiv(V, BV), B * H)](
+        k, v, g, h, h0, ht, T, H, K, V, C, BK, BV, initial_state is not None, dot_precision(k.dtype),
+        upcast_dots(k.dtype))
+    return h, ht
+
+
+def simple_gla_triton_forward(q, k, v, g, scale, initial_state, C):
+    """Forward pass: (o, final state float32). Inputs contiguous [B, T, H, *], g float32 [B, T, H]."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    h, ht = _states(k, v, g, initial_state, C)
+    o = torch.empty_like(v)
+    BK, BV = _block(K), min(64, _block(V))
+    _output_fwd_kernel[(triton.cdiv(V, BV), triton.cdiv(T, C), B * H)](
+        q, k, v, g, h, o, scale, T, H, K, V, C, BK, BV, dot_precision(q.dtype), upcast_dots(q.dtype))
+    return o, ht
+
+
+def simple_gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht):
+    """Backward pass: (dq, dk, dv, dg, d_initial_state)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    N = triton.cdiv(T, C)
+    BK, BV = _block(K), min(64, _block(V))
+    h, ht = _states(k, v, g, initial_state, C)
+    dh = torch.empty_like(h)
+    dh0 = torch.empty(B, H, K, V, device=q.device, dtype=torch.float32)
+    _state_bwd_kernel[(triton.cdiv(V, BV), B * H)](
+        q, g, do, dh, dht if dht is not None else dh0, dh0, scale, T, H, K, V, C, BK, BV, dht is not None,
+        dot_precision(q.dtype), upcast_dots(q.dtype))
+    dq = torch.empty(B, T, H, K, device=q.device, dtype=torch.float32)
+    dk = torch.empty_like(dq)
+    dv = torch.empty_like(v)
+    _grads_bwd_kernel[(N, B * H)](q, k, v, g, h, do, dh, dq, dk, dv, scale, T, H, K, V, C, BK, BV,
+                                  dot_precision(q.dtype), upcast_dots(q.dtype))
+    dG = (q.float() * dq).sum(-1) - (k.float() * dk).sum(-1)  # [B, T, H]
+    if dht is not None:
+        dG[:, -1] += (dht.float() * ht).sum((-2, -1))
+    dg = dG.flip(1).cumsum(1).flip(1)
+    return dq.to(q.dtype), dk.to(k.dtype), dv, dg, dh0
+
+
+@torch.library.custom_op("linattn::simple_gla_triton_fwd", mutates_args=())
+def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, initial_state: torch.Tensor | None,
+            scale: float, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return simple_gla_triton_forward(q, k, v, g, scale, initial_state, chunk_size)
+
+
+@_fwd_op.register_fake
+def _(q, k, v, g, initial_state, scale, chunk_size):
+    B, T, H, K = q.shape
+    return torch.empty_like(v), q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("linattn::simple_gla_triton_bwd", mutates_args=())
+def _bwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, initial_state: torch.Tensor | None,
+            scale: float, chunk_size: int, do: torch.Tensor, dht: torch.Tensor | None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return simple_gla_triton_backward(q, k, v, g, scale, initial_state, chunk_size, do, dht)
+
+
+@_bwd_op.register_fake
+def _(q, k, v, g, initial_state, scale, chunk_size, do, dht):
+    B, T, H, K = q.shape
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g),
+            q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, g, initial_state, scale, chunk_size = inputs
+    ctx.save_for_backward(q, k, v, g, initial_state)
+    ctx.scale, ctx.chunk_size = scale, chunk_size
+
+
+def _backward(ctx, do, dht):
+    q, k, v, g, initial_state = ctx.saved_tensors
+    dq, dk, dv, dg, dh0 = _bwd_op(q, k, v, g, initial_state, ctx.scale, ctx.chunk_size, do.contiguous(),
+                                  None if dht is None else dht.contiguous())
+    return dq, dk, dv, dg, (dh0 if initial_state is not None else None), None, None
+
+
+_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def simple_gla_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    *,
+    scale: float,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The ``backend="triton"`` implementation (inputs validated by ``simple_gla``)."""
+    if chunk_size not in (16, 32, 64, 128):
+        raise ValueError(f"chunk_size must be 16, 32, 64 or 128 for backend='triton', got {chunk_size}")
+    dtype = q.dtype if q.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
+    q, k, v = (x.to(dtype).contiguous() for x in (q, k, v))
+    g = g.float().contiguous()
+    s0 = None if initial_state is None else initial_state.float().contiguous()
+    o, ht = _fwd_op(q, k, v, g, s0, float(scale), chunk_size)
+    return o, (ht if output_final_state else None)
