@@ -11,15 +11,17 @@ from .delta import CombaLayer, DeltaNetLayer, GatedDeltaNetLayer, MesaNetLayer
 from .mamba2 import Mamba2Layer
 from .registry import build_mixer, list_mixers, mixer_class, register_mixer
 from .shortconv import CONV_MODES, ShortConv
+from .ttt import TitansLayer, TTTLinearLayer
 
 for _name, _cls in {
     "linear_attn": LinearAttentionLayer, "retention": RetNetLayer, "mamba2": Mamba2Layer, "gla": GLALayer,
     "delta_rule": DeltaNetLayer, "gated_delta_rule": GatedDeltaNetLayer, "comba": CombaLayer, "mesa_net": MesaNetLayer,
+    "ttt_linear": TTTLinearLayer, "titans": TitansLayer,
 }.items():
     register_mixer(_name, _cls)
 
 __all__ = [
-    "CONV_MODES", "CombaLayer", "DeltaNetLayer", "GLALayer", "GatedDeltaNetLayer", "LayerCache", "LinearAttentionLayer",
-    "Mamba2Layer", "MesaNetLayer", "MixerLayer", "RetNetLayer", "ShortConv", "build_mixer", "list_mixers",
-    "mixer_class", "register_mixer",
+    "CONV_MODES", "build_mixer", "list_mixers", "mixer_class", "register_mixer", "CombaLayer", "DeltaNetLayer",
+    "GLALayer", "GatedDeltaNetLayer", "LayerCache", "LinearAttentionLayer", "Mamba2Layer", "MesaNetLayer",
+    "MixerLayer", "RetNetLayer", "ShortConv", "TTTLinearLayer", "TitansLayer",
 ]
