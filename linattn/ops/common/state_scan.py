@@ -41,9 +41,10 @@ def chunk_state_scan(
     B, H, N, K, V = U.shape
     S = U.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(U.dtype)
     entering = []
-    for n in range(N):
+    # unbind once: indexing U[:, :, n] in the loop would make autograd write N full-size zero tensors
+    for decay_n, U_n in zip(decay.unbind(2), U.unbind(2)):
         entering.append(S)
-        S = decay[:, :, n] * S + U[:, :, n]
+        S = decay_n * S + U_n
     return torch.stack(entering, dim=2), S
 
 
