@@ -107,6 +107,25 @@ def test_long_sequence_finite():
     assert torch.isfinite(o).all()
 
 
+def saved_bytes(T):
+    """Bytes of the distinct storages autograd keeps for the chunk backend's backward at length T."""
+    q, k, v, beta, _, _ = make(1, T, 2, 16, 16, dtype=torch.float32, seed=9)
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    leaves = [x.requires_grad_() for x in (q, k, v, beta)]
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        deltaformer(*leaves, backend="chunk", chunk_size=64)
+    return sum(storages.values())
+
+
+def test_training_memory_is_linear():
+    assert saved_bytes(2048) / saved_bytes(512) < 4.5
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["chunk", "recurrent"])
 def test_very_long_sequence_finite(backend):

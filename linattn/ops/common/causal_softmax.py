@@ -22,12 +22,17 @@ class ChunkMasks:
 
     ``masks(end, rows)`` is the bool [rows, end] mask of ``rows`` <= C queries that are the last
     ``rows`` of keys [0, end): row i sees keys j <= end - rows + i (j < ... when ``strict``). Autograd
-    saves views, so memory stays C x width however many blocks there are.
+    saves views, so memory stays C x width however many blocks there are. With ``dtype`` the masks are
+    additive (0 where seen, -inf elsewhere) in that dtype: SDPA saves a float mask for its backward,
+    converting a bool one into a new float tensor per call, whereas a float view is saved as is.
     """
 
-    def __init__(self, C: int, width: int, *, strict: bool = False, device: torch.device | str = "cpu"):
+    def __init__(self, C: int, width: int, *, strict: bool = False, device: torch.device | str = "cpu",
+                 dtype: torch.dtype | None = None):
         self.C, self.W = C, width + C
         self.base = causal_mask(C, self.W, strict=strict, device=device)
+        if dtype is not None:
+            self.base = torch.zeros(self.base.shape, dtype=dtype, device=device).masked_fill(~self.base, float("-inf"))
 
     def __call__(self, end: int, rows: int | None = None) -> torch.Tensor:
         rows = self.C if rows is None else rows

@@ -108,7 +108,7 @@ def deltaformer_chunk(
     P = T0 + T
     keys = torch.cat([k0, k], dim=1).transpose(1, 2)  # [B, H, P, K]
     qh, vh = q.transpose(1, 2), v.transpose(1, 2)
-    causal = ChunkMasks(C, P, device=q.device)
+    causal = ChunkMasks(C, P, device=q.device, dtype=dt)  # additive float masks: saved as views
     us = _DeltaValues.apply(keys, vh, beta.transpose(1, 2), u0.transpose(1, 2), scale, C)  # [B, H, P, V]
 
     blocks = []
