@@ -1,0 +1,52 @@
+"""Image loader: CIFAR-10 (python pickle batches) in greyscale, 1024 pixels read row by row.
+
+Reads ``<data_dir>/cifar-10-batches-py/data_batch_1..5`` and ``test_batch``. As LRA: train is the first
+90% of the training images, val the last 10%, test the test batch. Grey = round(0.2989 R + 0.5870 G
++ 0.1140 B) (the weights of ``tf.image.rgb_to_grayscale``); each pixel value 0-255 is a token.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+
+from .dataset import LRADataset
+from .files import check_split, require
+from .vocab import PIXEL_VOCAB
+
+TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
+LUMA = np.array([0.2989, 0.5870, 0.1140])
+
+
+def rgb_to_grey(rows: np.ndarray) -> np.ndarray:
+    """CIFAR rows ``[N, 3072]`` (R, G, B planes of 32x32) to grey ``[N, 1024]`` uint8."""
+    planes = rows.reshape(-1, 3, 1024).astype(np.float64)
+    return np.clip(np.rint(np.einsum("c,ncp->np", LUMA, planes)), 0, 255).astype(np.uint8)
+
+
+def _read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    with open(path, "rb") as f:
+        d = pickle.load(f, encoding="bytes")
+    data, labels = d[b"data"], d[b"labels"]
+    data = np.asarray(data, dtype=np.uint8)
+    if data.ndim != 2 or data.shape[1] != 3072:
+        raise ValueError(f"{path}: data must be [N, 3072] uint8 (CIFAR-10 python format), got {list(data.shape)}")
+    return data, np.asarray(labels, dtype=np.int64)
+
+
+def load_image(data_dir: str | Path, split: str = "train") -> LRADataset:
+    """Greyscale CIFAR-10 as 1024-token sequences; 10 classes."""
+    split = check_split(split)
+    folder = Path(data_dir) / "cifar-10-batches-py"
+    names = ("test_batch",) if split == "test" else TRAIN_BATCHES
+    require("image", [folder / n for n in names], f"Unpack cifar-10-python.tar.gz "
+            f"(https://www.cs.toronto.edu/~kriz/cifar.html) so that {folder}/data_batch_1..5 and test_batch exist.")
+    parts = [_read_batch(folder / n) for n in names]
+    data, labels = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+    if split != "test":
+        cut = int(round(0.9 * len(labels)))
+        data, labels = (data[:cut], labels[:cut]) if split == "train" else (data[cut:], labels[cut:])
+    seqs = list(PIXEL_VOCAB.encode_values(rgb_to_grey(data)))
+    return LRADataset("image", split, PIXEL_VOCAB, 10, labels, seqs=seqs)

@@ -1,0 +1,43 @@
+"""ListOps loader: ``<data_dir>/listops-1000/basic_{train,val,test}.tsv`` (LRA release layout).
+
+Each row is ``Source<TAB>Target`` after a header. Tokens are split on whitespace; the parentheses are
+dropped (as LRA's tokenizer does), ``]`` is a token. Sequences longer than ``max_len`` (2000) are cut.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from .dataset import LRADataset
+from .files import RELEASE, check_split, require
+from .listops_gen import RELEASE_DIR
+from .vocab import LISTOPS_VOCAB
+
+MAX_LEN = 2000
+
+
+def listops_tokens(source: str) -> list[str]:
+    """The tokens of a source string: whitespace-split (brackets padded), parentheses dropped."""
+    spaced = source.replace("(", " ( ").replace(")", " ) ").replace("]", " ] ")
+    return [t for t in spaced.split() if t not in ("(", ")")]
+
+
+def load_listops(data_dir: str | Path, split: str = "train", max_len: int = MAX_LEN) -> LRADataset:
+    """The ListOps ``split`` (train / val / test); 10 classes (the value 0-9 of the tree)."""
+    split = check_split(split)
+    path = Path(data_dir) / RELEASE_DIR / f"basic_{split}.tsv"
+    require("listops", [path], f"Put the release's {RELEASE_DIR}/basic_{{train,val,test}}.tsv under {data_dir} "
+            f"(from {RELEASE}) or generate them: linattn.data.lra.write_listops({str(data_dir)!r}).")
+    seqs, labels = [], []
+    with open(path, newline="") as f:
+        rows = csv.reader(f, delimiter="\t")
+        header = next(rows, None)
+        if header != ["Source", "Target"]:
+            raise ValueError(f"{path}: the first row must be the header Source<TAB>Target, got {header}")
+        for n, row in enumerate(rows, start=2):
+            if len(row) != 2:
+                raise ValueError(f"{path}, line {n}: expected 2 tab-separated fields, got {len(row)}")
+            seqs.append(LISTOPS_VOCAB.encode(listops_tokens(row[0])[:max_len]))
+            labels.append(int(row[1]))
+    return LRADataset("listops", split, LISTOPS_VOCAB, 10, labels, seqs=seqs)

@@ -1,0 +1,77 @@
+"""Pathfinder / Path-X loader: ``<data_dir>/pathfinder<size>/<difficulty>/`` in the release layout.
+
+Every ``metadata/<batch>.npy`` (a text file despite its name) lists one image a line:
+``<folder> <file> <index> <label> ...``; the image is ``<folder>/<file>`` under the difficulty folder.
+Batches are read in numeric order; as in LRA the first 80% of the images are train, the next 10%
+val, the last 10% test. Images are decoded on access: ``size * size`` pixel tokens, row by row.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .dataset import LRADataset
+from .files import RELEASE, check_split, require
+from .pathfinder_gen import DIFFICULTIES
+from .png import read_png
+from .vocab import PIXEL_VOCAB
+
+SPLIT_FRACTIONS = {"train": (0.0, 0.8), "val": (0.8, 0.9), "test": (0.9, 1.0)}
+
+
+def _read_grey(path: Path) -> np.ndarray:
+    """An 8-bit PNG as greyscale ``[H, W]`` uint8 (Pillow when installed: faster; else our codec)."""
+    try:
+        from PIL import Image
+    except ImportError:
+        return read_png(path)
+    with Image.open(path) as im:
+        return np.asarray(im.convert("L"), dtype=np.uint8)
+
+
+def read_metadata(folder: Path) -> list[tuple[Path, int]]:
+    """(image path, label) of every line of ``folder/metadata/*.npy``, batches in numeric order."""
+    def order(p: Path) -> tuple[int, int, str]:
+        return (0, int(p.stem), "") if p.stem.isdigit() else (1, 0, p.stem)
+
+    files = sorted((folder / "metadata").glob("*.npy"), key=order)
+    out = []
+    for meta in files:
+        for n, line in enumerate(meta.read_text().splitlines(), start=1):
+            fields = line.split()
+            if not fields:
+                continue
+            if len(fields) < 4:
+                raise ValueError(f"{meta}, line {n}: expected '<folder> <file> <index> <label> ...', got {line!r}")
+            out.append((folder / fields[0] / fields[1], int(fields[3])))
+    return out
+
+
+def load_pathfinder(data_dir: str | Path, split: str = "train", size: int = 32,
+                    difficulty: str = "curv_contour_length_14") -> LRADataset:
+    """Pathfinder (``size`` 32) or Path-X (``size`` 128) at ``difficulty``; 2 classes (1 = connected)."""
+    split = check_split(split)
+    if difficulty not in DIFFICULTIES:
+        raise ValueError(f"difficulty must be one of {', '.join(DIFFICULTIES)}; got {difficulty!r}")
+    folder = Path(data_dir) / f"pathfinder{size}" / difficulty
+    require(f"pathfinder{size}", [folder / "metadata"],
+            f"Put the release's pathfinder{size}/{difficulty}/{{imgs,metadata}} under {data_dir} (from {RELEASE}) "
+            f"or generate them: linattn.data.lra.write_pathfinder({str(data_dir)!r}, "
+            f"pathfinder_config({size}, {difficulty!r}), {difficulty!r}).")
+    items = read_metadata(folder)
+    if not items:
+        raise FileNotFoundError(f"LRA task 'pathfinder{size}': no image listed in {folder / 'metadata'}/*.npy")
+    lo, hi = SPLIT_FRACTIONS[split]
+    items = items[int(round(lo * len(items))): int(round(hi * len(items)))]
+    paths = [p for p, _ in items]
+    name = "pathfinder32" if size == 32 else ("pathx" if size == 128 else f"pathfinder{size}")
+
+    def load(i: int) -> np.ndarray:
+        img = _read_grey(paths[i])
+        if img.shape != (size, size):
+            raise ValueError(f"{paths[i]}: expected a {size}x{size} image, got {list(img.shape)}")
+        return PIXEL_VOCAB.encode_values(img.reshape(-1))
+
+    return LRADataset(name, split, PIXEL_VOCAB, 2, [lab for _, lab in items], load=load)
