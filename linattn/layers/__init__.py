@@ -4,10 +4,12 @@ Every layer: ``forward(x [B, T, d_model], cache=None) -> (y, cache)``; see :clas
 ``list_mixers()`` names them; ``build_mixer(name, d_model, n_heads, **kwargs)`` builds one.
 """
 
+from .attention import DeltaFormerLayer, ForgettingAttentionLayer, PaTHLayer, SoftmaxAttentionLayer
 from .base import MixerLayer
 from .cache import LayerCache
 from .decay import GLALayer, LinearAttentionLayer, RetNetLayer
 from .delta import CombaLayer, DeltaNetLayer, GatedDeltaNetLayer, MesaNetLayer
+from .delta_product import GatedDeltaProductLayer
 from .mamba2 import Mamba2Layer
 from .registry import build_mixer, list_mixers, mixer_class, register_mixer
 from .shortconv import CONV_MODES, ShortConv
@@ -16,11 +18,14 @@ from .ttt import TitansLayer, TTTLinearLayer
 for _name, _cls in {
     "linear_attn": LinearAttentionLayer, "retention": RetNetLayer, "mamba2": Mamba2Layer, "gla": GLALayer,
     "delta_rule": DeltaNetLayer, "gated_delta_rule": GatedDeltaNetLayer, "comba": CombaLayer, "mesa_net": MesaNetLayer,
-    "ttt_linear": TTTLinearLayer, "titans": TitansLayer,
+    "ttt_linear": TTTLinearLayer, "titans": TitansLayer, "gated_delta_product": GatedDeltaProductLayer,
+    "softmax_attn": SoftmaxAttentionLayer, "forgetting_attn": ForgettingAttentionLayer, "deltaformer": DeltaFormerLayer,
+    "path_attn": PaTHLayer,
 }.items():
     register_mixer(_name, _cls)
 
 __all__ = [
+    "DeltaFormerLayer", "ForgettingAttentionLayer", "GatedDeltaProductLayer", "PaTHLayer", "SoftmaxAttentionLayer",
     "CONV_MODES", "build_mixer", "list_mixers", "mixer_class", "register_mixer", "CombaLayer", "DeltaNetLayer",
     "GLALayer", "GatedDeltaNetLayer", "LayerCache", "LinearAttentionLayer", "Mamba2Layer", "MesaNetLayer",
     "MixerLayer", "RetNetLayer", "ShortConv", "TTTLinearLayer", "TitansLayer",

@@ -1,0 +1,57 @@
+"""Gated DeltaProduct layer: n_h Householder (delta-rule) steps per token."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from linattn.ops.gated_delta_product import gated_delta_product, gated_delta_product_step
+
+from .base import MixerLayer
+from .checks import check_positive_int
+from .delta import l2norm
+from .gates import MambaDecay
+
+
+class GatedDeltaProductLayer(MixerLayer):
+    """Gated DeltaProduct (arXiv 2502.10297) on :func:`linattn.ops.gated_delta_product.gated_delta_product`.
+
+    Per token t, n = ``num_householder`` (2) keys k_{t,j} (L2-normalised), values v_{t,j} and
+    b_{t,j} = sigmoid(W_b x_t)_j (times 2 with ``allow_neg_eigval``) from n-times wider projections;
+    g_t = -exp(A_log) softplus(W_a x_t + dt_bias) (``use_gate=False``: no decay, DeltaProduct);
+    S <- exp(g_t) S, then S <- (I - b_{t,j} k_{t,j} k_{t,j}^T) S + b_{t,j} k_{t,j} v_{t,j}^T for j < n;
+    o_t = S^T (q_t / sqrt(K)) with q L2-normalised. ShortConv on q, k, v; output RMSNorm times SiLU(W_g x).
+    """
+
+    op = staticmethod(gated_delta_product)
+    op_step = staticmethod(gated_delta_product_step)
+    default_short_conv = "qkv"
+    default_output_gate = True
+
+    def __init__(self, d_model: int, n_heads: int, *, num_householder: int = 2, use_gate: bool = True,
+                 allow_neg_eigval: bool = False, **kwargs) -> None:
+        super().__init__(d_model, n_heads, **kwargs)
+        self.num_householder = check_positive_int("num_householder", num_householder)
+        self.allow_neg_eigval = bool(allow_neg_eigval)
+        self.set_kv_heads(n_heads * num_householder)
+        self.b_proj = nn.Linear(d_model, n_heads * num_householder, bias=False)
+        self.decay = MambaDecay(d_model, n_heads) if use_gate else None
+
+    def mix_inputs(self, x, q, k, v, offset, streams):
+        B, T, H, K = q.shape
+        n = self.num_householder
+        k = l2norm(k.reshape(B, T * n, H, K))
+        v = v.reshape(B, T * n, H, -1)
+        beta = torch.sigmoid(self.b_proj(x)).reshape(B, T * n, H) * (2 if self.allow_neg_eigval else 1)
+        g = None if self.decay is None else self.decay(x)[0].to(q.dtype)
+        args = [(g, True), (beta.to(q.dtype), True)]
+        return l2norm(q), k, v, args, {"allow_neg_eigval": self.allow_neg_eigval}
+
+    def run_op(self, q, k, v, args, kwargs, state, use_cache):
+        (g, _), (beta, _) = args
+        if state is not None and q.shape[1] == 1:  # one token: its n sub-steps are k, v, beta as they are
+            o, state = self.op_step(q[:, 0], k, v, None if g is None else g[:, 0], beta, state=state,
+                                    scale=self.scale, **kwargs)
+            return o[:, None], state
+        return self.op(q, k, v, g, beta, self.num_householder, scale=self.scale, initial_state=state,
+                       output_final_state=use_cache, **kwargs, **self.op_kwargs())
