@@ -5,9 +5,23 @@ backend="auto", chunk_size=64) -> (o, final_state)`` and ``op_step(q_t, k_t, v_t
 state) -> (o_t, state)``. See DESIGN §2 and ``list_ops()`` / ``op_info(name)``.
 """
 
+from .comba import comba, comba_step
+from .common.kv_cache import KVCache
 from .common.registry import get_op, list_ops
+from .delta_rule import delta_rule, delta_rule_step
+from .deltaformer import deltaformer, deltaformer_step
+from .forgetting_attn import forgetting_attn, forgetting_attn_step
+from .gated_delta_product import gated_delta_product, gated_delta_product_step
+from .gated_delta_rule import gated_delta_rule, gated_delta_rule_step
+from .gla import gla, gla_step
+from .linear_attn import FEATURE_MAPS, draw_feature_map_weight, linear_attn, linear_attn_step
+from .mesa_net import mesa_net, mesa_net_step
+from .path_attn import path_attn, path_attn_step
+from .retention import retention, retention_log_decay, retention_step
 from .simple_gla import simple_gla, simple_gla_step
+from .softmax_attn import softmax_attn, softmax_attn_step
 from .triton_backends import register_triton_backends
+from .ttt import MiniBatchState, titans, titans_step, ttt_linear, ttt_linear_step
 
 register_triton_backends()
 
@@ -17,4 +31,11 @@ def op_info(name: str) -> dict:
     return get_op(name).info()
 
 
-__all__ = ["get_op", "list_ops", "op_info", "simple_gla", "simple_gla_step"]
+__all__ = [
+    "FEATURE_MAPS", "KVCache", "MiniBatchState", "comba", "comba_step", "delta_rule", "delta_rule_step",
+    "deltaformer", "deltaformer_step", "draw_feature_map_weight", "forgetting_attn", "forgetting_attn_step",
+    "gated_delta_product", "gated_delta_product_step", "gated_delta_rule", "gated_delta_rule_step", "get_op", "gla",
+    "gla_step", "linear_attn", "linear_attn_step", "list_ops", "mesa_net", "mesa_net_step", "op_info", "path_attn",
+    "path_attn_step", "retention", "retention_log_decay", "retention_step", "simple_gla", "simple_gla_step",
+    "softmax_attn", "softmax_attn_step", "titans", "titans_step", "ttt_linear", "ttt_linear_step",
+]
