@@ -34,18 +34,21 @@ def test_equals_simple_gla_when_gate_is_equal_across_k(backend):
 
 
 @pytest.mark.parametrize("C", [16, 48, 64, 20])
-def test_intra_chunk_scores_match_explicit_decay_tensor(C):
-    """The sub-chunk factorisation equals the explicit [C, C, K] form, including decays near exp(-300)."""
+@pytest.mark.parametrize("low, factor_diagonal", [(-0.5, True), (-0.5, False), (-20.0, False), (-20.0, None)])
+def test_intra_chunk_scores_match_explicit_decay_tensor(C, low, factor_diagonal):
+    """Both forms of the diagonal blocks equal the explicit [C, C, K] form; float32 with decays down to
+    exp(-2560) stays finite (None must pick the explicit blocks there)."""
     gen = torch.Generator().manual_seed(1)
     q, k = randn(2, C, 6, dtype=torch.float64, generator=gen), randn(2, C, 6, dtype=torch.float64, generator=gen)
-    G = torch.cumsum(log_gate(2, C, 6, dtype=torch.float64, generator=gen, low=-20.0), dim=1)
+    G = torch.cumsum(log_gate(2, C, 6, dtype=torch.float64, generator=gen, low=low), dim=1)
     diff = (G[:, :, None] - G[:, None, :]).masked_fill(~torch.ones(C, C, dtype=torch.bool).tril()[..., None],
                                                        float("-inf"))
-    expected = torch.einsum("tk,sk,tsk->ts", q[0], k[0], torch.exp(diff[0]))
-    A = gla_intra_chunk_scores(q, k, G)
-    assert torch.isfinite(A).all()
-    assert_close(A[0], expected, 1e-12, "intra-chunk scores")
-    assert (A.triu(1) == 0).all()
+    expected = torch.einsum("btk,bsk,btsk->bts", q, k, torch.exp(diff))
+    for dtype, tol in [(torch.float64, 1e-12), (torch.float32, 1e-5)]:
+        A = gla_intra_chunk_scores(q.to(dtype), k.to(dtype), G.to(dtype), factor_diagonal=factor_diagonal)
+        assert torch.isfinite(A).all()
+        assert_close(A, expected, tol, f"intra-chunk scores {dtype}")
+        assert (A.triu(1) == 0).all()
 
 
 def test_step_and_registry():

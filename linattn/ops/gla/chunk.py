@@ -10,18 +10,20 @@ chunk (G_t <= 0). With S_n the state entering chunk n and L = G of the chunk's l
 
 Stability. A per-channel decay cannot be split as exp(G_t) exp(-G_s) (exp(-G_s) overflows at
 g = -20 per token after 5 tokens), and the full [C, C, K] tensor of exp(G_t - G_s) costs C x the
-memory of q. So each chunk is cut into sub-chunks of c = 16 tokens:
+memory of q. So each chunk is cut into sub-chunks of c = 16 tokens. With b_i the last token before
+sub-chunk i, for t in sub-chunk i and any earlier s (s <= b_i):
 
-* t and s in the same sub-chunk: the [c, c, K] differences G_t - G_s (s <= t, so <= 0) are formed
-  explicitly and exponentiated;
-* t in sub-chunk i, s in an earlier sub-chunk j < i: with b_i the last token before sub-chunk i and
-  e_j the last token of sub-chunk j (e_j <= b_i),
-      exp(G_t - G_s) = exp(G_t - G_{b_i}) * exp(G_{b_i} - G_{e_j}) * exp(G_{e_j} - G_s),
-  three factors that are each <= 1: a query scaled within its sub-chunk, a [K] factor between the
-  two boundaries, and a key scaled within its sub-chunk; the block is one batched matmul.
+    exp(G_t - G_s) = exp(G_t - G_{b_i}) * exp(G_{b_i} - G_s),
 
-Every exponent is <= 0 (or -inf where masked), so nothing overflows and no gradient is NaN; tiny
-decays underflow to 0, their true value to float precision.
+two factors <= 1: the queries of sub-chunk i decayed to b_i, and every earlier key decayed to b_i;
+the whole row block is one batched matmul. For s and t in the same sub-chunk, exp(G_{b_i} - G_s)
+is >= 1; it is used in the same matmul only when every |G_t - G_{b_i}| <= 30 (typical gates:
+16 tokens of GLA's logsigmoid/16 gate); otherwise (e.g. g = -20) the [c, c, K] differences
+G_t - G_s (s <= t) are formed explicitly and exponentiated.
+
+Every exponent is <= 0, or <= 30 in the factored diagonal blocks, and masked entries are set to -inf
+before exp, so nothing overflows and no gradient is NaN; tiny decays underflow to 0, their true
+value to float precision.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from ..common.chunking import chunk_local_cumsum
 from ..common.state_scan import chunk_state_scan, chunks_heads_first, chunks_heads_last, largest_divisor_at_most
 
 SUB_CHUNK = 16
+FACTOR_LIMIT = 30.0  # largest |G_t - G_b| within a sub-chunk for which exp(G_b - G_s) may be formed
 
 
 def _masked_exp(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -40,35 +43,46 @@ def _masked_exp(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     return torch.exp(x.masked_fill(~keep, float("-inf")))
 
 
-def gla_intra_chunk_scores(q: torch.Tensor, k: torch.Tensor, G: torch.Tensor, sub: int = SUB_CHUNK) -> torch.Tensor:
+def gla_intra_chunk_scores(
+    q: torch.Tensor, k: torch.Tensor, G: torch.Tensor, sub: int = SUB_CHUNK, factor_diagonal: bool | None = None
+) -> torch.Tensor:
     """A_ts = q_t^T diag(exp(G_t - G_s)) k_s for s <= t inside every chunk, 0 above the diagonal.
 
     q, k, G [..., C, K] (G the in-chunk cumulative log gates); returns [..., C, C]. ``sub`` is the
-    sub-chunk length (the largest divisor of C that is <= ``sub`` is used).
+    sub-chunk length (the largest divisor of C that is <= ``sub`` is used). Row block i (the
+    queries of sub-chunk i, decayed to the boundary b_i before it) meets every earlier key through
+    exp(G_{b_i} - G_s) <= 1 in one matmul. The diagonal blocks s, t in sub-chunk i either use the
+    same matmul with exp(G_{b_i} - G_s) >= 1 (``factor_diagonal``; allowed when every |G_t - G_{b_i}|
+    <= FACTOR_LIMIT, so nothing overflows and q's factor stays >= e^-30) or the explicit [c, c, K]
+    differences (any gate). None picks the first whenever it is allowed.
     """
     *lead, C, K = q.shape
     c = largest_divisor_at_most(C, sub)
     m = C // c
-    qs, ks, Gs = (x.reshape(*lead, m, c, K) for x in (q, k, G))
-    dev = q.device
+    qs, Gs = q.reshape(*lead, m, c, K), G.reshape(*lead, m, c, K)
+    Gb = torch.cat([torch.zeros_like(Gs[..., :1, -1, :]), Gs[..., :-1, -1, :]], dim=-2)  # [..., m, K]
+    rel = Gs - Gb[..., :, None, :]  # G_t - G_{b_i} for t in sub-chunk i
+    if factor_diagonal is None:
+        factor_diagonal = bool(rel.abs().amax() <= FACTOR_LIMIT) if rel.numel() else True
+    q_in = qs * torch.exp(rel)  # [..., m, c, K]; <= 1 when g <= 0
 
-    # same sub-chunk: explicit [c, c, K] decay differences, s <= t
+    dev = q.device
+    block = torch.arange(C, device=dev) // c  # sub-chunk of every key
+    rows = torch.arange(m, device=dev)[:, None]
+    keys_used = (block[None, :] <= rows) if factor_diagonal else (block[None, :] < rows)  # [m, C]
+    k_rel = _masked_exp(Gb[..., :, None, :] - G[..., None, :, :], keys_used[..., None])  # [..., m, C, K]
+    A = q_in @ (k[..., None, :, :] * k_rel).transpose(-1, -2)  # [..., m, c(t), C(s)]
+    A = A.reshape(*lead, C, C)
+    if factor_diagonal:
+        return A.masked_fill(~torch.ones(C, C, dtype=torch.bool, device=dev).tril(), 0.0)
+
+    # explicit diagonal blocks: [c, c, K] decay differences, s <= t
+    ks = k.reshape(*lead, m, c, K)
     tril_c = torch.ones(c, c, dtype=torch.bool, device=dev).tril()[:, :, None]
     D = _masked_exp(Gs[..., :, None, :] - Gs[..., None, :, :], tril_c)  # [..., m, c, c, K]
-    A_diag = (qs[..., :, None, :] * D * ks[..., None, :, :]).sum(-1)  # [..., m, c, c]
-
-    # earlier sub-chunk j < i: factor through the boundaries b_i (before sub-chunk i) and e_j (end of j)
-    Ge = Gs[..., -1, :]  # [..., m, K]
-    Gb = torch.cat([torch.zeros_like(Ge[..., :1, :]), Ge[..., :-1, :]], dim=-2)  # [..., m, K]
-    q_in = qs * torch.exp(Gs - Gb[..., :, None, :])  # [..., m, c, K]
-    k_in = ks * torch.exp(Ge[..., :, None, :] - Gs)  # [..., m, c, K]
-    lower_m = torch.ones(m, m, dtype=torch.bool, device=dev).tril(-1)[:, :, None]
-    mid = _masked_exp(Gb[..., :, None, :] - Ge[..., None, :, :], lower_m)  # [..., m(i), m(j), K]
-    A_off = (q_in[..., :, None, :, :] * mid[..., :, :, None, :]) @ k_in[..., None, :, :, :].transpose(-1, -2)
-    # A_off [..., i, j, c(t), c(s)] -> add the diagonal blocks, lay out as [C, C]
-    eye = torch.eye(m, dtype=q.dtype, device=dev)
-    A = A_off + A_diag[..., :, None, :, :] * eye[:, :, None, None]
-    return A.transpose(-3, -2).reshape(*lead, C, C)
+    A_diag = (qs[..., :, None, :] * D * ks[..., None, :, :]).sum(-1)  # [..., m, c(t), c(s)]
+    eye = torch.eye(m, dtype=A.dtype, device=dev)
+    return A + (A_diag[..., :, :, None, :] * eye[:, None, :, None]).reshape(*lead, C, C)
 
 
 def gla_chunk(
