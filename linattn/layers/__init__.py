@@ -6,6 +6,7 @@ Every layer: ``forward(x [B, T, d_model], cache=None) -> (y, cache)``; see :clas
 
 from .attention import DeltaFormerLayer, ForgettingAttentionLayer, PaTHLayer, SoftmaxAttentionLayer
 from .base import MixerLayer
+from .baselines import LRULayer, MambaLayer
 from .cache import LayerCache
 from .decay import GLALayer, LinearAttentionLayer, RetNetLayer
 from .delta import CombaLayer, DeltaNetLayer, GatedDeltaNetLayer, MesaNetLayer
@@ -20,11 +21,12 @@ for _name, _cls in {
     "delta_rule": DeltaNetLayer, "gated_delta_rule": GatedDeltaNetLayer, "comba": CombaLayer, "mesa_net": MesaNetLayer,
     "ttt_linear": TTTLinearLayer, "titans": TitansLayer, "gated_delta_product": GatedDeltaProductLayer,
     "softmax_attn": SoftmaxAttentionLayer, "forgetting_attn": ForgettingAttentionLayer, "deltaformer": DeltaFormerLayer,
-    "path_attn": PaTHLayer,
+    "path_attn": PaTHLayer, "lru": LRULayer, "mamba": MambaLayer,
 }.items():
     register_mixer(_name, _cls)
 
 __all__ = [
+    "LRULayer", "MambaLayer",
     "DeltaFormerLayer", "ForgettingAttentionLayer", "GatedDeltaProductLayer", "PaTHLayer", "SoftmaxAttentionLayer",
     "CONV_MODES", "build_mixer", "list_mixers", "mixer_class", "register_mixer", "CombaLayer", "DeltaNetLayer",
     "GLALayer", "GatedDeltaNetLayer", "LayerCache", "LinearAttentionLayer", "Mamba2Layer", "MesaNetLayer",

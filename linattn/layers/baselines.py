@@ -1,0 +1,152 @@
+"""Plain-PyTorch baselines for Long Range Arena: a diagonal linear RNN (LRU) and Mamba (selective scan).
+
+Neither has queries, keys or heads: ``short_conv`` may only name "v" (the input stream the recurrence
+reads), ``tie_kv`` must be False, and ``n_heads`` is accepted for the common interface only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from .cache import LayerCache
+from .checks import check_layer_input, check_positive_int, check_short_conv
+from .scan import linear_scan
+from .shortconv import CONV_MODES, ShortConv
+
+
+def _check_baseline_args(name: str, d_model: int, n_heads: int, short_conv: str, conv_mode: str, tie_kv: bool) -> str:
+    check_positive_int("d_model", d_model)
+    check_positive_int("n_heads", n_heads)
+    if conv_mode not in CONV_MODES:
+        raise ValueError(f"conv_mode must be one of {', '.join(map(repr, CONV_MODES))}; got {conv_mode!r}")
+    if tie_kv:
+        raise ValueError(f"tie_kv=True is not available for {name}: it has no separate keys and values")
+    return check_short_conv(short_conv, "v")
+
+
+class _Baseline(nn.Module):
+    """Input ShortConv (letter "v") and the cache bookkeeping shared by the baselines."""
+
+    conv_letters = "v"
+
+    def __init__(self, width: int, short_conv: str, conv_mode: str, conv_kernel: int, conv_activation: str | None):
+        super().__init__()
+        self.short_conv = short_conv
+        self.conv = ShortConv(width, conv_kernel, conv_activation, mode=conv_mode) if short_conv else None
+
+    def conv_input(self, u: torch.Tensor, cache: LayerCache | None) -> tuple[torch.Tensor, dict]:
+        if self.conv is None:
+            return u, {}
+        u, c = self.conv(u, None if cache is None else cache.conv.get("v"))
+        return u, {"v": c}
+
+
+class LRULayer(_Baseline):
+    """Linear Recurrent Unit (Orvieto et al., arXiv 2303.06349), a diagonal complex linear RNN.
+
+    lambda = exp(-exp(nu) + i exp(theta)) [N] (|lambda| uniform in [r_min, r_max] = [0.9, 0.999], phase
+    in [0, 2 pi max_phase] at init), gamma = sqrt(1 - |lambda|^2),
+        h_t = lambda ⊙ h_{t-1} + gamma ⊙ (B u_t),    y_t = Re(C h_t) + D ⊙ u_t,
+    u = ShortConv(x) when short_conv="v" (default: "", none), state size N = ``state_dim`` (d_model).
+    """
+
+    def __init__(self, d_model: int, n_heads: int = 1, *, state_dim: int | None = None, r_min: float = 0.9,
+                 r_max: float = 0.999, max_phase: float = 0.1, short_conv: str = "", conv_mode: str = "learned",
+                 conv_kernel: int = 4, conv_activation: str | None = "silu", tie_kv: bool = False) -> None:
+        short_conv = _check_baseline_args("lru", d_model, n_heads, short_conv, conv_mode, tie_kv)
+        super().__init__(d_model, short_conv, conv_mode, conv_kernel, conv_activation)
+        N = check_positive_int("state_dim", state_dim or d_model)
+        self.d_model, self.state_dim = d_model, N
+        u = torch.rand(N)
+        self.nu_log = nn.Parameter(torch.log(-0.5 * torch.log(u * (r_max ** 2 - r_min ** 2) + r_min ** 2)))
+        self.theta_log = nn.Parameter(torch.log(max_phase * 2 * math.pi * torch.rand(N)))
+        self.B_re = nn.Parameter(torch.randn(N, d_model) / math.sqrt(2 * d_model))
+        self.B_im = nn.Parameter(torch.randn(N, d_model) / math.sqrt(2 * d_model))
+        self.C_re = nn.Parameter(torch.randn(d_model, N) / math.sqrt(N))
+        self.C_im = nn.Parameter(torch.randn(d_model, N) / math.sqrt(N))
+        self.D = nn.Parameter(torch.randn(d_model))
+
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None, *, use_cache: bool = True
+                ) -> tuple[torch.Tensor, LayerCache | None]:
+        check_layer_input(x, self.d_model, cache)
+        u, new_conv = self.conv_input(x, cache)
+        cdt = torch.complex128 if x.dtype == torch.float64 else torch.complex64
+        rdt = torch.float64 if x.dtype == torch.float64 else torch.float32
+        lam = torch.exp(torch.complex(-torch.exp(self.nu_log), torch.exp(self.theta_log)).to(cdt))
+        gamma = torch.sqrt(1 - lam.abs() ** 2)
+        Bu = torch.complex(u.to(rdt) @ self.B_re.to(rdt).T, u.to(rdt) @ self.B_im.to(rdt).T) * gamma
+        h0 = None if cache is None else cache.state
+        h = linear_scan(lam.expand_as(Bu), Bu, h0)  # [B, T, N]
+        y = h.real @ self.C_re.to(rdt).T - h.imag @ self.C_im.to(rdt).T + self.D.to(rdt) * u.to(rdt)
+        offset = 0 if cache is None else cache.offset
+        return y.to(x.dtype), (LayerCache(new_conv, h[:, -1], offset + x.shape[1]) if use_cache else None)
+
+
+def _selective_chunk(dt, xc, Bm, Cm, A, h0):
+    """Mamba's recurrence over one chunk: dt, xc [B, C, E]; Bm, Cm [B, C, N]; A [E, N]; h0 [B, E, N].
+    Returns (y [B, C, E] without the D skip, h at the chunk's end)."""
+    a = torch.exp(dt[..., None] * A)  # [B, C, E, N]
+    b = (dt * xc)[..., None] * Bm[:, :, None, :]
+    h = linear_scan(a, b, h0)
+    return torch.einsum("bten,btn->bte", h, Cm), h[:, -1]
+
+
+class MambaLayer(_Baseline):
+    """Mamba's selective SSM block (Gu & Dao, arXiv 2312.00752) in plain PyTorch.
+
+    [x_in, z] = W_in x (width E = expand * d_model each); u = SiLU(conv(x_in)) (short_conv="v",
+    the paper's default; "" for none); dt = softplus(W_dt (W_r u) + dt_bias) [E] (rank ceil(d_model/16));
+    B_t, C_t = W_B u_t, W_C u_t [N]; A = -exp(A_log) [E, N] (A_log = log(1..N), S4D-real);
+        h_t = exp(dt_t A) ⊙ h_{t-1} + (dt_t u_t) B_t^T,   y_t = h_t C_t + D ⊙ u_t,
+    output W_out (y ⊙ SiLU(z)). The scan runs in checkpointed chunks of ``chunk_size`` tokens.
+    """
+
+    def __init__(self, d_model: int, n_heads: int = 1, *, state_dim: int = 16, expand: int = 2,
+                 dt_rank: int | None = None, chunk_size: int = 64, short_conv: str = "v",
+                 conv_mode: str = "learned", conv_kernel: int = 4, conv_activation: str | None = "silu",
+                 tie_kv: bool = False) -> None:
+        short_conv = _check_baseline_args("mamba", d_model, n_heads, short_conv, conv_mode, tie_kv)
+        E = check_positive_int("expand", expand) * d_model
+        super().__init__(E, short_conv, conv_mode, conv_kernel, conv_activation)
+        N = check_positive_int("state_dim", state_dim)
+        R = check_positive_int("dt_rank", dt_rank or math.ceil(d_model / 16))
+        self.d_model, self.state_dim, self.chunk_size = d_model, N, check_positive_int("chunk_size", chunk_size)
+        self.in_proj = nn.Linear(d_model, 2 * E, bias=False)
+        self.x_proj = nn.Linear(E, R + 2 * N, bias=False)
+        self.dt_proj = nn.Linear(R, E, bias=False)
+        dt = torch.exp(torch.rand(E) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
+        self.A_log = nn.Parameter(torch.log(torch.arange(1, N + 1, dtype=torch.float32)).repeat(E, 1))
+        self.D = nn.Parameter(torch.ones(E))
+        self.out_proj = nn.Linear(E, d_model, bias=False)
+        self.dt_rank = R
+
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None, *, use_cache: bool = True
+                ) -> tuple[torch.Tensor, LayerCache | None]:
+        check_layer_input(x, self.d_model, cache)
+        Bsz, T, _ = x.shape
+        xin, z = self.in_proj(x).chunk(2, dim=-1)
+        u, new_conv = self.conv_input(xin, cache)
+        if self.conv is None or self.conv.activation is None:
+            u = F.silu(u)  # Mamba's SiLU after the conv; kept without a conv and in the "shift" control
+        r, Bm, Cm = self.x_proj(u).split([self.dt_rank, self.state_dim, self.state_dim], dim=-1)
+        dt = F.softplus(self.dt_proj(r) + self.dt_bias)
+        A = -torch.exp(self.A_log.to(u.dtype))
+        h = u.new_zeros(Bsz, u.shape[-1], self.state_dim) if cache is None else cache.state
+        ys = []
+        for s in range(0, T, self.chunk_size):
+            sl = slice(s, s + self.chunk_size)
+            args = (dt[:, sl], u[:, sl], Bm[:, sl], Cm[:, sl], A, h)
+            if torch.is_grad_enabled() and T > self.chunk_size:
+                y, h = checkpoint(_selective_chunk, *args, use_reentrant=False)
+            else:
+                y, h = _selective_chunk(*args)
+            ys.append(y)
+        y = (torch.cat(ys, dim=1) + self.D * u) * F.silu(z)
+        offset = 0 if cache is None else cache.offset
+        return self.out_proj(y), (LayerCache(new_conv, h, offset + T) if use_cache else None)
