@@ -36,10 +36,11 @@ def matrix_state_scan(
     B, H, N, K, V = R.shape
     S = R.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(R.dtype)
     entering = []
-    for n in range(N):
+    # unbind (not R[:, :, n]): its backward stacks the N gradients once, where indexing in the loop
+    # would write a zero-filled full-size gradient per chunk (O(N^2) memory traffic)
+    for M_n, R_n in zip(M.reshape(B * H, N, K, K).unbind(1), R.reshape(B * H, N, K, V).unbind(1)):
         entering.append(S)
-        S = torch.baddbmm(R[:, :, n].reshape(B * H, K, V), M[:, :, n].reshape(B * H, K, K),
-                          S.reshape(B * H, K, V)).view(B, H, K, V)
+        S = torch.baddbmm(R_n, M_n, S.reshape(B * H, K, V)).view(B, H, K, V)
     return torch.stack(entering, dim=2), S
 
 
@@ -72,7 +73,7 @@ def gated_delta_chunk(
     gamma = torch.exp(G)[..., None]  # [B, H, N, C, 1]: decay from the chunk start to t
     k_end = k * D[..., -1, :, None]  # k_s times the decay from s to the chunk end
 
-    A = (b * (p @ k.transpose(-1, -2)) * D).tril(-1)
+    A = b * (p @ k.transpose(-1, -2)) * D  # the solve reads only its strictly lower triangle
     U0, W = solve_unit_lower(A, torch.cat([b * v, (b * gamma) * p], dim=-1)).split([V, K], dim=-1)
     eye = torch.eye(K, dtype=dt, device=q.device)
     M = gamma[..., -1:, :] * eye - k_end.transpose(-1, -2) @ W  # [B, H, N, K, K]
