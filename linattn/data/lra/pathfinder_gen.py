@@ -180,7 +180,7 @@ def _grow(canvas: _Canvas, curve: int, n: int, rng: np.random.Generator, start_m
     for _ in range(cfg.max_tries):
         canvas.truncate(0)
         y, x = divmod(int(rng.choice(free)), cfg.size)
-        start = np.array([x, y], dtype=np.float64) + rng.uniform(-0.5, 0.5, 2)
+        start = np.array([x, y], dtype=np.float64)  # markers centred on pixels
         states = [(start, rng.uniform(0, 2 * math.pi))]  # (position, heading) before dash k
         if start_marker:
             disc = _disc(start, cfg.marker_radius)
@@ -198,7 +198,7 @@ def _grow(canvas: _Canvas, curve: int, n: int, rng: np.random.Generator, start_m
                 pix = _segment(pos, u, cfg.dash_length, cfg.thickness)
                 end = pos + cfg.dash_length * u
                 if end_marker and k == n - 1:
-                    pix = np.concatenate([pix, _disc(end, cfg.marker_radius)])
+                    pix = np.concatenate([pix, _disc(np.floor(end + 0.5), cfg.marker_radius)])
                 if canvas.fits(pix, k):
                     canvas.put(pix, k)
                     states.append((end + cfg.gap * u, a))

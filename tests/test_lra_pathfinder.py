@@ -1,0 +1,136 @@
+"""Pathfinder generator and loader: the label equals a connectivity check on the drawn image (markers
+found by erosion, curves linked across dash gaps), the release layout, splits and an exact round trip."""
+
+from collections import deque
+
+import numpy as np
+import pytest
+
+from linattn.data.lra import DIFFICULTIES, PIXEL_VOCAB, draw_pathfinder, get_task, pathfinder_config, write_pathfinder
+from linattn.data.lra.png import read_png
+
+
+def blobs(mask, reach):
+    """Connected components of ``mask``: pixels at Chebyshev distance <= ``reach`` are linked."""
+    label = np.full(mask.shape, -1)
+    H, W = mask.shape
+    n = 0
+    for y0, x0 in zip(*np.nonzero(mask)):
+        if label[y0, x0] >= 0:
+            continue
+        label[y0, x0] = n
+        todo = deque([(y0, x0)])
+        while todo:
+            y, x = todo.popleft()
+            for yy in range(max(0, y - reach), min(H, y + reach + 1)):
+                for xx in range(max(0, x - reach), min(W, x + reach + 1)):
+                    if mask[yy, xx] and label[yy, xx] < 0:
+                        label[yy, xx] = n
+                        todo.append((yy, xx))
+        n += 1
+    return label, n
+
+
+def markers(img):
+    """One pixel of each marker: components of the lit pixels whose whole 3x3 neighbourhood is lit
+    (the curves are at most 2 px thick, so only the round markers survive this erosion)."""
+    lit = np.pad(img > 0, 1)
+    H, W = img.shape
+    core = np.ones((H, W), dtype=bool)
+    for dy in range(3):
+        for dx in range(3):
+            core &= lit[dy: dy + H, dx: dx + W]
+    label, n = blobs(core, 1)
+    return [tuple(np.argwhere(label == i)[0]) for i in range(n)]
+
+
+def connected(img, link):
+    """Are the two markers of ``img`` on one curve? (lit pixels linked across gaps of <= ``link``)."""
+    found = markers(img)
+    assert len(found) == 2, f"expected 2 markers, found {len(found)}"
+    label, _ = blobs(img > 0, link)
+    return label[found[0]] == label[found[1]]
+
+
+@pytest.mark.parametrize("difficulty", list(DIFFICULTIES))
+def test_labels_match_connectivity_32(difficulty):
+    cfg = pathfinder_config(32, difficulty)
+    rng = np.random.default_rng(7)
+    for i in range(6):
+        img = draw_pathfinder(cfg, i % 2, rng)
+        assert img.shape == (32, 32) and img.dtype == np.uint8 and set(np.unique(img)) <= {0, 255}
+        assert connected(img, cfg.link) == bool(i % 2)
+
+
+def test_labels_match_connectivity_pathx():
+    cfg = pathfinder_config(128, "curv_contour_length_14")
+    rng = np.random.default_rng(1)
+    for label in (0, 1):
+        img = draw_pathfinder(cfg, label, rng)
+        assert img.shape == (128, 128)
+        assert connected(img, cfg.link) == bool(label)
+
+
+def test_check_sees_a_bridge():
+    """The checker is not blind: joining the two markers of a negative image by a line makes it positive."""
+    cfg = pathfinder_config(32, "curv_baseline")
+    img = draw_pathfinder(cfg, 0, np.random.default_rng(0))
+    assert not connected(img, cfg.link)
+    (y0, x0), (y1, x1) = markers(img)
+    for t in np.linspace(0, 1, 200):
+        img[int(round(y0 + t * (y1 - y0))), int(round(x0 + t * (x1 - x0)))] = 255
+    assert connected(img, cfg.link)
+
+
+def test_curve_lengths_grow_with_difficulty():
+    lit = {d: np.mean([(draw_pathfinder(pathfinder_config(32, d, num_distractors=0), 1, np.random.default_rng(s))
+                        > 0).sum() for s in range(3)]) for d in DIFFICULTIES}
+    assert lit["curv_baseline"] < lit["curv_contour_length_9"] < lit["curv_contour_length_14"]
+
+
+def test_release_layout_and_round_trip(tmp_path):
+    cfg = pathfinder_config(32, "curv_baseline")
+    folder = write_pathfinder(tmp_path, cfg, "curv_baseline", num_batches=2, batch_size=5, seed=1)
+    assert folder == tmp_path / "pathfinder32" / "curv_baseline"
+    lines = (folder / "metadata" / "1.npy").read_text().splitlines()
+    assert len(lines) == 5
+    fields = lines[2].split()
+    assert fields[:3] == ["imgs/1", "sample_2.png", "2"] and fields[3] in ("0", "1")
+    assert (folder / "imgs" / "1" / "sample_2.png").is_file()
+    items = [(b, line.split()) for b in (0, 1) for line in (folder / "metadata" / f"{b}.npy").read_text().splitlines()]
+    sizes = {"train": 8, "val": 1, "test": 1}
+    start = {"train": 0, "val": 8, "test": 9}
+    for split, n in sizes.items():
+        ds = get_task("pathfinder32", tmp_path, split, difficulty="curv_baseline")
+        assert len(ds) == n and ds.num_classes == 2
+        for i in range(n):
+            b, f = items[start[split] + i]
+            img = read_png(folder / f[0] / f[1])
+            item = ds[i]
+            assert item["input_ids"].shape == (1024,)
+            assert np.array_equal(item["input_ids"].numpy() - PIXEL_VOCAB.offset, img.reshape(-1))
+            assert item["label"].item() == int(f[3])
+            assert connected(img, cfg.link) == bool(int(f[3]))
+
+
+def test_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="pathfinder128/curv_contour_length_14"):
+        get_task("pathx", tmp_path, "train")
+    with pytest.raises(ValueError, match="difficulty"):
+        pathfinder_config(32, "hard")
+    with pytest.raises(ValueError, match="size"):
+        pathfinder_config(64)
+    with pytest.raises(ValueError, match="label"):
+        draw_pathfinder(pathfinder_config(32), 2, np.random.default_rng(0))
+    with pytest.raises(RuntimeError, match="could not place"):
+        draw_pathfinder(pathfinder_config(32, contour_length=60, max_tries=2), 1, np.random.default_rng(0))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", [32, 128])
+@pytest.mark.parametrize("difficulty", list(DIFFICULTIES))
+def test_labels_match_connectivity_many(size, difficulty):
+    cfg = pathfinder_config(size, difficulty)
+    rng = np.random.default_rng(123)
+    for i in range(60 if size == 32 else 16):
+        assert connected(draw_pathfinder(cfg, i % 2, rng), cfg.link) == bool(i % 2)
