@@ -1,0 +1,45 @@
+"""``linattn run STUDY`` as a function, for linattn/cli.py to call."""
+
+from __future__ import annotations
+
+import argparse
+
+from linattn.experiments.registry import get_study, list_studies
+from linattn.experiments.runner import run_study
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``linattn run``."""
+    parser.add_argument("study", help=f"a named study ({', '.join(list_studies())}) or a study YAML file")
+    parser.add_argument("--preset", default="smoke", choices=["smoke", "full"], help="size of the grid")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (cuda uses every visible GPU)")
+    parser.add_argument("--out", default="runs", help="root folder: results go to OUT/<study>/<stamp>/")
+    parser.add_argument("--resume", action="store_true", help="continue the newest folder of this study")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="parallel run processes (default: 2 on CPU, 12 per GPU)")
+    parser.add_argument("--max-minutes", type=float, default=None,
+                        help="stop (checkpointing running runs) after this many minutes; --resume continues")
+
+
+def cli_run(args: argparse.Namespace) -> int:
+    """Run the study; prints where the report is; exit code 0 when complete, 3 when runs are left
+    (time budget), 1 when some runs failed."""
+    import torch
+
+    study, report = get_study(args.study, args.preset)
+    workers = args.workers
+    if workers is None:
+        workers = 2 if args.device == "cpu" else 12 * max(1, torch.cuda.device_count())
+    budget = None if args.max_minutes is None else 60.0 * args.max_minutes
+    outcome = run_study(study, args.out, resume=args.resume, workers=workers, device=args.device,
+                        time_budget_s=budget, write_report=report)
+    print(f"{study.name}: {outcome.finished} runs finished, {outcome.pending} left; "
+          f"report: {outcome.study_dir / 'report.md'}")
+    for line in outcome.failed:
+        print(f"FAILED {line}")
+    if outcome.failed:
+        return 1
+    if outcome.pending:
+        print(f"rerun with --resume to continue {outcome.study_dir}")
+        return 3
+    return 0

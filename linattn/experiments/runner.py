@@ -1,0 +1,169 @@
+"""Running a study: ``runs/<study>/<stamp>/``, many runs at once, resumable, under a time budget.
+
+Layout of a study folder::
+
+    config.yaml            the study definition (+ fingerprint)
+    runs/<run_id>/         per run: config.yaml, checkpoint.pt, metrics.jsonl, result.json when finished
+    results.csv, report.md, *.png      rewritten after every invocation from the finished runs
+
+A finished run (result.json present) is never run again; an interrupted one resumes from its
+checkpoint (exactly, see the Trainer). Runs execute in ``workers`` processes; on a GPU several
+processes share it (small models leave it idle otherwise), on several GPUs runs go round-robin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from multiprocessing import get_context
+from pathlib import Path
+
+import torch
+import yaml
+from tqdm.auto import tqdm
+
+from linattn.experiments.study import RunSpec, Study
+from linattn.train.trainer import NonFiniteLossError
+
+RESULT_NAME = "result.json"
+
+
+@dataclass
+class StudyOutcome:
+    """What an invocation did: the study folder, and how many runs are finished, left, failed."""
+
+    study_dir: Path
+    finished: int
+    pending: int
+    failed: list[str]
+
+    @property
+    def complete(self) -> bool:
+        return self.pending == 0 and not self.failed
+
+
+def find_study_dir(study: Study, out_root: str | Path, resume: bool) -> Path:
+    """A new ``<out_root>/<study>/<UTC stamp>/``; with ``resume`` the newest existing one of the same
+    definition (ValueError when the newest was made from a different definition)."""
+    base = Path(out_root) / study.name
+    if resume and base.is_dir():
+        stamps = sorted(p for p in base.iterdir() if (p / "config.yaml").is_file())
+        if stamps:
+            latest = stamps[-1]
+            saved = yaml.safe_load((latest / "config.yaml").read_text())
+            if saved.get("fingerprint") != study.fingerprint():
+                raise ValueError(f"--resume: {latest} was made by a different definition of study {study.name!r} "
+                                 f"(another preset or edited settings); rerun without --resume or pass its --out")
+            return latest
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    path = base / stamp
+    path.mkdir(parents=True, exist_ok=False)
+    (path / "config.yaml").write_text(yaml.safe_dump({**study.to_dict(), "fingerprint": study.fingerprint()},
+                                                     sort_keys=False))
+    return path
+
+
+def execute_run(spec: RunSpec, run_dir: str, device: str, deadline: float | None, threads: int) -> dict:
+    """Train one run in this process; returns its result row (status "finished", "diverged",
+    "interrupted", "skipped" (deadline passed before it started) or "error")."""
+    from linattn.train.build import train_from_config
+
+    row = {"run_id": spec.run_id, **spec.row()}
+    if deadline is not None and time.time() >= deadline:
+        return {**row, "status": "skipped"}
+    torch.set_num_threads(threads)
+    out = Path(run_dir)
+    try:
+        result = train_from_config(spec.config, out, device=device, progress=False, deadline=deadline)
+    except NonFiniteLossError as exc:
+        final = {**row, "status": "diverged", "message": str(exc)}
+        (out / RESULT_NAME).write_text(json.dumps(final, indent=2))
+        return final
+    except Exception as exc:  # keep the study going; the run is retried on --resume
+        (out / "error.txt").write_text(traceback.format_exc())
+        return {**row, "status": "error", "message": f"{type(exc).__name__}: {exc}"}
+    if result.status == "interrupted":
+        return {**row, "status": "interrupted", "step": result.step}
+    saved = json.loads((out / RESULT_NAME).read_text())
+    final = {**row, "status": "finished", "stop": result.status, "step": result.step, **result.metrics,
+             "best": result.best, "wall_s": result.wall_s, "num_params": saved["num_params"]}
+    final.pop("message", None)
+    (out / RESULT_NAME).write_text(json.dumps(final, indent=2))
+    return final
+
+
+def load_results(study_dir: Path) -> list[dict]:
+    """The result rows of every finished run of the study folder."""
+    runs = study_dir / "runs"
+    if not runs.is_dir():
+        return []
+    rows = []
+    for p in sorted(runs.iterdir()):
+        f = p / RESULT_NAME
+        if f.is_file():
+            row = json.loads(f.read_text())
+            if "status" in row:
+                rows.append(row)
+    return rows
+
+
+def _devices(device: str) -> list[str]:
+    if device.startswith("cuda") and device == "cuda" and torch.cuda.device_count() > 1:
+        return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    return [device]
+
+
+def run_study(study: Study, out_root: str | Path = "runs", *, resume: bool = False, workers: int = 1,
+              device: str = "cpu", time_budget_s: float | None = None, progress: bool = True,
+              study_dir: str | Path | None = None, threads: int | None = None,
+              write_report: Callable[[Study, Path, list[dict]], None] | None = None) -> StudyOutcome:
+    """Run every unfinished run of ``study`` (``workers`` processes; ``time_budget_s``: stop starting
+    runs and checkpoint running ones when it is spent, leaving a margin for the report), then write
+    results.csv, report.md and the plots. ``study_dir`` reuses that exact folder."""
+    t0 = time.time()
+    if study_dir is not None:
+        sdir = Path(study_dir)
+        if not (sdir / "config.yaml").is_file():
+            sdir.mkdir(parents=True, exist_ok=True)
+            (sdir / "config.yaml").write_text(yaml.safe_dump({**study.to_dict(), "fingerprint": study.fingerprint()},
+                                                             sort_keys=False))
+    else:
+        sdir = find_study_dir(study, out_root, resume)
+    specs = study.runs()
+    done = {r["run_id"] for r in load_results(sdir)}
+    pending = [s for s in specs if s.run_id not in done]
+    deadline = None if time_budget_s is None else t0 + max(1.0, time_budget_s - 20.0)
+    devices = _devices(device)
+    cpu_threads = max(1, (os.cpu_count() or 1) // max(1, workers))
+    threads = threads or (cpu_threads if device == "cpu" else 2)
+    failed: list[str] = []
+    bar = tqdm(total=len(specs), initial=len(done), desc=f"{study.name} runs", disable=not progress, leave=True)
+    jobs = [(s, str(sdir / "runs" / s.run_id), devices[i % len(devices)], deadline, threads)
+            for i, s in enumerate(pending)]
+
+    def note(row: dict) -> None:
+        if row["status"] in ("finished", "diverged"):
+            bar.update(1)
+        elif row["status"] == "error":
+            failed.append(f"{row['run_id']}: {row['message']}")
+
+    if workers <= 1:
+        for job in jobs:
+            note(execute_run(*job))
+    else:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+            for fut in as_completed([pool.submit(execute_run, *job) for job in jobs]):
+                note(fut.result())
+    bar.close()
+    rows = load_results(sdir)
+    if write_report is None:
+        from linattn.experiments.report import write_report as default_report
+        write_report = default_report
+    write_report(study, sdir, rows)
+    return StudyOutcome(sdir, len(rows), len(specs) - len(rows), failed)

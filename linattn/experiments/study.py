@@ -1,0 +1,161 @@
+"""Declarative studies: a base run config, named axes of overrides, seeds and learning rates.
+
+A study (YAML or dict)::
+
+    name: shortconv
+    base: {task: {...}, model: {...}, train: {...}, eval_examples: 512}   # a run config
+    axes:                                   # the grid: every combination of one label per axis
+      mixer: {gla: {model.mixer: gla}, gated_delta_rule: {model.mixer: gated_delta_rule}}
+      conv:  {none: {model.mixer_kwargs.short_conv: ""}, k: {model.mixer_kwargs.short_conv: k}}
+      width: {path: model.d_model, values: [32, 64]}     # shorthand: label = str(value)
+    exclude: [{mixer: gla, conv: none}]     # label combinations to leave out (partial matches)
+    seeds: [0, 1]
+    lrs: [0.001, 0.003]                     # train.lr, swept; the report takes the best per setting
+    metric: accuracy                        # the eval metric the report compares
+    report: {facet: task, rows: [mixer], cols: conv}
+
+Overrides are dotted paths into the run config. Runs are the grid x seeds x lrs.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from linattn.train.build import check_run_config
+
+STUDY_KEYS = ("name", "base", "axes", "exclude", "seeds", "lrs", "metric", "report", "description")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of a study: its axis labels, seed, lr and full run config."""
+
+    labels: tuple[tuple[str, str], ...]
+    seed: int
+    lr: float
+    config: dict = field(compare=False, hash=False)
+
+    @property
+    def run_id(self) -> str:
+        """A readable, file-safe, unique name: ``mixer=gla,conv=k,seed=0,lr=0.003`` made safe."""
+        parts = [f"{k}-{v}" for k, v in self.labels] + [f"s{self.seed}", f"lr{self.lr:g}"]
+        slug = re.sub(r"[^A-Za-z0-9_.+-]", "_", "_".join(parts))
+        if len(slug) > 150:
+            slug = slug[:120] + "_" + hashlib.sha1(slug.encode()).hexdigest()[:12]
+        return slug
+
+    def row(self) -> dict:
+        return {**dict(self.labels), "seed": self.seed, "lr": self.lr}
+
+
+def set_path(config: dict, path: str, value: Any) -> None:
+    """``config[a][b][c] = value`` for ``path = "a.b.c"`` (creating mappings on the way)."""
+    keys = path.split(".")
+    node = config
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+        if not isinstance(node, dict):
+            raise ValueError(f"override path {path!r}: {k!r} is not a mapping")
+    node[keys[-1]] = copy.deepcopy(value)
+
+
+def _normalise_axis(name: str, axis: Any) -> dict[str, dict]:
+    if isinstance(axis, dict) and set(axis) == {"path", "values"}:
+        return {str(v): {axis["path"]: v} for v in axis["values"]}
+    if not isinstance(axis, dict) or not axis:
+        raise ValueError(f"axis {name!r} must map labels to override dicts, or be {{path, values}}; got {axis!r}")
+    for label, overrides in axis.items():
+        if not isinstance(overrides, dict):
+            raise ValueError(f"axis {name!r} label {label!r}: overrides must be a dict of dotted paths, "
+                             f"got {overrides!r}")
+    return {str(k): v for k, v in axis.items()}
+
+
+@dataclass
+class Study:
+    """A parsed, validated study definition."""
+
+    name: str
+    base: dict
+    axes: dict[str, dict[str, dict]]
+    seeds: list[int]
+    lrs: list[float]
+    exclude: list[dict] = field(default_factory=list)
+    metric: str = "accuracy"
+    report: dict = field(default_factory=dict)
+    description: str = ""
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Study:
+        if not isinstance(d, dict):
+            raise TypeError(f"a study must be a mapping, got {type(d).__name__}")
+        unknown = sorted(set(d) - set(STUDY_KEYS))
+        if unknown:
+            raise ValueError(f"unknown study key(s) {unknown}; expected a subset of {list(STUDY_KEYS)}")
+        for key in ("name", "base", "seeds", "lrs"):
+            if key not in d:
+                raise ValueError(f"a study needs {key!r}")
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", str(d["name"])):
+            raise ValueError(f"study name must be file-safe ([A-Za-z0-9_.-]+), got {d['name']!r}")
+        seeds, lrs = list(d["seeds"]), [float(x) for x in d["lrs"]]
+        if not seeds or not lrs:
+            raise ValueError(f"seeds and lrs must be non-empty lists, got seeds={seeds}, lrs={lrs}")
+        axes = {str(k): _normalise_axis(str(k), v) for k, v in (d.get("axes") or {}).items()}
+        study = cls(str(d["name"]), d["base"], axes, seeds, lrs, list(d.get("exclude") or []),
+                    d.get("metric", "accuracy"), dict(d.get("report") or {}), d.get("description", ""))
+        for e in study.exclude:
+            bad = set(e) - set(axes)
+            if bad:
+                raise ValueError(f"exclude entry {e} names unknown axes {sorted(bad)}")
+        study.runs()  # validates every override path and run config
+        return study
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> Study:
+        return cls.from_dict(yaml.safe_load(Path(path).read_text()))
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "description": self.description, "base": self.base, "axes": self.axes,
+                "exclude": self.exclude, "seeds": self.seeds, "lrs": self.lrs, "metric": self.metric,
+                "report": self.report}
+
+    def fingerprint(self) -> str:
+        """A hash of the definition: a resumed study must be the same study."""
+        return hashlib.sha1(json.dumps(self.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def _excluded(self, labels: dict[str, str]) -> bool:
+        return any(all(labels.get(k) == str(v) for k, v in e.items()) for e in self.exclude)
+
+    def settings(self) -> list[tuple[tuple[str, str], ...]]:
+        """Every non-excluded combination of axis labels, in grid order."""
+        names = list(self.axes)
+        combos = itertools.product(*(list(self.axes[n]) for n in names))
+        out = [tuple(zip(names, combo)) for combo in combos]
+        return [s for s in out if not self._excluded(dict(s))]
+
+    def runs(self) -> list[RunSpec]:
+        """Every run: settings x seeds x lrs, each with its full, validated run config."""
+        specs = []
+        for labels in self.settings():
+            config = copy.deepcopy(self.base)
+            for axis, label in labels:
+                for path, value in self.axes[axis][label].items():
+                    set_path(config, path, value)
+            for seed, lr in itertools.product(self.seeds, self.lrs):
+                c = copy.deepcopy(config)
+                c["seed"] = int(seed)
+                set_path(c, "train.lr", lr)
+                specs.append(RunSpec(labels, int(seed), lr, check_run_config(c)))
+        ids = [s.run_id for s in specs]
+        if len(set(ids)) != len(ids):
+            raise ValueError("two runs of the study share a run id; make the axis labels distinct")
+        return specs

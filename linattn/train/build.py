@@ -1,0 +1,106 @@
+"""Build a training run (task, model, data stream, eval set, Trainer) from one plain config dict.
+
+A run config (``linattn train CONFIG.yaml`` reads one; each run of a study is one)::
+
+    task:  {name: mqar, vocab: 64, seq_len: 64, num_kv_pairs: 8}   # linattn.data.make_task
+    model: {mixer: gla, d_model: 64, n_layers: 2, n_heads: 2}      # linattn.models.ModelConfig
+    train: {max_steps: 1000, batch_size: 64, lr: 0.001}            # TrainConfig; seed is overridden
+    seed: 0            # model init, training stream and TrainConfig.seed
+    eval_examples: 512
+    eval_seed: 1234    # the held-out set (shared by every run of a study)
+    out_dir: runs/train/my_run   # checkpoint.pt, metrics.jsonl, config.yaml, result.json
+
+``model.vocab_size`` defaults to the task's vocabulary.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import yaml
+
+from linattn.data import TaskStream, eval_set, make_task
+from linattn.train.config import TrainConfig
+from linattn.train.trainer import Trainer, TrainResult
+
+RUN_KEYS = ("task", "model", "train", "seed", "eval_examples", "eval_seed", "out_dir")
+
+
+@dataclass
+class Run:
+    """Everything a run needs, built from its config."""
+
+    trainer: Trainer
+    num_params: int
+
+
+def check_run_config(config: dict) -> dict:
+    """A normalised deep copy of ``config``; ValueError naming unknown or missing keys."""
+    if not isinstance(config, dict):
+        raise TypeError(f"a run config must be a mapping, got {type(config).__name__}")
+    unknown = sorted(set(config) - set(RUN_KEYS))
+    if unknown:
+        raise ValueError(f"unknown run config key(s) {unknown}; expected a subset of {list(RUN_KEYS)}")
+    for key in ("task", "model"):
+        if not isinstance(config.get(key), dict):
+            raise ValueError(f"run config needs a '{key}' mapping, got {config.get(key)!r}")
+    cfg = copy.deepcopy(config)
+    cfg.setdefault("train", {})
+    cfg.setdefault("seed", 0)
+    cfg.setdefault("eval_examples", 512)
+    cfg.setdefault("eval_seed", 1234)
+    if "name" not in cfg["task"]:
+        raise ValueError("run config 'task' needs a 'name' (one of linattn.data.list_tasks())")
+    return cfg
+
+
+def build_run(config: dict, out_dir: str | Path | None = None, device: str | None = None,
+              progress: bool | None = None) -> Run:
+    """The Trainer of run ``config`` (model initialised from ``config['seed']``)."""
+    from linattn.models import CausalLM, ModelConfig
+
+    cfg = check_run_config(config)
+    task_params = dict(cfg["task"])
+    task = make_task(task_params.pop("name"), **task_params)
+    model_cfg = ModelConfig.from_dict({"vocab_size": task.vocab_size, **cfg["model"]})
+    if model_cfg.vocab_size < task.vocab_size:
+        raise ValueError(f"model.vocab_size {model_cfg.vocab_size} < the task's vocabulary {task.vocab_size}")
+    train = dict(cfg["train"], seed=cfg["seed"])
+    if device is not None:
+        train["device"] = device
+    if progress is not None:
+        train["progress"] = progress
+    train_cfg = TrainConfig.from_dict(train)
+    torch.manual_seed(cfg["seed"])
+    model = CausalLM(model_cfg)
+    stream = TaskStream(task, train_cfg.batch_size, seed=cfg["seed"])
+    held_out = eval_set(task, cfg["eval_examples"], cfg["eval_seed"])
+    trainer = Trainer(model, stream, train_cfg, eval_data=held_out, out_dir=out_dir)
+    return Run(trainer, sum(p.numel() for p in model.parameters()))
+
+
+def train_from_config(config: dict, out_dir: str | Path | None = None, device: str | None = None,
+                      progress: bool | None = None, deadline: float | None = None) -> TrainResult:
+    """Build run ``config``, write its config.yaml into ``out_dir``, train (resuming), write result.json."""
+    out = Path(out_dir or config.get("out_dir") or "runs/train")
+    out.mkdir(parents=True, exist_ok=True)
+    run = build_run(config, out, device, progress)
+    if run.trainer.dist.is_main:
+        (out / "config.yaml").write_text(yaml.safe_dump(check_run_config(config), sort_keys=False))
+    result = run.trainer.fit(deadline=deadline)
+    if run.trainer.dist.is_main and result.status != "interrupted":
+        (out / "result.json").write_text(json.dumps({**asdict(result), "num_params": run.num_params}, indent=2))
+    return result
+
+
+def cli_train(path: str | Path, device: str | None = None, out_dir: str | Path | None = None) -> int:
+    """``linattn train CONFIG.yaml [--device D] [--out DIR]``: one run; under torchrun it trains
+    data-parallel. Prints the final eval metrics; returns the exit code."""
+    config = yaml.safe_load(Path(path).read_text())
+    result = train_from_config(config, out_dir=out_dir, device=device)
+    print(json.dumps({"status": result.status, "step": result.step, **result.metrics}))
+    return 0
