@@ -136,11 +136,12 @@ def gated_delta_product_step(
 def gated_delta_product_example_inputs(
     B: int, T: int, H: int, K: int, V: int, *, num_householder: int = 2, dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu", seed: int = 0, g_value: float | None = None,
-) -> dict[str, torch.Tensor | int]:
-    """q, g per token; L2-normalised k, v and beta for ``num_householder`` sub-steps per token."""
+) -> dict[str, torch.Tensor]:
+    """q, g per token; L2-normalised k, v and beta for ``num_householder`` sub-steps per token
+    (the op infers num_householder from k's length)."""
     n = num_householder
     x = delta_example_inputs(B, T * n, H, K, V, dtype=dtype, device=device, seed=seed, g_value=g_value)
-    return dict(q=x["q"][:, :T], k=x["k"], v=x["v"], g=x["g"][:, :T], beta=x["beta"], num_householder=n)
+    return dict(q=x["q"][:, :T].contiguous(), k=x["k"], v=x["v"], g=x["g"][:, :T].contiguous(), beta=x["beta"])
 
 
 SPEC.fn = gated_delta_product
