@@ -117,3 +117,13 @@ def test_errors(tmp_path):
     with pytest.raises(RuntimeError, match="distinct"):
         generate_trees(ListOpsConfig(num_train=50, num_val=0, num_test=0, min_length=1, max_length=4, max_depth=2,
                                      max_args=2, max_draws=2000))
+
+
+def test_command_line_smoke_set(tmp_path):
+    from linattn.data.lra.__main__ import LISTOPS_SMOKE, main
+
+    main(["listops", "--out", str(tmp_path), "--smoke", "--seed", "1"])
+    ds = get_task("listops", tmp_path, "val")
+    assert len(ds) == LISTOPS_SMOKE["num_val"]
+    assert all(LISTOPS_SMOKE["min_length"] < ds[i]["input_ids"].numel() < LISTOPS_SMOKE["max_length"]
+               for i in range(len(ds)))

@@ -134,3 +134,16 @@ def test_labels_match_connectivity_many(size, difficulty):
     rng = np.random.default_rng(123)
     for i in range(60 if size == 32 else 16):
         assert connected(draw_pathfinder(cfg, i % 2, rng), cfg.link) == bool(i % 2)
+
+
+def test_command_line(tmp_path):
+    from linattn.data.lra.__main__ import main
+
+    main(["pathfinder", "--out", str(tmp_path), "--difficulty", "curv_baseline", "--batches", "2",
+          "--batch-size", "5"])
+    folder = tmp_path / "pathfinder32" / "curv_baseline"
+    assert sorted(p.name for p in (folder / "metadata").iterdir()) == ["0.npy", "1.npy"]
+    again = write_pathfinder(tmp_path / "again", pathfinder_config(32, "curv_baseline"), "curv_baseline",
+                             num_batches=1, batch_size=5, first_batch=1)
+    assert (again / "metadata" / "1.npy").read_text() == (folder / "metadata" / "1.npy").read_text()
+    assert np.array_equal(read_png(again / "imgs" / "1" / "sample_3.png"), read_png(folder / "imgs/1/sample_3.png"))

@@ -235,16 +235,18 @@ def draw_pathfinder(cfg: PathfinderConfig, label: int, rng: np.random.Generator)
 
 def write_pathfinder(root: str | Path, cfg: PathfinderConfig | None = None,
                      difficulty: str = "curv_contour_length_14", num_batches: int = 1, batch_size: int = 100,
-                     seed: int = 0) -> Path:
-    """Generate ``num_batches`` x ``batch_size`` images (half of each label, shuffled) into
-    ``<root>/pathfinder<size>/<difficulty>/``; return that folder. ``cfg`` defaults to the preset."""
+                     seed: int = 0, first_batch: int = 0) -> Path:
+    """Generate batches ``first_batch .. first_batch + num_batches - 1`` of ``batch_size`` images each (half
+    of each label, shuffled) into ``<root>/pathfinder<size>/<difficulty>/``; return that folder. Batch ``b``
+    depends only on (``seed``, ``b``), so batches can be made in parallel. ``cfg`` defaults to the preset."""
     cfg = pathfinder_config(32, difficulty) if cfg is None else cfg
     check_int("num_batches", num_batches, 1)
     check_int("batch_size", batch_size, 1)
     check_int("seed", seed, 0)
+    check_int("first_batch", first_batch, 0)
     out = Path(root) / f"pathfinder{cfg.size}" / difficulty
     (out / "metadata").mkdir(parents=True, exist_ok=True)
-    for b in range(num_batches):
+    for b in range(first_batch, first_batch + num_batches):
         rng = np.random.default_rng([seed, b])
         (out / "imgs" / str(b)).mkdir(parents=True, exist_ok=True)
         labels = rng.permutation(np.arange(batch_size) % 2)

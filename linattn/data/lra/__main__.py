@@ -1,0 +1,54 @@
+"""Generate LRA data locally: ``python -m linattn.data.lra listops|pathfinder --out DIR [options]``.
+
+ListOps defaults to the release (96000/2000/2000 trees, 500 < length < 2000); ``--smoke`` makes a
+small, short set for CPU smoke runs. Pathfinder writes ``--batches`` metadata batches of
+``--batch-size`` images each, in parallel over ``--workers`` processes (batch b is seeded by (seed, b)).
+"""
+
+from __future__ import annotations
+
+import argparse
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from .listops_gen import ListOpsConfig, write_listops
+from .pathfinder_gen import DIFFICULTIES, pathfinder_config, write_pathfinder
+
+LISTOPS_SMOKE = dict(num_train=2000, num_val=200, num_test=200, min_length=20, max_length=200, max_depth=6,
+                     max_args=5)
+
+
+def _one_batch(args: tuple[str, int, str, int, int, int]) -> None:
+    out, size, difficulty, b, batch_size, seed = args
+    write_pathfinder(out, pathfinder_config(size, difficulty), difficulty, num_batches=1, batch_size=batch_size,
+                     seed=seed, first_batch=b)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m linattn.data.lra", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="task", required=True)
+    lo = sub.add_parser("listops", help="write <out>/listops-1000/basic_{train,val,test}.tsv")
+    lo.add_argument("--out", type=Path, required=True)
+    lo.add_argument("--smoke", action="store_true", help=f"small set: {LISTOPS_SMOKE}")
+    lo.add_argument("--seed", type=int, default=0)
+    pf = sub.add_parser("pathfinder", help="write <out>/pathfinder<size>/<difficulty>/{imgs,metadata}")
+    pf.add_argument("--out", type=Path, required=True)
+    pf.add_argument("--size", type=int, choices=(32, 128), default=32)
+    pf.add_argument("--difficulty", choices=list(DIFFICULTIES), default="curv_contour_length_14")
+    pf.add_argument("--batches", type=int, default=10)
+    pf.add_argument("--batch-size", type=int, default=100)
+    pf.add_argument("--seed", type=int, default=0)
+    pf.add_argument("--workers", type=int, default=1)
+    a = p.parse_args(argv)
+    if a.task == "listops":
+        cfg = ListOpsConfig(seed=a.seed, **(LISTOPS_SMOKE if a.smoke else {}))
+        print(write_listops(a.out, cfg))
+        return
+    jobs = [(str(a.out), a.size, a.difficulty, b, a.batch_size, a.seed) for b in range(a.batches)]
+    with ProcessPoolExecutor(max_workers=max(1, a.workers)) as pool:
+        list(pool.map(_one_batch, jobs))
+    print(a.out / f"pathfinder{a.size}" / a.difficulty)
+
+
+if __name__ == "__main__":
+    main()
