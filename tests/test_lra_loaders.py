@@ -84,11 +84,12 @@ def test_image(tmp_path):
     ds = {s: get_task("image", tmp_path, s) for s in ("train", "val", "test")}
     assert (len(ds["train"]), len(ds["val"]), len(ds["test"])) == (18, 2, 3)
     assert ds["train"].vocab is PIXEL_VOCAB and ds["train"].num_classes == 10
-    # pixel (row 5, col 7) of val image 1 (= training image 19), by hand
-    rgb = train_rows[19].reshape(3, 32, 32)[:, 5, 7].astype(float)
-    grey = int(np.rint(0.2989 * rgb[0] + 0.5870 * rgb[1] + 0.1140 * rgb[2]))
+    # val image 1 is training image 19; grey levels as tf.image.rgb_to_grayscale, by hand in float64
+    rgb = train_rows[19].reshape(3, 1024).astype(float)
+    grey = np.floor((0.2989 * rgb[0] + 0.5870 * rgb[1] + 0.1140 * rgb[2]) / 255 * 255.5).astype(int)
     item = ds["val"][1]
-    assert item["input_ids"].shape == (1024,) and item["input_ids"][5 * 32 + 7].item() == grey + 3
+    assert item["input_ids"].shape == (1024,) and item["input_ids"].tolist() == (grey + 3).tolist()
+    assert item["input_ids"].reshape(32, 32)[5, 7] == grey[5 * 32 + 7] + 3  # row-major: row 5, column 7
     assert item["label"].item() == train_labels[19]
     assert ds["test"][2]["label"].item() == batches["test_batch"][b"labels"][2]
     (tmp_path / "cifar-10-batches-py" / "test_batch").unlink()

@@ -1,8 +1,9 @@
 """Image loader: CIFAR-10 (python pickle batches) in greyscale, 1024 pixels read row by row.
 
 Reads ``<data_dir>/cifar-10-batches-py/data_batch_1..5`` and ``test_batch``. As LRA: train is the first
-90% of the training images, val the last 10%, test the test batch. Grey = round(0.2989 R + 0.5870 G
-+ 0.1140 B) (the weights of ``tf.image.rgb_to_grayscale``); each pixel value 0-255 is a token.
+90% of the training images, val the last 10%, test the test batch. Grey levels are those of LRA's
+``tf.image.rgb_to_grayscale`` on uint8 images: floor(255.5 (0.2989 R + 0.5870 G + 0.1140 B) / 255),
+computed in float32; each grey level 0-255 is a token.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from .files import check_split, require
 from .vocab import PIXEL_VOCAB
 
 TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
-LUMA = np.array([0.2989, 0.5870, 0.1140])
+LUMA = np.array([0.2989, 0.5870, 0.1140], dtype=np.float32)
 
 
 def rgb_to_grey(rows: np.ndarray) -> np.ndarray:
     """CIFAR rows ``[N, 3072]`` (R, G, B planes of 32x32) to grey ``[N, 1024]`` uint8."""
-    planes = rows.reshape(-1, 3, 1024).astype(np.float64)
-    return np.clip(np.rint(np.einsum("c,ncp->np", LUMA, planes)), 0, 255).astype(np.uint8)
+    planes = rows.reshape(-1, 3, 1024).astype(np.float32) / np.float32(255)
+    grey = np.einsum("c,ncp->np", LUMA, planes)  # float32 in [0, 1]
+    return np.clip(np.floor(grey * np.float32(255.5)), 0, 255).astype(np.uint8)
 
 
 def _read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
