@@ -67,17 +67,21 @@ class _Lag:
     a1: int
     j0: int
     j1: int
-    logits: torch.Tensor  # [B, H_kv, G, nb, C, C], masked entries -inf
+    logits: torch.Tensor  # [B, H_kv, nb, G C, C] (rows: the G query heads of a kv head), hidden entries -inf
 
 
 class _Blocks:
-    """Blocked views of one call's inputs and the per-lag logits (shared by forward and backward)."""
+    """Blocked views of one call's inputs and the per-lag logits (shared by forward and backward).
+
+    Queries [B, H_kv, Nq, G C, K] stack the G query heads that share a key/value head as rows, so one
+    batched matmul per lag serves grouped-query attention without copying keys or values.
+    """
 
     def __init__(self, q, k, v, log_gates, slopes, scale, causal, window_size, C):
         B, Tq, H, K = q.shape
         Tk, Hkv = k.shape[1], k.shape[2]
-        self.scale, self.causal, self.window, self.C = scale, causal, window_size, C
-        self.Tq, self.Tk, self.G = Tq, Tk, H // Hkv
+        self.causal, self.window, self.C = causal, window_size, C
+        self.Tq, self.Tk, self.Hkv, self.G = Tq, Tk, Hkv, H // Hkv
         T0 = Tk - Tq
         self.P0 = (-T0) % C  # front padding of the keys: the queries start a block
         self.n0 = (T0 + self.P0) // C  # key block of the first query block
@@ -85,43 +89,49 @@ class _Blocks:
         self.Nk = self.n0 + self.Nq
         self.end_pad_q = self.Nq * C - Tq
         self.end_pad_k = self.Nk * C - self.P0 - Tk
-        # q [B, H_kv, G, Nq, C, K]; k, v [B, H_kv, Nk, C, *]
-        self.q = self.block_queries(q)
-        self.k = self.block_keys(k)
+        self.q = self.block_queries(q * scale)  # pre-scaled queries [B, H_kv, Nq, G C, K]
+        self.k = self.block_keys(k)  # [B, H_kv, Nk, C, K]
         self.v = self.block_keys(v)
         pos = torch.arange(self.Nk * C, device=q.device) - self.P0
         self.key_valid = ((pos >= 0) & (pos < Tk)).view(self.Nk, C)
         t = torch.arange(C, device=q.device)
         self.in_block = t[:, None] - t[None, :]  # t - s
-        self.slopes = None if slopes is None else slopes.to(q.dtype).reshape(Hkv, self.G, 1, 1, 1)
+        self.slopes = None if slopes is None else slopes.to(q.dtype).reshape(1, Hkv, 1, self.G, 1, 1)
         self.c = None
         if log_gates is not None:
             g = F.pad(log_gates, (0, 0, self.P0, self.end_pad_k))  # neutral zeros: [B, Nk C, H]
-            g = g.reshape(B, self.Nk, C, Hkv, self.G).permute(0, 3, 4, 1, 2)  # [B, H_kv, G, Nk, C]
+            g = g.reshape(B, self.Nk, C, Hkv, self.G).permute(0, 3, 1, 4, 2)  # [B, H_kv, Nk, G, C]
             self.c = torch.cumsum(g, dim=-1)  # block-local cumulative gates
-            self.totals = self.c[..., -1]  # [B, H_kv, G, Nk]
+            self.totals = self.c[..., -1]  # [B, H_kv, Nk, G]
 
     def block_queries(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, Tq, H, D] -> [B, H_kv, G, Nq, C, D] (zero-padded at the end)."""
-        B, _, H, D = x.shape
+        """[B, Tq, H, D] -> [B, H_kv, Nq, G C, D] (zero-padded at the end)."""
+        B, D = x.shape[0], x.shape[-1]
         x = F.pad(x, (0, 0, 0, 0, 0, self.end_pad_q))
-        return x.reshape(B, self.Nq, self.C, H // self.G, self.G, D).permute(0, 3, 4, 1, 2, 5)
+        x = x.reshape(B, self.Nq, self.C, self.Hkv, self.G, D).permute(0, 3, 1, 4, 2, 5)
+        return x.reshape(B, self.Hkv, self.Nq, self.G * self.C, D)
 
     def unblock_queries(self, x: torch.Tensor) -> torch.Tensor:
         """Inverse of :meth:`block_queries`."""
-        B, Hkv, G, Nq, C, D = x.shape
-        return x.permute(0, 3, 4, 1, 2, 5).reshape(B, Nq * C, Hkv * G, D)[:, : self.Tq]
+        B, D = x.shape[0], x.shape[-1]
+        x = x.reshape(B, self.Hkv, self.Nq, self.G, self.C, D).permute(0, 2, 4, 1, 3, 5)
+        return x.reshape(B, self.Nq * self.C, self.Hkv * self.G, D)[:, : self.Tq]
 
     def block_keys(self, x: torch.Tensor) -> torch.Tensor:
         """[B, Tk, H_kv, D] -> [B, H_kv, Nk, C, D] (zero-padded at both ends)."""
         B, _, Hkv, D = x.shape
         x = F.pad(x, (0, 0, 0, 0, self.P0, self.end_pad_k))
-        return x.reshape(B, self.Nk, self.C, Hkv, D).permute(0, 3, 1, 2, 4)
+        return x.reshape(B, self.Nk, self.C, Hkv, D).permute(0, 3, 1, 2, 4).contiguous()
 
     def unblock_keys(self, x: torch.Tensor) -> torch.Tensor:
         """[B, H_kv, Nk, C, D] -> [B, Tk, H_kv, D]."""
         B, Hkv, Nk, C, D = x.shape
         return x.permute(0, 2, 3, 1, 4).reshape(B, Nk * C, Hkv, D)[:, self.P0: self.P0 + self.Tk]
+
+    def unblock_gates(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, H_kv, Nk, G, C] per key position -> [B, Nk C, H] (padding kept)."""
+        B, Hkv, Nk, G, C = x.shape
+        return x.permute(0, 2, 4, 1, 3).reshape(B, Nk * C, Hkv * G)
 
     def lags(self) -> Iterator[int]:
         """Lag 0 first (every query sees itself there, so running maxima become finite), then the others."""
@@ -133,30 +143,43 @@ class _Blocks:
 
     def iter_logits(self) -> Iterator[_Lag]:
         """Masked, biased logits of every lag with at least one block pair."""
-        offset = None if self.c is None else torch.zeros_like(self.totals[..., : self.Nq])
+        offset = None if self.c is None else torch.zeros_like(self.totals[:, :, : self.Nq])
         for d in self.lags():
             a0, a1 = max(0, d - self.n0), min(self.Nq, self.Nq + d)
             if a0 >= a1:
                 continue
             j0, j1 = self.n0 + a0 - d, self.n0 + a1 - d
             if offset is not None and d > 0:  # O_d = O_{d-1} + total of the key block j = n0 + a - d
-                offset[..., a0:a1] += self.totals[..., j0:j1]
+                offset[:, :, a0:a1] += self.totals[:, :, j0:j1]
             yield _Lag(d, a0, a1, j0, j1, self._logits(d, a0, a1, j0, j1, offset))
 
     def _logits(self, d, a0, a1, j0, j1, offset) -> torch.Tensor:
-        k = self.k[:, :, None, j0:j1]
-        logits = torch.matmul(self.q[:, :, :, a0:a1], k.transpose(-1, -2)) * self.scale
+        logits = torch.matmul(self.q[:, :, a0:a1], self.k[:, :, j0:j1].transpose(-1, -2))
+        B, Hkv, nb = logits.shape[:3]
+        view = logits.view(B, Hkv, nb, self.G, self.C, self.C)  # [..., query head in group, t, s]
         dist = d * self.C + self.in_block  # i - j, the same for every block pair of this lag
+        if self.slopes is not None:
+            view.sub_(self.slopes * dist.abs().to(logits.dtype))
+        if self.c is not None:  # G_i - G_j = (c_t + O_d) - c_s
+            view.add_((self.c[:, :, self.n0 + a0: self.n0 + a1] + offset[:, :, a0:a1, :, None])[..., None])
+            view.sub_(self.c[:, :, j0:j1, :, None, :])
         visible = dist >= 0 if self.causal else torch.ones_like(dist, dtype=torch.bool)
         if self.window is not None:
             visible = visible & (dist.abs() < self.window)
         visible = visible & self.key_valid[j0:j1, None, :]  # [nb, C, C]
-        if self.slopes is not None:
-            logits = logits - self.slopes * dist.abs().to(logits.dtype)
-        if self.c is not None:
-            c_q = self.c[..., self.n0 + a0: self.n0 + a1, :] + offset[..., a0:a1, None]
-            logits = logits + (c_q[..., :, None] - self.c[..., j0:j1, None, :])
-        return logits.masked_fill(~visible, float("-inf"))
+        if not bool(visible.all()):
+            view.masked_fill_(~visible[:, None], float("-inf"))
+        return logits
+
+
+# exp of x <= -80 is below 2e-35, which no softmax sum in float32 or float64 can see; mapping such logits to
+# -inf first (one cheap pass) avoids the very slow underflow path of CPU exp (about 10x at x < -87).
+UNDERFLOW = -80.0
+
+
+def _exp_(x: torch.Tensor) -> torch.Tensor:
+    """In-place exp of shifted logits (all <= 0), with entries below UNDERFLOW set to exactly 0."""
+    return F.threshold_(x, UNDERFLOW, float("-inf")).exp_()
 
 
 def _safe(m: torch.Tensor) -> torch.Tensor:
@@ -168,20 +191,19 @@ class _BlockwiseAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, log_gates, slopes, scale, causal, window_size, C):
         blocks = _Blocks(q, k, v, log_gates, slopes, scale, causal, window_size, C)
-        shape = blocks.q.shape[:-1]  # [B, H_kv, G, Nq, C]
+        shape = blocks.q.shape[:-1]  # rows [B, H_kv, Nq, G C]
         m = q.new_full(shape, float("-inf"))
         denom = q.new_zeros(shape)
         acc = q.new_zeros(*shape, v.shape[-1])
         for lag in blocks.iter_logits():
-            a = slice(lag.a0, lag.a1)  # dims [B, H_kv, G, Nq, ...]
-            m_new = torch.maximum(m[:, :, :, a], lag.logits.amax(dim=-1))
+            a = slice(lag.a0, lag.a1)
+            m_new = torch.maximum(m[:, :, a], lag.logits.amax(dim=-1))
             base = _safe(m_new)
-            p = torch.exp(lag.logits - base[..., None])
-            alpha = torch.exp(m[:, :, :, a] - base)
-            denom[:, :, :, a] = denom[:, :, :, a] * alpha + p.sum(dim=-1)
-            pv = torch.matmul(p, blocks.v[:, :, None, lag.j0: lag.j1])
-            acc[:, :, :, a] = acc[:, :, :, a] * alpha[..., None] + pv
-            m[:, :, :, a] = m_new
+            p = _exp_(lag.logits.sub_(base[..., None]))
+            alpha = torch.exp(m[:, :, a] - base)
+            denom[:, :, a] = denom[:, :, a] * alpha + p.sum(dim=-1)
+            acc[:, :, a] = acc[:, :, a] * alpha[..., None] + torch.matmul(p, blocks.v[:, :, lag.j0: lag.j1])
+            m[:, :, a] = m_new
         # a padding row may see no key at all (denom 0): give it o = 0 and a finite lse, so that its
         # probabilities exp(-inf - lse) are 0 in backward; real rows have denom >= 1 (their max gives 1)
         denom = denom.clamp_min(torch.finfo(denom.dtype).tiny)
@@ -199,21 +221,20 @@ class _BlockwiseAttention(torch.autograd.Function):
         do = blocks.block_queries(grad_o.to(q.dtype))
         delta = (do * o).sum(dim=-1)  # rowsum(dO o) = sum_s P dP
         dq, dk, dv = torch.zeros_like(blocks.q), torch.zeros_like(blocks.k), torch.zeros_like(blocks.v)
-        dG = None if log_gates is None else torch.zeros_like(blocks.c)  # per key position [B, H_kv, G, Nk, C]
+        dG = None if log_gates is None else torch.zeros_like(blocks.c)  # per key position [B, H_kv, Nk, G, C]
         for lag in blocks.iter_logits():
             a, j = slice(lag.a0, lag.a1), slice(lag.j0, lag.j1)
-            p = torch.exp(lag.logits - lse[:, :, :, a, :, None])
-            k_j, v_j, do_a = blocks.k[:, :, None, j], blocks.v[:, :, None, j], do[:, :, :, a]
-            dv[:, :, j] += torch.matmul(p.transpose(-1, -2), do_a).sum(dim=2)
-            ds = p * (torch.matmul(do_a, v_j.transpose(-1, -2)) - delta[:, :, :, a, :, None])
-            dq[:, :, :, a] += torch.matmul(ds, k_j) * scale
-            dk[:, :, j] += torch.matmul(ds.transpose(-1, -2), blocks.q[:, :, :, a]).sum(dim=2) * scale
+            p = _exp_(lag.logits.sub_(lse[:, :, a, :, None]))
+            dv[:, :, j] += torch.matmul(p.transpose(-1, -2), do[:, :, a])
+            ds = torch.matmul(do[:, :, a], blocks.v[:, :, j].transpose(-1, -2)).sub_(delta[:, :, a, :, None]).mul_(p)
+            dq[:, :, a] += torch.matmul(ds, blocks.k[:, :, j])
+            dk[:, :, j] += torch.matmul(ds.transpose(-1, -2), blocks.q[:, :, a])  # q pre-scaled: dK = dS^T Q scale
             if dG is not None:
-                dG[:, :, :, j] -= ds.sum(dim=-2)
+                nb = lag.a1 - lag.a0
+                dG[:, :, j] -= ds.view(*ds.shape[:2], nb, blocks.G, C, C).sum(dim=-2)
         dg = None
         if dG is not None:  # g_r enters every G_i with i >= r: reverse cumulative sum over positions
-            B, Hkv, G, Nk, _ = dG.shape
-            flat = dG.reshape(B, Hkv * G, Nk * C)
-            dg = flat.flip(-1).cumsum(-1).flip(-1)[..., blocks.P0: blocks.P0 + blocks.Tk].transpose(1, 2)
-        return (blocks.unblock_queries(dq), blocks.unblock_keys(dk), blocks.unblock_keys(dv), dg,
+            flat = blocks.unblock_gates(dG)
+            dg = flat.flip(1).cumsum(1).flip(1)[:, blocks.P0: blocks.P0 + blocks.Tk]
+        return (blocks.unblock_queries(dq) * scale, blocks.unblock_keys(dk), blocks.unblock_keys(dv), dg,
                 None, None, None, None, None)
