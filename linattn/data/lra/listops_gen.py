@@ -123,7 +123,7 @@ def write_listops(root: str | Path, cfg: ListOpsConfig | None = None, **params: 
               "test": (cfg.num_train + cfg.num_val, len(trees))}
     for split, (a, b) in bounds.items():
         with open(out / f"basic_{split}.tsv", "w", newline="") as f:
-            w = csv.writer(f, delimiter="\t", lineterminator="\n")
+            w = csv.writer(f, delimiter="\t")  # csv's default "\r\n" line ends, as the release
             w.writerow(["Source", "Target"])
             w.writerows([to_source(t), evaluate(t)] for t in trees[a:b])
     return out
