@@ -123,8 +123,8 @@ def forgetting_attn_example_inputs(
     B: int, T: int, H: int, K: int, V: int, *, dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu", seed: int = 0, g_value: float | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Random q, k, v and log forget gates g = logsigmoid(N(3, 1)) (forget gates near 0.95, as FoX's
-    bias init favours), or all ``g_value``, for tests and benchmarks."""
+    """Random q, k, v and log forget gates g = logsigmoid(N(3, 1)) (forget gates around sigmoid(3) = 0.95),
+    or all ``g_value``, for tests and benchmarks."""
     gen = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(B, T, H, n, generator=gen) for n in (K, K, V))
     if g_value is None:
