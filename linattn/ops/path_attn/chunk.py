@@ -12,13 +12,19 @@ Only the cache of past keys (all moved to the frame of the current chunk start) 
 to chunk: scores against the past are Q^ S^T, then S <- [S P^T ; K^] (one [P x K] x [K x K] matmul).
 The forget gate enters as chunk-local cumulative sums plus a per-key log decay carried like the keys,
 so nothing is exponentiated but softmax logits. Working memory per chunk: C x (T0 + T) scores, the
-carried keys (T0 + T) x K and one K x K product per chunk. Cost O(T^2 (K + K^2 / C)). Autograd keeps
-every chunk's carried keys and scores for the backward (O(T^2 K / C) in total); forward alone is linear.
+carried keys (T0 + T) x K and one K x K product per chunk. Cost O(T^2 (K + K^2 / C)).
+Training: the chunk loop runs in segments of ~sqrt(N) chunks under activation checkpointing (only each
+segment's incoming carried keys are kept; a segment is recomputed in the backward), so the memory
+autograd holds is O(T K sqrt(N) + T C sqrt(N)) rather than O(T^2 K / C); not linear (no hand-written
+backward yet). The forward alone (no grad) is linear in T.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from ..common.causal_softmax import causal_mask
 from ..common.checks import compute_dtype
@@ -32,6 +38,22 @@ def _heads_first(x: torch.Tensor, C: int) -> torch.Tensor:
     """[B, T, H, ...] -> [B, H, N, C, ...] (zero-padded to a multiple of C)."""
     x = to_chunks(x, C)
     return x.permute(0, 3, 1, 2, *range(4, x.dim()))
+
+
+def _segment(lo: int, hi: int, S: torch.Tensor, D: torch.Tensor, V_all: torch.Tensor, Qhat: torch.Tensor,
+             intra: torch.Tensor, Pt: torch.Tensor, Khat: torch.Tensor, total: torch.Tensor, Gl: torch.Tensor,
+             Vc: torch.Tensor, *, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Chunks lo..hi-1 against the carried keys S [B, H, P, K] and log decays D [B, H, P]: their outputs
+    [B, H, hi - lo, C, V] and the carried (S, D) after them."""
+    outputs = []
+    for n in range(lo, hi):
+        P = S.shape[2]
+        past = scale * Qhat[:, :, n] @ S.transpose(-1, -2) + Gl[:, :, n, :, None] + D[:, :, None, :]
+        p = torch.softmax(torch.cat([past, intra[:, :, n]], dim=-1), dim=-1)
+        outputs.append(p[..., :P] @ V_all[:, :, :P] + p[..., P:] @ Vc[:, :, n])
+        S = torch.cat([S @ Pt[:, :, n], Khat[:, :, n]], dim=2)
+        D = torch.cat([D + total[:, :, n, None], total[:, :, n, None] - Gl[:, :, n]], dim=2)
+    return torch.stack(outputs, dim=2), S, D
 
 
 def path_attn_chunk(
@@ -75,15 +97,16 @@ def path_attn_chunk(
 
     S, D = k0.transpose(1, 2), d0.transpose(1, 2)  # past keys in the current frame [B, H, P, K]; log decays
     V_all = torch.cat([v0.transpose(1, 2), from_chunks(Vc.permute(0, 2, 3, 1, 4), N * C).transpose(1, 2)], dim=2)
+    per_chunk = (Qhat, intra, Pt, Khat, total, Gl, Vc)
+    train = torch.is_grad_enabled() and any(x.requires_grad for x in (*per_chunk, S, D))
+    m = math.isqrt(N - 1) + 1 if train else N  # segments of ~sqrt(N) chunks, recomputed in the backward
     outputs = []
-    for n in range(N):
-        P = S.shape[2]
-        past = scale * Qhat[:, :, n] @ tr(S) + Gl[:, :, n, :, None] + D[:, :, None, :]
-        p = torch.softmax(torch.cat([past, intra[:, :, n]], dim=-1), dim=-1)
-        outputs.append(p[..., :P] @ V_all[:, :, :P] + p[..., P:] @ Vc[:, :, n])
-        S = torch.cat([S @ Pt[:, :, n], Khat[:, :, n]], dim=2)
-        D = torch.cat([D + total[:, :, n, None], total[:, :, n, None] - Gl[:, :, n]], dim=2)
-    o = torch.stack(outputs, dim=2).permute(0, 2, 3, 1, 4)  # [B, N, C, H, V]
+    for lo in range(0, N, m):
+        args = (lo, min(lo + m, N), S, D, V_all, *per_chunk)
+        o_seg, S, D = checkpoint(_segment, *args, scale=scale, use_reentrant=False) if train else _segment(*args,
+                                                                                                       scale=scale)
+        outputs.append(o_seg)
+    o = torch.cat(outputs, dim=2).permute(0, 2, 3, 1, 4)  # [B, N, C, H, V]
     o = from_chunks(o, T)
     state = None
     if output_final_state:
