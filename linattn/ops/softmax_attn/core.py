@@ -44,8 +44,8 @@ def run_attention(
     """Attend q [B, T, H, K] to the cached and the new keys/values with the kernel of ``backend``.
 
     Math in float32 (float64 for float64 inputs); the "parallel" backend keeps float16/bfloat16 inputs in
-    their dtype on CUDA (SDPA's fused kernels accumulate in float32). Returns (o in q's dtype, the cache
-    with this call's keys/values (and gates) appended, or None).
+    their dtype on CUDA when there is no additive bias (SDPA's fused kernels accumulate in float32).
+    Returns (o in q's dtype, the cache with this call's keys/values (and gates) appended, or None).
     """
     dt, in_dtype = compute_dtype(q), q.dtype
     T0 = 0 if initial_state is None else initial_state.length
@@ -60,7 +60,10 @@ def run_attention(
         if gates is not None:
             gates = torch.cat([initial_state.extras["g"].to(dt), gates], dim=1)
     slopes = alibi_slopes(q.shape[2]).to(device=q.device, dtype=dt) if alibi else None
-    run_dt = in_dtype if backend == "parallel" and in_dtype in HALF and q.is_cuda else dt
+    # SDPA's fused CUDA kernels take half inputs (accumulating in float32); an additive bias would be rounded
+    # to the half dtype there, so ALiBi / forgetting gates keep the float32 math
+    native = backend == "parallel" and in_dtype in HALF and q.is_cuda and gates is None and slopes is None
+    run_dt = in_dtype if native else dt
     o = KERNELS[backend](
         q.to(run_dt), k.to(run_dt), v.to(run_dt), scale=scale, causal=causal, window_size=window_size,
         alibi_slopes=slopes, log_gates=gates, chunk_size=chunk_size,
