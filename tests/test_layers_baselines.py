@@ -1,0 +1,72 @@
+"""The plain-PyTorch baselines against their recurrences written out token by token, and their checks."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from linattn.layers import LRULayer, MambaLayer
+from linattn.layers.scan import linear_scan
+from linattn.testing import assert_close
+
+
+def test_linear_scan_matches_loop_real_and_complex():
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.float64, torch.complex128):
+        a = torch.rand(2, 19, 3, generator=gen, dtype=torch.float64).to(dtype) * 0.9
+        if dtype.is_complex:
+            a = a * torch.exp(1j * torch.randn(2, 19, 3, generator=gen, dtype=torch.float64))
+        b = torch.randn(2, 19, 3, generator=gen, dtype=torch.float64).to(dtype)
+        h0 = torch.randn(2, 3, generator=gen, dtype=torch.float64).to(dtype)
+        h, hs = h0, []
+        for t in range(19):
+            h = a[:, t] * h + b[:, t]
+            hs.append(h)
+        err = (linear_scan(a, b, h0) - torch.stack(hs, 1)).abs().max() / torch.stack(hs, 1).abs().max()
+        assert err < 1e-12, f"scan {dtype}: {err}"
+
+
+def test_lru_matches_its_recurrence():
+    torch.manual_seed(1)
+    layer = LRULayer(8, state_dim=6).double()
+    x = torch.randn(2, 9, 8, dtype=torch.float64)
+    y, cache = layer(x)
+    lam = torch.exp(torch.complex(-torch.exp(layer.nu_log), torch.exp(layer.theta_log)))
+    gamma = torch.sqrt(1 - lam.abs() ** 2)
+    Bc, Cc = torch.complex(layer.B_re, layer.B_im), torch.complex(layer.C_re, layer.C_im)
+    h = torch.zeros(2, 6, dtype=torch.complex128)
+    ys = []
+    for t in range(9):
+        h = lam * h + gamma * (x[:, t].to(torch.complex128) @ Bc.T)
+        ys.append((h @ Cc.T).real + layer.D * x[:, t])
+    assert_close(y, torch.stack(ys, 1), 1e-10, "LRU vs loop")
+    assert_close(cache.state.abs(), h.abs(), 1e-10, "LRU state")
+
+
+def test_mamba_matches_its_recurrence():
+    torch.manual_seed(2)
+    layer = MambaLayer(8, state_dim=4, expand=2, chunk_size=4, short_conv="").double()
+    x = torch.randn(2, 10, 8, dtype=torch.float64)
+    y, _ = layer(x)
+    xin, z = layer.in_proj(x).chunk(2, -1)
+    u = F.silu(xin)
+    r, Bm, Cm = layer.x_proj(u).split([layer.dt_rank, 4, 4], -1)
+    dt = F.softplus(layer.dt_proj(r) + layer.dt_bias)
+    A = -torch.exp(layer.A_log.double())
+    h = torch.zeros(2, 16, 4, dtype=torch.float64)
+    outs = []
+    for t in range(10):
+        h = torch.exp(dt[:, t, :, None] * A) * h + (dt[:, t] * u[:, t])[:, :, None] * Bm[:, t, None, :]
+        outs.append((h @ Cm[:, t, :, None])[..., 0] + layer.D * u[:, t])
+    expected = layer.out_proj(torch.stack(outs, 1) * F.silu(z))
+    assert_close(y, expected, 1e-10, "Mamba vs loop")
+
+
+def test_baseline_checks():
+    with pytest.raises(ValueError, match="tie_kv=True is not available for lru"):
+        LRULayer(8, tie_kv=True)
+    with pytest.raises(ValueError, match="short_conv must be a subset of 'v'"):
+        MambaLayer(8, short_conv="k")
+    with pytest.raises(ValueError, match="conv_mode must be one of"):
+        MambaLayer(8, conv_mode="fixed")
+    with pytest.raises(ValueError, match=r"x must have shape \[B, T, d_model\] with d_model = 8"):
+        LRULayer(8)(torch.randn(1, 3, 7))
