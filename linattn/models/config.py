@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from linattn.layers.registry import build_mixer, mixer_class
+from linattn.layers.registry import build_mixer, mixer_class, mixer_kwarg_names
 
 
 @dataclass
@@ -44,6 +44,11 @@ class ModelConfig:
         if not isinstance(self.mixer_kwargs, dict):
             raise TypeError(f"mixer_kwargs must be a dict, got {type(self.mixer_kwargs).__name__}")
         self.mixer_kwargs = dict(self.mixer_kwargs)
+        valid = mixer_kwarg_names(mixer_class(self.mixer))
+        bad = sorted(set(self.mixer_kwargs) - set(valid))
+        if bad:
+            raise ValueError(f"mixer_kwargs of mixer {self.mixer!r} has unknown key(s) {', '.join(bad)}; "
+                             f"valid: {', '.join(valid)}")
         if "head_dim" not in self.mixer_kwargs and self.d_model % self.n_heads:
             divisors = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0]
             raise ValueError(f"n_heads={self.n_heads} must divide d_model={self.d_model} "
@@ -80,6 +85,7 @@ class ModelConfig:
     @classmethod
     def from_yaml(cls, source: str | Path) -> ModelConfig:
         """Read a config from a ``.yaml``/``.yml`` file path or from YAML text."""
-        is_file = isinstance(source, Path) or str(source).endswith((".yaml", ".yml"))
+        is_file = isinstance(source, Path) or str(source).endswith((".yaml", ".yml")) or (
+            "\n" not in str(source) and Path(str(source)).is_file())
         text = Path(source).read_text() if is_file else source
         return cls.from_dict(yaml.safe_load(text))
