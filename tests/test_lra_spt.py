@@ -113,3 +113,58 @@ def test_transfer_drops_the_pretraining_head():
     assert "mix.weight" in load_pretrained(clf, bad, strict_shapes=False).dropped
     with pytest.raises(TypeError, match="model"):
         load_pretrained(lm.state_dict(), lm.state_dict())
+
+
+def test_pretrain_then_finetune_on_generated_listops(tmp_path):
+    """The whole data path of the SPT study on a tiny generated ListOps: masked pretraining of a toy
+    model through a DataLoader, transfer without the LM head, a few classifier steps."""
+    from torch.utils.data import DataLoader
+
+    from linattn.data.lra import get_task, write_listops
+
+    write_listops(tmp_path, num_train=48, num_val=8, num_test=8, min_length=10, max_length=40, max_depth=4,
+                  max_args=4, seed=0)
+    train = get_task("listops", tmp_path, "train")
+    torch.manual_seed(0)
+
+    class Toy(nn.Module):
+        def __init__(self, out):
+            super().__init__()
+            self.embed = nn.Embedding(len(train.vocab), 16, padding_idx=0)
+            self.mix = nn.Linear(16, 16)
+            setattr(self, "lm_head" if out == "lm" else "head", nn.Linear(16, len(train.vocab) if out == "lm" else 10))
+
+        def forward(self, ids):
+            return torch.tanh(self.mix(self.embed(ids)))
+
+    def step(model, loss, lr=0.5):  # plain SGD (torch.optim's import alone takes seconds)
+        model.zero_grad()
+        loss.backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= lr * p.grad
+
+    lm = Toy("lm")
+    spt = MaskedLMView(train)
+    losses = []
+    for epoch in range(3):
+        spt.set_epoch(epoch)
+        for batch in DataLoader(spt, batch_size=16, shuffle=True, collate_fn=collate):
+            logits = lm.lm_head(lm(batch["input_ids"]))
+            loss = nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(),
+                                               ignore_index=IGNORE_INDEX)
+            step(lm, loss)
+            losses.append(loss.item())
+    assert np.isfinite(losses).all() and np.mean(losses[-3:]) < np.mean(losses[:3])
+
+    clf = Toy("cls")
+    report = load_pretrained(clf, lm.state_dict())
+    assert "lm_head.weight" in report.dropped and "head.weight" in report.kept
+    assert torch.equal(clf.embed.weight, lm.embed.weight)
+    for batch in DataLoader(train, batch_size=16, shuffle=True, collate_fn=collate):
+        h = clf(batch["input_ids"])
+        keep = (batch["input_ids"] != 0).unsqueeze(-1)
+        pooled = (h * keep).sum(1) / batch["lengths"].unsqueeze(-1)
+        loss = nn.functional.cross_entropy(clf.head(pooled), batch["label"])
+        step(clf, loss)
+        assert torch.isfinite(loss)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from linattn.data.base import check_int
+
 from .dataset import LRADataset
 from .files import RELEASE, check_split, require
 from .listops_gen import RELEASE_DIR
@@ -26,6 +28,7 @@ def listops_tokens(source: str) -> list[str]:
 def load_listops(data_dir: str | Path, split: str = "train", max_len: int = MAX_LEN) -> LRADataset:
     """The ListOps ``split`` (train / val / test); 10 classes (the value 0-9 of the tree)."""
     split = check_split(split)
+    check_int("max_len", max_len, 1)
     path = Path(data_dir) / RELEASE_DIR / f"basic_{split}.tsv"
     require("listops", [path], f"Put the release's {RELEASE_DIR}/basic_{{train,val,test}}.tsv under {data_dir} "
             f"(from {RELEASE}) or generate them: linattn.data.lra.write_listops({str(data_dir)!r}).")

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from linattn.data.base import check_int
+
 from .dataset import LRADataset
 from .files import RELEASE, check_split, require
 from .vocab import BYTE_VOCAB
@@ -35,6 +37,7 @@ def encode_bytes(data: bytes, max_len: int) -> np.ndarray:
 def load_text(data_dir: str | Path, split: str = "train", max_len: int = TEXT_MAX_LEN) -> LRADataset:
     """IMDB reviews at byte level; 2 classes (neg 0, pos 1)."""
     split = check_split(split)
+    check_int("max_len", max_len, 1)
     folder = Path(data_dir) / "aclImdb" / ("train" if split == "train" else "test")
     dirs = [folder / "neg", folder / "pos"]
     require("text", dirs, f"Unpack the IMDB release aclImdb_v1.tar.gz (https://ai.stanford.edu/~amaas/data/"
@@ -61,6 +64,7 @@ def _document(field: str) -> bytes:
 def load_retrieval(data_dir: str | Path, split: str = "train", max_len: int = RETRIEVAL_MAX_LEN) -> LRADataset:
     """AAN document pairs at byte level (``input_ids``, ``input_ids2``); 2 classes (1 = cites)."""
     split = check_split(split)
+    check_int("max_len", max_len, 1)
     path = Path(data_dir) / "tsv_data" / f"new_aan_pairs.{RETRIEVAL_SPLIT_FILES[split]}.tsv"
     require("retrieval", [path], f"Put the release's tsv_data/new_aan_pairs.{{train,eval,test}}.tsv under "
             f"{data_dir} (from {RELEASE}).")
