@@ -41,8 +41,7 @@ def run(q, k, v, w, beta, g, k0, v0, d0, backend, chunk_size=16):
 
 @pytest.mark.parametrize("shape", [(1, 1, 1, 4, 4), (2, 7, 3, 5, 6), (1, 37, 2, 8, 3)])  # B, T, H, K, V
 @pytest.mark.parametrize("T0", [0, 5])
-@pytest.mark.parametrize("gate", [True, False])
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("gate, dtype", [(True, torch.float64), (False, torch.float64), (True, torch.float32)])
 def test_backends_agree(shape, T0, gate, dtype):
     inputs = make(*shape, T0=T0, gate=gate, dtype=dtype)
     check_backends_agree(run, inputs, NAMES, ["parallel", "chunk"], tol=1e-5)
