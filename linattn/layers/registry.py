@@ -28,13 +28,16 @@ def mixer_class(name: object) -> type[nn.Module]:
 
 
 def mixer_kwarg_names(cls: type[nn.Module]) -> list[str]:
-    """Keyword arguments accepted by layer ``cls`` (its own and those it forwards to its bases)."""
+    """Keyword arguments accepted by layer ``cls``: those of its ``__init__`` and, while an ``__init__``
+    forwards ``**kwargs``, those of the next base class's ``__init__``."""
     names: set[str] = set()
     for klass in cls.__mro__:
-        if klass is nn.Module or not issubclass(klass, nn.Module) or "__init__" not in vars(klass):
+        if "__init__" not in vars(klass):
             continue
         params = inspect.signature(klass.__init__).parameters.values()
-        names |= {p.name for p in params if p.kind == p.KEYWORD_ONLY or p.kind == p.POSITIONAL_OR_KEYWORD}
+        names |= {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+        if not any(p.kind == p.VAR_KEYWORD for p in params) or klass is nn.Module:
+            break
     return sorted(names - {"self", "d_model", "n_heads"})
 
 
