@@ -92,3 +92,28 @@ def test_bad_arguments_list_the_choices():
         layer(torch.randn(2, 3, 16))
     with pytest.raises(TypeError, match="cache must be None or a LayerCache"):
         layer(torch.randn(2, 1, D), cache={"state": None})
+
+
+def _numel(state):
+    if isinstance(state, torch.Tensor):
+        return state.numel()
+    if isinstance(state, (tuple, list)):
+        return sum(_numel(s) for s in state)
+    if hasattr(state, "current"):  # MiniBatchState
+        return _numel(state.current) + _numel(state.start)
+    return sum(_numel(getattr(state, f)) for f in ("k", "v"))  # KVCache
+
+
+@pytest.mark.parametrize("name", list_mixers())
+def test_recurrent_state_size_does_not_grow_with_context(name):
+    """The cache of a recurrent mixer has a fixed size (decoding is O(1) per token); the softmax family's
+    KV cache grows by one position per token."""
+    torch.manual_seed(3)
+    layer = build_mixer(name, D, H)
+    with torch.no_grad():
+        _, short = layer(torch.randn(1, 4, D))
+        _, long = layer(torch.randn(1, 19, D))
+        _, long = layer(torch.randn(1, 1, D), long)
+    grows = name in ("softmax_attn", "forgetting_attn", "deltaformer", "path_attn")
+    assert (_numel(long.state) > _numel(short.state)) == grows, f"{name}: state size vs context"
+    assert all(long.conv[c].shape == short.conv[c].shape for c in short.conv)
