@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
+
 from .checks import Dims, check_float_tensor
 from .kv_cache import KVCache
 
@@ -12,8 +14,10 @@ def _fmt(shape: Sequence[int]) -> str:
     return "[" + ", ".join(str(s) for s in shape) + "]"
 
 
-def check_kv_cache(name: str, cache: object, d: Dims, extras: Sequence[str] = ()) -> KVCache | None:
-    """``None`` or a KVCache with k [B, T0, H, K], v [B, T0, H, V] and exactly the ``extras`` [B, T0, H]."""
+def check_kv_cache(name: str, cache: object, d: Dims, extras: Sequence[str] = (),
+                   device: torch.device | None = None) -> KVCache | None:
+    """``None`` or a KVCache with k [B, T0, H, K], v [B, T0, H, V] and exactly the ``extras`` [B, T0, H],
+    all on ``device`` (the inputs' device) when given."""
     if cache is None:
         return None
     if not isinstance(cache, KVCache):
@@ -35,6 +39,6 @@ def check_kv_cache(name: str, cache: object, d: Dims, extras: Sequence[str] = ()
             raise ValueError(f"{name}.extras[{key!r}] must have shape [B, T0, H] = {_fmt((d.B, T0, d.H))}, "
                              f"got {_fmt(x.shape)}")
     devices = {t.device for t in (cache.k, cache.v, *cache.extras.values())}
-    if len(devices) != 1:
-        raise ValueError(f"{name} tensors must be on one device, got {sorted(str(x) for x in devices)}")
+    if len(devices) != 1 or (device is not None and devices != {device}):
+        raise ValueError(f"{name} tensors must be on the inputs' device {device}, got {sorted(map(str, devices))}")
     return cache

@@ -69,7 +69,7 @@ def deltaformer(
     """
     d = check_qkv(q, k, v)
     check_scalar_gate("beta", beta, d)
-    check_kv_cache("initial_state", initial_state, d)
+    check_kv_cache("initial_state", initial_state, d, device=q.device)
     check_bool("output_final_state", output_final_state)
     check_chunk_size(chunk_size)
     impl = SPEC.resolve(backend, q.device)
@@ -90,7 +90,7 @@ def deltaformer_step(
     ``state`` the KVCache so far. Returns (o_t [B, H, V], the cache with this token appended)."""
     d = check_step_qkv(q_t, k_t, v_t)
     check_shape("beta_t", beta_t, (d.B, d.H), "[B, H]")
-    check_kv_cache("state", state, d)
+    check_kv_cache("state", state, d, device=q_t.device)
     o, cache = deltaformer_recurrent(q_t[:, None], k_t[:, None], v_t[:, None], beta_t[:, None],
                                      scale=resolve_scale(scale, d.K), initial_state=state, output_final_state=True)
     return o[:, 0], cache

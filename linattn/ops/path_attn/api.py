@@ -71,7 +71,7 @@ def path_attn(
     check_scalar_gate("beta", beta, d)
     if g is not None:
         check_scalar_gate("g", g, d)
-    check_kv_cache("initial_state", initial_state, d, extras=("log_decay",))
+    check_kv_cache("initial_state", initial_state, d, extras=("log_decay",), device=q.device)
     check_bool("output_final_state", output_final_state)
     check_chunk_size(chunk_size)
     impl = SPEC.resolve(backend, q.device)
@@ -97,7 +97,7 @@ def path_attn_step(
     check_shape("beta_t", beta_t, (d.B, d.H), "[B, H]")
     if g_t is not None:
         check_shape("g_t", g_t, (d.B, d.H), "[B, H]")
-    check_kv_cache("state", state, d, extras=("log_decay",))
+    check_kv_cache("state", state, d, extras=("log_decay",), device=q_t.device)
     o, cache = path_attn_recurrent(q_t[:, None], k_t[:, None], v_t[:, None], w_t[:, None], beta_t[:, None],
                                    None if g_t is None else g_t[:, None], scale=resolve_scale(scale, d.K),
                                    initial_state=state, output_final_state=True)
