@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
+from linattn.ops.common.registry import get_op
 from linattn.ops.gla import gla, gla_step
 from linattn.ops.linear_attn import linear_attn, linear_attn_step
 from linattn.ops.retention import retention, retention_step
@@ -94,15 +95,16 @@ def test_every_chunk_size(case, chunk_size):
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 @pytest.mark.parametrize("backend", ["chunk", "parallel"])
-def test_bf16_against_float32_recurrence(case, backend):
-    xs, names = case.make(2, 50, 2, 16, 8, dtype=torch.bfloat16, seed=2)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_against_float32_recurrence(case, backend, dtype):
+    xs, names = case.make(2, 50, 2, 16, 8, dtype=dtype, seed=2)
     ref_out, ref_grad = grads(lambda *a: case.run(*a, backend="recurrent"), [x.float() for x in xs])
     out, grad = grads(lambda *a: case.run(*a, backend=backend), xs)
-    assert out[0].dtype == torch.bfloat16 and out[1].dtype == torch.float32
+    assert out[0].dtype == dtype and out[1].dtype == torch.float32
     for i, (a, e) in enumerate(zip(out, ref_out)):
-        assert_close(a, e, 5e-3, f"{case.name} {backend} bf16 output {i}", metric="rmse")
+        assert_close(a, e, 5e-3, f"{case.name} {backend} {dtype} output {i}", metric="rmse")
     for name, a, e in zip(names, grad, ref_grad):
-        assert_close(a, e, 1e-2, f"{case.name} {backend} bf16 grad of {name}", metric="rmse")
+        assert_close(a, e, 1e-2, f"{case.name} {backend} {dtype} grad of {name}", metric="rmse")
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
@@ -189,3 +191,15 @@ def test_auto_is_chunk_on_cpu_and_chunk_size_checked(case):
         case.run(*xs, chunk_size=0)
     with pytest.raises(ValueError, match="backend"):
         case.run(*xs, backend="fast")
+
+
+@pytest.mark.parametrize("name", ["linear_attn", "retention", "simple_gla", "gla"])
+def test_registry_entries(name):
+    spec = get_op(name)
+    assert spec.family == "decay" and spec.step is not None and spec.fn is not None
+    assert {"recurrent", "parallel", "chunk"} <= set(spec.backends)
+    inputs = spec.example_inputs(1, 9, 2, 4, 3, seed=1)
+    o, s = spec.fn(**inputs, output_final_state=True)
+    o_r, s_r = spec.fn(**inputs, output_final_state=True, backend="recurrent")
+    assert_close(o, o_r, 1e-5, f"{name} example inputs, auto vs recurrent")
+    assert s.dtype == torch.float32 and s.shape[:2] == (1, 2)
