@@ -75,9 +75,8 @@ class LRULayer(_Baseline):
                 ) -> tuple[torch.Tensor, LayerCache | None]:
         check_layer_input(x, self.d_model, cache)
         u, new_conv = self.conv_input(x, cache)
-        cdt = torch.complex128 if x.dtype == torch.float64 else torch.complex64
         rdt = torch.float64 if x.dtype == torch.float64 else torch.float32
-        lam = torch.exp(torch.complex(-torch.exp(self.nu_log), torch.exp(self.theta_log)).to(cdt))
+        lam = torch.exp(torch.complex(-torch.exp(self.nu_log.to(rdt)), torch.exp(self.theta_log.to(rdt))))
         gamma = torch.sqrt(1 - lam.abs() ** 2)
         Bu = torch.complex(u.to(rdt) @ self.B_re.to(rdt).T, u.to(rdt) @ self.B_im.to(rdt).T) * gamma
         h0 = None if cache is None else cache.state
@@ -136,17 +135,19 @@ class MambaLayer(_Baseline):
             u = F.silu(u)  # Mamba's SiLU after the conv; kept without a conv and in the "shift" control
         r, Bm, Cm = self.x_proj(u).split([self.dt_rank, self.state_dim, self.state_dim], dim=-1)
         dt = F.softplus(self.dt_proj(r) + self.dt_bias)
-        A = -torch.exp(self.A_log.to(u.dtype))
-        h = u.new_zeros(Bsz, u.shape[-1], self.state_dim) if cache is None else cache.state
+        cdt = torch.float64 if x.dtype == torch.float64 else torch.float32  # the scan runs in float32
+        dt, uc, Bm, Cm = (t.to(cdt) for t in (dt, u, Bm, Cm))
+        A = -torch.exp(self.A_log.to(cdt))
+        h = uc.new_zeros(Bsz, u.shape[-1], self.state_dim) if cache is None else cache.state
         ys = []
         for s in range(0, T, self.chunk_size):
             sl = slice(s, s + self.chunk_size)
-            args = (dt[:, sl], u[:, sl], Bm[:, sl], Cm[:, sl], A, h)
+            args = (dt[:, sl], uc[:, sl], Bm[:, sl], Cm[:, sl], A, h)
             if torch.is_grad_enabled() and T > self.chunk_size:
                 y, h = checkpoint(_selective_chunk, *args, use_reentrant=False)
             else:
                 y, h = _selective_chunk(*args)
             ys.append(y)
-        y = (torch.cat(ys, dim=1) + self.D * u) * F.silu(z)
+        y = (torch.cat(ys, dim=1).to(u.dtype) + self.D.to(u.dtype) * u) * F.silu(z)
         offset = 0 if cache is None else cache.offset
         return self.out_proj(y), (LayerCache(new_conv, h, offset + T) if use_cache else None)
