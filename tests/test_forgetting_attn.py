@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from linattn.ops.common.kv_cache import KVCache
+from linattn.ops.common.positions import alibi_slopes
 from linattn.ops.forgetting_attn import forgetting_attn, forgetting_attn_step
 from linattn.ops.softmax_attn import softmax_attn
 from linattn.testing import assert_close, check_backends_agree, grads, log_gate, randn
@@ -75,6 +76,16 @@ def test_zero_gates_equal_softmax_attn(backend):
                                     backend="recurrent", **opts)
         assert_close(o, o_ref, 1e-12, f"{backend} {opts}: g = 0 vs softmax_attn")
         assert_close(s.k, s_ref.k, 1e-12, "cache k")
+
+
+@pytest.mark.parametrize("backend", ["recurrent", "parallel", "chunk"])
+def test_constant_gates_equal_alibi(backend):
+    """FoX is a data-dependent ALiBi: g = -slope_h at every token gives softmax_attn(alibi=True)."""
+    q, k, v, *_ = make(2, 40, 4, 2, 6, 5, 0, seed=8)
+    g = (-alibi_slopes(4)).expand(2, 40, 4).contiguous()
+    o, _ = forgetting_attn(q, k, v, g, backend=backend, chunk_size=16)
+    o_ref, _ = softmax_attn(q, k, v, alibi=True, backend="recurrent")
+    assert_close(o, o_ref, 1e-12, f"{backend}: FoX with g = -slope vs ALiBi")
 
 
 def test_bfloat16_against_float32_recurrent():
