@@ -5,8 +5,8 @@ kappa_t. (softmax over keys s < t) are computed against all keys [0, a + C) at o
 
     U_c = (I + diag(b_c) kappa_cc)^-1 (V_c - diag(b_c) kappa_c,past U_past)
 
-needs only the previous chunks' u's, as one matmul. Then every query block attends over (K, U) with
-SDPA (flash kernel: memory linear in T) and a causal mask that is a view of one shared tensor.
+needs only the previous chunks' u's, as one matmul. Then Q attends over (K, U) with causal SDPA in the
+input dtype (flash / memory-efficient kernels: memory linear in T).
 
 The solve is a :class:`torch.autograd.Function` that saves only U, the kernel rows' log-normalisers
 lse_t and m_t = sum_{s<t} kappa_ts u_s (so u_t = v_t - b_t m_t), and recomputes each chunk's kernel
@@ -89,6 +89,25 @@ class _DeltaValues(torch.autograd.Function):
         return dK, dv, db, dU[:, :, :T0] - later[:, :, :T0], None, None
 
 
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, T0: int, C: int, scale: float) -> torch.Tensor:
+    """Causal SDPA of q [B, H, T, K] (the last T of the P = T0 + T positions) over k, v [B, H, P, *].
+
+    Runs in the input dtype (bf16 inputs: SDPA's flash kernels, float32 accumulation). Without a cache
+    one call with ``is_causal``; with one, query blocks of C with additive causal masks that are views
+    of one shared tensor (a bool mask would be converted to a new float tensor and saved per call).
+    """
+    if T0 == 0:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    T, P = q.shape[2], k.shape[2]
+    masks = ChunkMasks(C, P, device=q.device, dtype=q.dtype)
+    blocks = []
+    for a in range(0, T, C):
+        e = min(a + C, T)
+        blocks.append(F.scaled_dot_product_attention(q[:, :, a:e], k[:, :, :T0 + e], v[:, :, :T0 + e],
+                                                     attn_mask=masks(T0 + e, e - a), scale=scale))
+    return torch.cat(blocks, dim=2)
+
+
 def deltaformer_chunk(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -104,19 +123,10 @@ def deltaformer_chunk(
     dt, in_dtype = compute_dtype(q), q.dtype
     q, k, v, beta = (x.to(dt) for x in (q, k, v, beta))
     k0, u0 = _past(initial_state, k, v.shape[-1], dt)
-    T0, T, C = k0.shape[1], q.shape[1], chunk_size
-    P = T0 + T
+    T0, C = k0.shape[1], chunk_size
     keys = torch.cat([k0, k], dim=1).transpose(1, 2)  # [B, H, P, K]
     qh, vh = q.transpose(1, 2), v.transpose(1, 2)
-    causal = ChunkMasks(C, P, device=q.device, dtype=dt)  # additive float masks: saved as views
     us = _DeltaValues.apply(keys, vh, beta.transpose(1, 2), u0.transpose(1, 2), scale, C)  # [B, H, P, V]
-
-    blocks = []
-    for a in range(0, T, C):
-        e = min(a + C, T)
-        end = T0 + e
-        blocks.append(F.scaled_dot_product_attention(qh[:, :, a:e], keys[:, :, :end], us[:, :, :end],
-                                                     attn_mask=causal(end, e - a), scale=scale))
-    o = torch.cat(blocks, dim=2).transpose(1, 2)
+    o = _attend(qh.to(in_dtype), keys.to(in_dtype), us.to(in_dtype), T0, C, scale).transpose(1, 2)
     state = KVCache(keys.transpose(1, 2), us.transpose(1, 2)) if output_final_state else None
-    return o.to(in_dtype), state
+    return o, state
