@@ -102,11 +102,13 @@ def facets(cells: list[Cell], facet: str | None) -> dict[str, list[Cell]]:
 
 def markdown_table(cells: list[Cell], rows: list[str], cols: str) -> str:
     row_keys, col_keys, table = _pivot(cells, rows, cols)
-    lines = ["| " + " | ".join(rows + col_keys) + " |", "|" + "---|" * (len(rows) + len(col_keys))]
+    head = rows or [""]
+    lines = [f"| {' | '.join(head)} | {cols}: " + " | ".join(col_keys) + " |",
+             "|" + "---|" * (len(head) + len(col_keys))]
     for rk in row_keys:
         vals = [f"{table[rk, ck].mean:.3f} ± {table[rk, ck].std:.3f}" if (rk, ck) in table else "-"
                 for ck in col_keys]
-        lines.append("| " + " | ".join(list(rk) + vals) + " |")
+        lines.append("| " + " | ".join((list(rk) or ["score"]) + vals) + " |")
     return "\n".join(lines)
 
 

@@ -138,7 +138,7 @@ def run_study(study: Study, out_root: str | Path = "runs", *, resume: bool = Fal
     specs = study.runs()
     done = {r["run_id"] for r in load_results(sdir)}
     pending = [s for s in specs if s.run_id not in done]
-    deadline = None if time_budget_s is None else t0 + max(1.0, time_budget_s - 20.0)
+    deadline = None if time_budget_s is None else t0 + max(0.0, time_budget_s - min(20.0, 0.1 * time_budget_s))
     devices = _devices(device)
     cpu_threads = max(1, (os.cpu_count() or 1) // max(1, workers))
     threads = threads or (cpu_threads if device == "cpu" else 2)
