@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from linattn.ops.comba import comba, comba_step
+from linattn.ops.common.matrix_scan import matrix_state_scan
 from linattn.ops.delta_rule import delta_rule, delta_rule_step
 from linattn.ops.gated_delta_product import gated_delta_product, gated_delta_product_step
 from linattn.ops.gated_delta_rule import gated_delta_rule, gated_delta_rule_step
@@ -262,3 +263,20 @@ def test_bad_step_inputs(case):
         case.step(*[x[a] + 2 if a == "beta" else x[a] for a in case.args], xs[-1])
     with pytest.raises(ValueError, match="k_t"):
         case.step(*[x[a][:1] if a == "k" else x[a] for a in case.args], xs[-1])
+
+
+def test_matrix_state_scan_gradcheck():
+    """The hand-written backward of the chunk backends' state recurrence S_{n+1} = M_n S_n + R_n."""
+    gen = torch.Generator().manual_seed(9)
+    M = (0.5 * randn(4, 2, 3, 4, 4, dtype=torch.float64, generator=gen)).requires_grad_()
+    R = randn(4, 2, 3, 4, 3, dtype=torch.float64, generator=gen).requires_grad_()
+    S0 = randn(2, 3, 4, 3, dtype=torch.float64, generator=gen).requires_grad_()
+    assert torch.autograd.gradcheck(matrix_state_scan, (M, R, S0))
+    assert torch.autograd.gradcheck(lambda M, R: matrix_state_scan(M, R, None), (M, R))
+    entering, S = [], S0
+    for n in range(4):
+        entering.append(S)
+        S = M[n] @ S + R[n]
+    got = matrix_state_scan(M, R, S0)
+    assert_close(got[0], torch.stack(entering), 1e-14, "entering states")
+    assert_close(got[1], S, 1e-14, "final state")
