@@ -75,7 +75,7 @@ class PathfinderConfig:
 def pathfinder_config(size: int = 32, difficulty: str = "curv_contour_length_14", **overrides: object
                       ) -> PathfinderConfig:
     """Presets after LRA's generator settings: 32 px (dash 2, gap 1, marker radius 1.5, 20 distractor
-    dashes) and 128 px, Path-X (dash 6, gap 2, thickness 2, marker radius 3, 35 distractor dashes);
+    dashes) and 128 px, Path-X (dash 6, gap 3, thickness 2, marker radius 3, 35 distractor dashes);
     the difficulty sets the contour length (6, 9, 14 dashes), distractors have a third of it."""
     if difficulty not in DIFFICULTIES:
         raise ValueError(f"difficulty must be one of {', '.join(DIFFICULTIES)}; got {difficulty!r}")
@@ -84,7 +84,7 @@ def pathfinder_config(size: int = 32, difficulty: str = "curv_contour_length_14"
     if size == 32:
         cfg = PathfinderConfig(32, n, 2.0, 1.0, 1, 1.5, 30.0, dl, 20 // dl)
     elif size == 128:
-        cfg = PathfinderConfig(128, n, 6.0, 2.0, 2, 3.0, 30.0, dl, 35 // dl, border=2)
+        cfg = PathfinderConfig(128, n, 6.0, 3.0, 2, 3.0, 30.0, dl, 35 // dl, border=2)
     else:
         raise ValueError(f"size must be 32 (Pathfinder) or 128 (Path-X), got {size!r}")
     return replace(cfg, **overrides)
