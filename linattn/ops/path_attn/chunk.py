@@ -40,19 +40,20 @@ def _heads_first(x: torch.Tensor, C: int) -> torch.Tensor:
     return x.permute(0, 3, 1, 2, *range(4, x.dim()))
 
 
-def _segment(lo: int, hi: int, S: torch.Tensor, D: torch.Tensor, V_all: torch.Tensor, Qhat: torch.Tensor,
-             intra: torch.Tensor, Pt: torch.Tensor, Khat: torch.Tensor, total: torch.Tensor, Gl: torch.Tensor,
-             Vc: torch.Tensor, *, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Chunks lo..hi-1 against the carried keys S [B, H, P, K] and log decays D [B, H, P]: their outputs
-    [B, H, hi - lo, C, V] and the carried (S, D) after them."""
+def _segment(S: torch.Tensor, D: torch.Tensor, V_all: torch.Tensor, *chunks: torch.Tensor,
+             scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A run of consecutive chunks against the carried keys S [B, H, P, K] and log decays D [B, H, P]:
+    ``chunks`` holds 7 tensors per chunk (Q^, intra scores, P^T, K^, total and local log decay, V); returns
+    their outputs [B, H, n, C, V] and the carried (S, D) after them."""
     outputs = []
-    for n in range(lo, hi):
+    for i in range(0, len(chunks), 7):
+        Qhat, intra, Pt, Khat, total, Gl, Vc = chunks[i:i + 7]
         P = S.shape[2]
-        past = scale * Qhat[:, :, n] @ S.transpose(-1, -2) + Gl[:, :, n, :, None] + D[:, :, None, :]
-        p = torch.softmax(torch.cat([past, intra[:, :, n]], dim=-1), dim=-1)
-        outputs.append(p[..., :P] @ V_all[:, :, :P] + p[..., P:] @ Vc[:, :, n])
-        S = torch.cat([S @ Pt[:, :, n], Khat[:, :, n]], dim=2)
-        D = torch.cat([D + total[:, :, n, None], total[:, :, n, None] - Gl[:, :, n]], dim=2)
+        past = scale * Qhat @ S.transpose(-1, -2) + Gl[..., :, None] + D[..., None, :]
+        p = torch.softmax(torch.cat([past, intra], dim=-1), dim=-1)
+        outputs.append(p[..., :P] @ V_all[:, :, :P] + p[..., P:] @ Vc)
+        S = torch.cat([S @ Pt, Khat], dim=2)
+        D = torch.cat([D + total[..., None], total[..., None] - Gl], dim=2)
     return torch.stack(outputs, dim=2), S, D
 
 
@@ -99,10 +100,13 @@ def path_attn_chunk(
     V_all = torch.cat([v0.transpose(1, 2), from_chunks(Vc.permute(0, 2, 3, 1, 4), N * C).transpose(1, 2)], dim=2)
     per_chunk = (Qhat, intra, Pt, Khat, total, Gl, Vc)
     train = torch.is_grad_enabled() and any(x.requires_grad for x in (*per_chunk, S, D))
+    # one unbind per tensor (its backward is one stack), not an indexing op per chunk (a full-size
+    # zero tensor per chunk in the backward)
+    chunks = [x for n_chunk in zip(*(x.unbind(2) for x in per_chunk)) for x in n_chunk]
     m = math.isqrt(N - 1) + 1 if train else N  # segments of ~sqrt(N) chunks, recomputed in the backward
     outputs = []
     for lo in range(0, N, m):
-        args = (lo, min(lo + m, N), S, D, V_all, *per_chunk)
+        args = (S, D, V_all, *chunks[7 * lo:7 * min(lo + m, N)])
         o_seg, S, D = checkpoint(_segment, *args, scale=scale, use_reentrant=False) if train else _segment(*args,
                                                                                                        scale=scale)
         outputs.append(o_seg)
