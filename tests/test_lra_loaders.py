@@ -124,3 +124,28 @@ def test_registry():
         get_task("cifar", ".", "train")
     with pytest.raises(TypeError, match="data_dir"):
         get_task("image", 3, "train")
+
+
+def test_vocab_and_dataset_checks():
+    from linattn.data.lra import LISTOPS_VOCAB, LRADataset, Vocab
+
+    assert LISTOPS_VOCAB.encode(["[MAX", "7", "]", "?"]).tolist() == [14, 10, 17, 2]  # "?" is <unk>
+    assert LISTOPS_VOCAB.decode([0, 1, 2, 3]) == ["<pad>", "<mask>", "<unk>", "0"]
+    assert BYTE_VOCAB.encode_values(np.array([0, 255])).tolist() == [3, 258]
+    with pytest.raises(ValueError, match="values for vocabulary 'pixels'"):
+        PIXEL_VOCAB.encode_values(np.array([256]))
+    with pytest.raises(ValueError, match="distinct"):
+        Vocab(["a", "a"], "dup")
+    seqs = [np.array([3, 4], np.int16)]
+    with pytest.raises(ValueError, match="exactly one of seqs or load"):
+        LRADataset("x", "train", BYTE_VOCAB, 2, [0])
+    with pytest.raises(ValueError, match="seqs2 has 2 sequences"):
+        LRADataset("x", "train", BYTE_VOCAB, 2, [0], seqs=seqs, seqs2=seqs * 2)
+    ds = LRADataset("x", "train", BYTE_VOCAB, 2, [1], seqs=seqs)
+    assert ds[0]["input_ids"].dtype == torch.int64 and ds[-1]["label"] == 1
+    with pytest.raises(IndexError):
+        ds[1]
+    with pytest.raises(ValueError, match="second=True"):
+        ds.sequence(0, second=True)
+    with pytest.raises(ValueError, match="max_len"):
+        get_task("text", ".", "train", max_len=0)
