@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
 from linattn.ops.deltaformer import deltaformer, deltaformer_step
 from linattn.ops.forgetting_attn import forgetting_attn, forgetting_attn_step
 from linattn.ops.path_attn import path_attn, path_attn_step
 from linattn.ops.softmax_attn import softmax_attn, softmax_attn_step
 
-from .base import MixerLayer
+from .base import MixerLayer, MixOut, Streams
+from .cache import LayerCache
 from .checks import check_positive_int
 from .delta import l2norm
 from .shortconv import ShortConv
@@ -51,7 +52,7 @@ class SoftmaxAttentionLayer(_GQALayer):
         super().__init__(d_model, n_heads, **kwargs)
         self.rope = None if rope_theta is None else {"theta": float(rope_theta)}
 
-    def mix_inputs(self, x, q, k, v, offset, streams):
+    def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
         return q, k, v, [], {"window_size": self.window_size, "rope": self.rope}
 
 
@@ -72,7 +73,7 @@ class ForgettingAttentionLayer(_GQALayer):
         self.f_proj = nn.Linear(d_model, n_heads, bias=True)
         nn.init.constant_(self.f_proj.bias, 3.0)
 
-    def mix_inputs(self, x, q, k, v, offset, streams):
+    def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
         g = F.logsigmoid(self.f_proj(x)).to(q.dtype)
         return q, k, v, [(g, True)], {"window_size": self.window_size, "rope": self.rope}
 
@@ -93,7 +94,7 @@ class DeltaFormerLayer(MixerLayer):
         super().__init__(d_model, n_heads, **kwargs)
         self.b_proj = nn.Linear(d_model, n_heads, bias=False)
 
-    def mix_inputs(self, x, q, k, v, offset, streams):
+    def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
         return q, k, v, [(torch.sigmoid(self.b_proj(x)).to(q.dtype), True)], {}
 
 
@@ -120,12 +121,12 @@ class PaTHLayer(MixerLayer):
         if self.f_proj is not None:
             nn.init.constant_(self.f_proj.bias, 3.0)
 
-    def streams(self, x, cache):
+    def streams(self, x: Tensor, cache: LayerCache | None) -> tuple[Streams, Streams]:
         out, new_conv = super().streams(x, cache)
         out["w"], new_conv["w"] = self.w_conv(self.w_proj(x), None if cache is None else cache.conv.get("w"))
         return out, new_conv
 
-    def mix_inputs(self, x, q, k, v, offset, streams):
+    def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
         B, T, H, K = q.shape
         w = l2norm(streams["w"].view(B, T, H, K))
         args = [(w, True), ((2 * torch.sigmoid(self.b_proj(x))).to(q.dtype), True)]

@@ -24,6 +24,8 @@ from .checks import check_layer_input, check_short_conv, head_dims
 from .shortconv import CONV_MODES, ShortConv
 
 TokenArgs = list[tuple[torch.Tensor, bool]]  # the op's positional args after v: (tensor, varies over time)
+Streams = dict[str, torch.Tensor]  # projected streams by name ("q", "k", "v", ...), or their conv caches
+MixOut = tuple[torch.Tensor, torch.Tensor, torch.Tensor, TokenArgs, dict[str, Any]]  # q, k, v, args, kwargs
 
 
 class MixerLayer(nn.Module):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from torch import Tensor
+
 from linattn.ops.gla import gla, gla_step
 from linattn.ops.linear_attn import linear_attn, linear_attn_step
 from linattn.ops.retention import retention, retention_step
 
-from .base import MixerLayer
+from .base import MixerLayer, MixOut, Streams
 from .gates import LowRankLogSigmoidGate
 from .rope import apply_rope
 
@@ -31,7 +33,7 @@ class LinearAttentionLayer(MixerLayer):
             raise ValueError(f"feature_map must be one of 'identity', 'elu', 'relu' for the layer; got {feature_map!r}")
         self.feature_map, self.normalize = feature_map, bool(normalize)
 
-    def mix_inputs(self, x, q, k, v, offset, streams):
+    def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
         return q, k, v, [], {"feature_map": self.feature_map, "normalize": self.normalize}
 
 
@@ -55,7 +57,7 @@ class RetNetLayer(MixerLayer):
         super().__init__(d_model, n_heads, head_dim=head_dim, head_dim_v=head_dim_v, **kwargs)
         self.rope = bool(rope)
 
-    def mix_inputs(self, x, q, k, v, offset, streams):
+    def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
         if self.rope:
             q, k = apply_rope(q, offset), apply_rope(k, offset)
         return q, k, v, [], {}
@@ -78,5 +80,5 @@ class GLALayer(MixerLayer):
         super().__init__(d_model, n_heads, **kwargs)
         self.gate = LowRankLogSigmoidGate(d_model, n_heads, self.head_dim, gate_rank, gate_normaliser)
 
-    def mix_inputs(self, x, q, k, v, offset, streams):
+    def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
         return q, k, v, [(self.gate(x).to(q.dtype), True)], {}

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
 from linattn.ops.comba import comba, comba_step
 from linattn.ops.delta_rule import delta_rule, delta_rule_step
 from linattn.ops.gated_delta_rule import gated_delta_rule, gated_delta_rule_step
 from linattn.ops.mesa_net import mesa_net, mesa_net_step
 
-from .base import MixerLayer
+from .base import MixerLayer, MixOut, Streams
 from .gates import MambaDecay
 
 
@@ -46,7 +46,7 @@ class DeltaNetLayer(_BetaLayer):
     op = staticmethod(delta_rule)
     op_step = staticmethod(delta_rule_step)
 
-    def mix_inputs(self, x, q, k, v, offset, streams):
+    def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
         beta = self.beta(x).to(q.dtype)
         return l2norm(q), l2norm(k), v, [(beta, True)], {"allow_neg_eigval": self.allow_neg_eigval}
 
@@ -67,7 +67,7 @@ class GatedDeltaNetLayer(_BetaLayer):
         super().__init__(d_model, n_heads, **kwargs)
         self.decay = MambaDecay(d_model, n_heads)
 
-    def mix_inputs(self, x, q, k, v, offset, streams):
+    def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
         g, _ = self.decay(x)
         args = [(g.to(q.dtype), True), (self.beta(x).to(q.dtype), True)]
         return l2norm(q), l2norm(k), v, args, {"allow_neg_eigval": self.allow_neg_eigval}
@@ -87,7 +87,7 @@ class CombaLayer(GatedDeltaNetLayer):
         super().__init__(d_model, n_heads, **kwargs)
         self.d = nn.Parameter(torch.zeros(n_heads, self.head_dim))
 
-    def mix_inputs(self, x, q, k, v, offset, streams):
+    def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
         q, k, v, gate_args, kw = super().mix_inputs(x, q, k, v, offset, streams)
         p = torch.sigmoid(self.d).to(k.dtype) * k
         return q, k, v, [(p, True), *gate_args], kw
@@ -119,7 +119,7 @@ class MesaNetLayer(MixerLayer):
         lamb0 = float(torch.log(torch.expm1(torch.tensor(0.75))))  # softplus^-1(0.75)
         self.lamb_raw = nn.Parameter(torch.full((n_heads, self.head_dim), lamb0))
 
-    def mix_inputs(self, x, q, k, v, offset, streams):
+    def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
         g = F.logsigmoid(self.a_proj(x)).to(q.dtype)
         beta = torch.sigmoid(self.b_proj(x)).to(q.dtype)
         lamb = (F.softplus(self.lamb_raw) + 0.25).to(q.dtype)

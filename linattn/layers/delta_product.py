@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from linattn.ops.gated_delta_product import gated_delta_product, gated_delta_product_step
 
-from .base import MixerLayer
+from .base import MixerLayer, MixOut, Streams, TokenArgs
 from .checks import check_positive_int
 from .delta import l2norm
 from .gates import MambaDecay
@@ -37,7 +39,7 @@ class GatedDeltaProductLayer(MixerLayer):
         self.b_proj = nn.Linear(d_model, n_heads * num_householder, bias=False)
         self.decay = MambaDecay(d_model, n_heads) if use_gate else None
 
-    def mix_inputs(self, x, q, k, v, offset, streams):
+    def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
         B, T, H, K = q.shape
         n = self.num_householder
         k = l2norm(k.reshape(B, T * n, H, K))
@@ -47,7 +49,8 @@ class GatedDeltaProductLayer(MixerLayer):
         args = [(g, True), (beta.to(q.dtype), True)]
         return l2norm(q), k, v, args, {"allow_neg_eigval": self.allow_neg_eigval}
 
-    def run_op(self, q, k, v, args, kwargs, state, use_cache):
+    def run_op(self, q: Tensor, k: Tensor, v: Tensor, args: TokenArgs, kwargs: dict[str, Any], state: Any,
+               use_cache: bool) -> tuple[Tensor, Any]:
         (g, _), (beta, _) = args
         if state is not None and q.shape[1] == 1:  # one token: its n sub-steps are k, v, beta as they are
             o, state = self.op_step(q[:, 0], k, v, None if g is None else g[:, 0], beta, state=state,

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from linattn.ops.simple_gla import simple_gla, simple_gla_step
 
-from .base import MixerLayer
+from .base import MixerLayer, MixOut, Streams
 from .gates import MambaDecay
 
 
@@ -31,7 +31,7 @@ class Mamba2Layer(MixerLayer):
         self.decay = MambaDecay(d_model, n_heads)
         self.D = nn.Parameter(torch.ones(n_heads))
 
-    def mix_inputs(self, x, q, k, v, offset, streams):
+    def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
         g, dt = self.decay(x)
         return q, k * dt[..., None].to(k.dtype), v, [(g.to(q.dtype), True)], {}
 

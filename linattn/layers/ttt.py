@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from linattn.ops.ttt import MiniBatchState, titans, titans_step, ttt_linear, ttt_linear_step
 
-from .base import MixerLayer
+from .base import MixerLayer, MixOut, Streams, TokenArgs
 from .delta import l2norm
 
 
@@ -27,7 +27,8 @@ class _MiniBatchLayer(MixerLayer):
             raise ValueError(f"mini_batch_size must be a positive int, got {mini_batch_size!r}")
         self.mini_batch_size = mini_batch_size
 
-    def run_op(self, q, k, v, args, kwargs, state, use_cache):
+    def run_op(self, q: Tensor, k: Tensor, v: Tensor, args: TokenArgs, kwargs: dict[str, Any], state: Any,
+               use_cache: bool) -> tuple[Tensor, Any]:
         mbs, T = self.mini_batch_size, q.shape[1]
         count = state.count if isinstance(state, MiniBatchState) else 0
         head = min(T, (mbs - count) % mbs)  # tokens that complete the current mini-batch
@@ -77,7 +78,7 @@ class TTTLinearLayer(_MiniBatchLayer):
             self.ln_weight = nn.Parameter(torch.ones(n_heads, self.head_dim_v))
             self.ln_bias = nn.Parameter(torch.zeros(n_heads, self.head_dim_v))
 
-    def mix_inputs(self, x, q, k, v, offset, streams):
+    def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
         eta = (self.base_lr / self.head_dim) * torch.sigmoid(self.eta_proj(x))
         kw: dict[str, Any] = {"mini_batch_size": self.mini_batch_size, "inner_norm": self.inner_norm}
         if self.inner_norm:
@@ -107,7 +108,7 @@ class TitansLayer(_MiniBatchLayer):
         with torch.no_grad():
             self.gate_proj.bias.view(3, n_heads)[1].fill_(-4.0)
 
-    def mix_inputs(self, x, q, k, v, offset, streams):
+    def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
         theta, alpha, eta = torch.sigmoid(self.gate_proj(x)).to(q.dtype).chunk(3, dim=-1)
         args = [(theta, True), (alpha, True), (eta, True)]
         return l2norm(q), l2norm(k), v, args, {"mini_batch_size": self.mini_batch_size}
