@@ -147,3 +147,13 @@ def test_command_line(tmp_path):
                              num_batches=1, batch_size=5, first_batch=1)
     assert (again / "metadata" / "1.npy").read_text() == (folder / "metadata" / "1.npy").read_text()
     assert np.array_equal(read_png(again / "imgs" / "1" / "sample_3.png"), read_png(folder / "imgs/1/sample_3.png"))
+
+
+def test_dataset_pickles(tmp_path):
+    """DataLoader workers started with spawn / forkserver need a picklable dataset."""
+    import pickle
+
+    write_pathfinder(tmp_path, pathfinder_config(32, "curv_baseline"), "curv_baseline", num_batches=1, batch_size=10)
+    ds = get_task("pathfinder32", tmp_path, "train", difficulty="curv_baseline")
+    again = pickle.loads(pickle.dumps(ds))
+    assert np.array_equal(again[3]["input_ids"].numpy(), ds[3]["input_ids"].numpy())

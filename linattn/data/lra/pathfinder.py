@@ -31,6 +31,20 @@ def _read_grey(path: Path) -> np.ndarray:
         return np.asarray(im.convert("L"), dtype=np.uint8)
 
 
+class ImageTokens:
+    """``ImageTokens(paths, size)(i)``: the pixel tokens of image ``paths[i]`` (a picklable loader, so
+    DataLoader workers can be spawned)."""
+
+    def __init__(self, paths: list[Path], size: int) -> None:
+        self.paths, self.size = paths, size
+
+    def __call__(self, i: int) -> np.ndarray:
+        img = _read_grey(self.paths[i])
+        if img.shape != (self.size, self.size):
+            raise ValueError(f"{self.paths[i]}: expected a {self.size}x{self.size} image, got {list(img.shape)}")
+        return PIXEL_VOCAB.encode_values(img.reshape(-1))
+
+
 def read_metadata(folder: Path) -> list[tuple[Path, int]]:
     """(image path, label) of every line of ``folder/metadata/*.npy``, batches in numeric order."""
     def order(p: Path) -> tuple[int, int, str]:
@@ -65,13 +79,6 @@ def load_pathfinder(data_dir: str | Path, split: str = "train", size: int = 32,
         raise FileNotFoundError(f"LRA task 'pathfinder{size}': no image listed in {folder / 'metadata'}/*.npy")
     lo, hi = SPLIT_FRACTIONS[split]
     items = items[int(round(lo * len(items))): int(round(hi * len(items)))]
-    paths = [p for p, _ in items]
     name = "pathfinder32" if size == 32 else ("pathx" if size == 128 else f"pathfinder{size}")
-
-    def load(i: int) -> np.ndarray:
-        img = _read_grey(paths[i])
-        if img.shape != (size, size):
-            raise ValueError(f"{paths[i]}: expected a {size}x{size} image, got {list(img.shape)}")
-        return PIXEL_VOCAB.encode_values(img.reshape(-1))
-
+    load = ImageTokens([p for p, _ in items], size)
     return LRADataset(name, split, PIXEL_VOCAB, 2, [lab for _, lab in items], load=load)
