@@ -1,6 +1,6 @@
 """Declarative, resumable studies (grid x seeds x lrs) writing runs/<study>/<stamp>/ with a report."""
 
-from linattn.experiments.cli import add_run_arguments, cli_run
+from linattn.experiments.cli import add_run_arguments, cli_list, cli_run
 from linattn.experiments.registry import get_study, list_studies
 from linattn.experiments.report import Cell, aggregate, write_report
 from linattn.experiments.runner import StudyOutcome, run_study
@@ -8,6 +8,6 @@ from linattn.experiments.shortconv import shortconv_study
 from linattn.experiments.study import RunSpec, Study
 
 __all__ = [
-    "add_run_arguments", "cli_run", "get_study", "list_studies", "Cell", "aggregate", "write_report",
+    "add_run_arguments", "cli_list", "cli_run", "get_study", "list_studies", "Cell", "aggregate", "write_report",
     "StudyOutcome", "run_study", "shortconv_study", "RunSpec", "Study",
 ]

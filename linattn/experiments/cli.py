@@ -43,3 +43,15 @@ def cli_run(args: argparse.Namespace) -> int:
         print(f"rerun with --resume to continue {outcome.study_dir}")
         return 3
     return 0
+
+
+def cli_list() -> int:
+    """For ``linattn list``: the named studies (runs per preset) and the synthetic tasks."""
+    from linattn.data import TASKS
+
+    for name in list_studies():
+        sizes = ", ".join(f"{p}: {len(get_study(name, p)[0].runs())} runs" for p in ("smoke", "full"))
+        print(f"study {name:18s} {sizes}")
+    for name, cls in sorted(TASKS.items()):
+        print(f"task  {name:18s} {(cls.__doc__ or '').strip().splitlines()[0]}")
+    return 0
