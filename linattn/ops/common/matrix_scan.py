@@ -22,11 +22,11 @@ class _MatrixScan(torch.autograd.Function):
     @staticmethod
     def forward(ctx, M: torch.Tensor, R: torch.Tensor, S0: torch.Tensor) -> torch.Tensor:
         # M [N, Z, K, K], R [N, Z, K, V], S0 [Z, K, V] -> all states [N + 1, Z, K, V]
-        N = M.shape[0]
-        S = R.new_empty(N + 1, *R.shape[1:])
+        S = R.new_empty(M.shape[0] + 1, *R.shape[1:])
         S[0].copy_(S0)
-        for n in range(N):
-            torch.baddbmm(R[n], M[n], S[n], out=S[n + 1])
+        Ss = S.unbind(0)  # views made once: the loop body is a single kernel launch
+        for M_n, R_n, S_n, S_next in zip(M.unbind(0), R.unbind(0), Ss[:-1], Ss[1:]):
+            torch.baddbmm(R_n, M_n, S_n, out=S_next)
         ctx.save_for_backward(M, S)
         return S
 
@@ -38,9 +38,9 @@ class _MatrixScan(torch.autograd.Function):
         dS = dS.contiguous()
         G = torch.empty_like(dS)  # G[n]: total gradient of state n
         G[N].copy_(dS[N])
-        Mt = M.transpose(-1, -2)
+        Gs, dSs, Mts = G.unbind(0), dS.unbind(0), M.transpose(-1, -2).unbind(0)
         for n in range(N - 1, -1, -1):
-            torch.baddbmm(dS[n], Mt[n], G[n + 1], out=G[n])
+            torch.baddbmm(dSs[n], Mts[n], Gs[n + 1], out=Gs[n])
         dM = G[1:] @ S[:N].transpose(-1, -2) if ctx.needs_input_grad[0] else None
         dR = G[1:] if ctx.needs_input_grad[1] else None
         dS0 = G[0] if ctx.needs_input_grad[2] else None

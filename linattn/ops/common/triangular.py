@@ -22,3 +22,15 @@ def solve_unit_lower(A: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
     strictly lower triangular).
     """
     return torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)
+
+
+def unit_lower_inverse(A: torch.Tensor) -> torch.Tensor:
+    """(I + A)^-1 for ``A`` [..., C, C] (strictly lower triangle read, as in :func:`solve_unit_lower`).
+
+    For many small systems sharing one matrix and a wide right-hand side (the chunk backends), forming
+    the inverse once and applying it with a matmul is faster on GPUs than a triangular solve against
+    the wide right-hand side.
+    """
+    C = A.shape[-1]
+    eye = torch.eye(C, dtype=A.dtype, device=A.device).expand(A.shape)
+    return torch.linalg.solve_triangular(A, eye, upper=False, unitriangular=True)

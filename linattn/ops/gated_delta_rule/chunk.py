@@ -22,7 +22,7 @@ import torch
 from ..common.checks import compute_dtype
 from ..common.chunking import chunk_local_cumsum, from_chunks, to_chunks
 from ..common.matrix_scan import matrix_state_scan
-from ..common.triangular import solve_unit_lower
+from ..common.triangular import unit_lower_inverse
 
 
 def chunks_first(x: torch.Tensor, C: int, dtype: torch.dtype) -> torch.Tensor:
@@ -51,17 +51,17 @@ def gated_delta_chunk(
     q, k, v = (chunks_first(x, C, dt) for x in (q, k, v))
     p = k if p is None else chunks_first(p, C, dt)
     b = chunks_first(beta, C, dt)[..., None]  # [N, B, H, C, 1]
-    if g is None:
-        G = torch.zeros_like(b[..., 0])
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    if g is None:  # no decay: D is the causal mask
+        G, D = torch.zeros_like(b[..., 0]), causal.to(dt)
     else:
         G = chunk_local_cumsum(g.to(dt), C).permute(1, 0, 3, 2)  # [N, B, H, C]
-    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-    D = torch.exp((G[..., :, None] - G[..., None, :]).masked_fill(~causal, float("-inf")))  # [N, B, H, C, C]
+        D = torch.exp((G[..., :, None] - G[..., None, :]).masked_fill(~causal, float("-inf")))  # [N, B, H, C, C]
     gamma = torch.exp(G)[..., None]  # [N, B, H, C, 1]: decay from the chunk start to t
     k_end = k * D[..., -1, :, None]  # k_s times the decay from s to the chunk end
 
-    A = b * (p @ k.transpose(-1, -2)) * D  # the solve reads only its strictly lower triangle
-    U0, W = solve_unit_lower(A, torch.cat([b * v, (b * gamma) * p], dim=-1)).split([V, K], dim=-1)
+    A = b * (p @ k.transpose(-1, -2)) * D  # only its strictly lower triangle is read
+    U0, W = (unit_lower_inverse(A) @ torch.cat([b * v, (b * gamma) * p], dim=-1)).split([V, K], dim=-1)
     eye = torch.eye(K, dtype=dt, device=q.device)
     M = gamma[..., -1:, :] * eye - k_end.transpose(-1, -2) @ W  # [N, B, H, K, K]
     R = k_end.transpose(-1, -2) @ U0  # [N, B, H, K, V]
