@@ -125,10 +125,10 @@ def _state_bwd_kernel(q, g, do, dh, dht, dh0, scale, T, H: tl.constexpr, K: tl.c
 
 
 @triton.jit(do_not_specialize=["T"])
-def _grads_bwd_kernel(q, k, v, g, h, do, dh, dq, dk, dv, scale, T, H: tl.constexpr, K: tl.constexpr,
+def _grads_bwd_kernel(q, k, v, g, h, do, dh, dq, dk, dv, dG, scale, T, H: tl.constexpr, K: tl.constexpr,
                       V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
                       UP: tl.constexpr):
-    """Grid (N, B*H): dq, dk (float32) and dv of one chunk, looping over value blocks."""
+    """Grid (N, B*H): dq, dk, dv of one chunk (looping over value blocks) and dG_t = q_t.dq_t - k_t.dk_t."""
     n, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     N = tl.cdiv(T, C)
@@ -166,8 +166,16 @@ def _grads_bwd_kernel(q, k, v, g, h, do, dh, dq, dk, dv, scale, T, H: tl.constex
     dq_acc = dq_acc * tl.exp(b)[:, None] + mm(dA.to(kc.dtype), kc, PREC, UP)
     dk_acc = dk_acc * tl.exp(b_last - b)[:, None] + mm(tl.trans(dA).to(qc.dtype), qc,
                                                             PREC, UP) * scale
-    tl.store(dq + row[:, None] * K + o_k[None, :], dq_acc * scale, mask=m_ck)
-    tl.store(dk + row[:, None] * K + o_k[None, :], dk_acc, mask=m_ck)
+    dq_acc = dq_acc * scale
+    tl.store(dq + row[:, None] * K + o_k[None, :], dq_acc.to(dq.dtype.element_ty), mask=m_ck)
+    tl.store(dk + row[:, None] * K + o_k[None, :], dk_acc.to(dk.dtype.element_ty), mask=m_ck)
+    dG_t = tl.sum(qc.to(tl.float32) * dq_acc - kc.to(tl.float32) * dk_acc, axis=1)
+    tl.store(dG + row, dG_t, mask=m_t)
+
+
+# Launch settings: fixed per head size (never tuned per sequence length). ``tune_simple_gla`` in
+# linattn/bench/triton_tune.py measures alternatives on a GPU.
+LAUNCH = {"BV": 64, "scan_warps": 4, "out_warps": 4, "grads_BV": 64, "grads_warps": 8}
 
 
 def _state_dtype(x: torch.Tensor) -> torch.dtype:
@@ -179,13 +187,13 @@ def _states(k, v, g, initial_state, C):
     B, T, H, K = k.shape
     V = v.shape[-1]
     N = triton.cdiv(T, C)
-    BK, BV = _block(K), min(64, _block(V))
+    BK, BV = _block(K), min(LAUNCH["BV"], _block(V))
     h = torch.empty(B, H, N, K, V, device=k.device, dtype=_state_dtype(k))
     ht = torch.empty(B, H, K, V, device=k.device, dtype=torch.float32)
     h0 = initial_state if initial_state is not None else ht  # unused pointer when HAS_H0 is False
     _state_fwd_kernel[(triton.cdiv(V, BV), B * H)](
         k, v, g, h, h0, ht, T, H, K, V, C, BK, BV, initial_state is not None, dot_precision(k.dtype),
-        upcast_dots(k.dtype))
+        upcast_dots(k.dtype), num_warps=LAUNCH["scan_warps"])
     return h, ht
 
 
@@ -195,9 +203,10 @@ def simple_gla_triton_forward(q, k, v, g, scale, initial_state, C):
     V = v.shape[-1]
     h, ht = _states(k, v, g, initial_state, C)
     o = torch.empty_like(v)
-    BK, BV = _block(K), min(64, _block(V))
+    BK, BV = _block(K), min(LAUNCH["BV"], _block(V))
     _output_fwd_kernel[(triton.cdiv(V, BV), triton.cdiv(T, C), B * H)](
-        q, k, v, g, h, o, scale, T, H, K, V, C, BK, BV, dot_precision(q.dtype), upcast_dots(q.dtype))
+        q, k, v, g, h, o, scale, T, H, K, V, C, BK, BV, dot_precision(q.dtype), upcast_dots(q.dtype),
+        num_warps=LAUNCH["out_warps"])
     return o, ht
 
 
@@ -206,23 +215,22 @@ def simple_gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht):
     B, T, H, K = q.shape
     V = v.shape[-1]
     N = triton.cdiv(T, C)
-    BK, BV = _block(K), min(64, _block(V))
+    BK, BV = _block(K), min(LAUNCH["BV"], _block(V))
     h, ht = _states(k, v, g, initial_state, C)
     dh = torch.empty_like(h)
     dh0 = torch.empty(B, H, K, V, device=q.device, dtype=torch.float32)
     _state_bwd_kernel[(triton.cdiv(V, BV), B * H)](
         q, g, do, dh, dht if dht is not None else dh0, dh0, scale, T, H, K, V, C, BK, BV, dht is not None,
-        dot_precision(q.dtype), upcast_dots(q.dtype))
-    dq = torch.empty(B, T, H, K, device=q.device, dtype=torch.float32)
-    dk = torch.empty_like(dq)
-    dv = torch.empty_like(v)
-    _grads_bwd_kernel[(N, B * H)](q, k, v, g, h, do, dh, dq, dk, dv, scale, T, H, K, V, C, BK, BV,
-                                  dot_precision(q.dtype), upcast_dots(q.dtype))
-    dG = (q.float() * dq).sum(-1) - (k.float() * dk).sum(-1)  # [B, T, H]
+        dot_precision(q.dtype), upcast_dots(q.dtype), num_warps=LAUNCH["scan_warps"])
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dG = torch.empty(B, T, H, device=q.device, dtype=torch.float32)
+    _grads_bwd_kernel[(N, B * H)](q, k, v, g, h, do, dh, dq, dk, dv, dG, scale, T, H, K, V, C, BK,
+                                  min(LAUNCH["grads_BV"], _block(V)), dot_precision(q.dtype), upcast_dots(q.dtype),
+                                  num_warps=LAUNCH["grads_warps"])
     if dht is not None:
         dG[:, -1] += (dht.float() * ht).sum((-2, -1))
     dg = dG.flip(1).cumsum(1).flip(1)
-    return dq.to(q.dtype), dk.to(k.dtype), dv, dg, dh0
+    return dq, dk, dv, dg, dh0
 
 
 @torch.library.custom_op("linattn::simple_gla_triton_fwd", mutates_args=())
@@ -287,3 +295,6 @@ def simple_gla_triton(
     s0 = None if initial_state is None else initial_state.float().contiguous()
     o, ht = _fwd_op(q, k, v, g, s0, float(scale), chunk_size)
     return o, (ht if output_final_state else None)
+
+
+TRITON_BACKENDS = {"simple_gla": simple_gla_triton}
