@@ -50,3 +50,15 @@ def test_triton_bf16():
 
     check_backends_agree(both, [qb, kb, vb, g, s0], ["q", "k", "v", "g", "initial_state"], ["triton"],
                          tol=5e-3, grad_tol=1e-2, metric="rmse")
+
+
+@pytest.mark.parametrize("op", ["retention", "linear_attn"])
+def test_triton_serves_retention_and_linear_attn(op):
+    from linattn.ops import get_op
+
+    spec = get_op(op)
+    inputs = spec.example_inputs(1, 23, 2, 16, 16, device=DEVICE)
+    names = list(inputs)
+    check_backends_agree(lambda *xs, backend: spec.fn(**dict(zip(names, xs)), output_final_state=True,
+                                                        backend=backend, chunk_size=16),
+                         list(inputs.values()), names, ["triton"], tol=1e-5)

@@ -297,4 +297,12 @@ def simple_gla_triton(
     return o, (ht if output_final_state else None)
 
 
-TRITON_BACKENDS = {"simple_gla": simple_gla_triton}
+def _derived_backends() -> dict:
+    """retention and linear_attn run on simple_gla's implementations (a constant gate; features, g = 0)."""
+    from ..linear_attn.api import _on_simple_gla as linear_attn_on
+    from ..retention.api import _on_simple_gla as retention_on
+
+    return {"retention": retention_on(simple_gla_triton), "linear_attn": linear_attn_on(simple_gla_triton)}
+
+
+TRITON_BACKENDS = {"simple_gla": simple_gla_triton, **_derived_backends()}
