@@ -3,7 +3,8 @@
 The matrix is symmetric positive definite (G_t is a decayed sum of beta_s k_s k_s^T with beta >= 0,
 lambda > 0), so the exact solver is a Cholesky factorisation; the approximate one is conjugate
 gradient started from x = 0 with a fixed number of steps (in exact arithmetic CG with K steps is
-exact). Both are differentiable by autograd (CG by unrolling its steps).
+exact; systems that converge earlier stop moving). Both are differentiable by autograd (CG by
+unrolling its steps).
 """
 
 from __future__ import annotations
@@ -13,26 +14,33 @@ import torch
 SOLVERS = ("exact", "cg")
 
 
-def _safe_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
-    """num / den where den is a normal positive number, 0 elsewhere (a converged CG step); NaN-free
-    in both directions of autograd."""
-    ok = den > torch.finfo(den.dtype).tiny
+def _ratio(num: torch.Tensor, den: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+    """num / den where ``active`` (and den is a normal positive number), 0 elsewhere; NaN-free in both
+    directions of autograd."""
+    ok = active & (den > torch.finfo(den.dtype).tiny)
     return torch.where(ok, num / torch.where(ok, den, torch.ones_like(den)), torch.zeros_like(num))
 
 
 def conjugate_gradient(A: torch.Tensor, b: torch.Tensor, steps: int) -> torch.Tensor:
-    """``steps`` iterations of CG on A x = b from x_0 = 0; A [..., K, K] SPD, b [..., K] -> x [..., K]."""
+    """``steps`` iterations of CG on A x = b from x_0 = 0; A [..., K, K] SPD, b [..., K] -> x [..., K].
+
+    A system whose residual has reached rounding level (||r|| <= 32 eps ||b||) is frozen: its later
+    steps are exactly zero. Without this, the steps taken on rounding noise are harmless forwards
+    but their gradients (through r.r / p.Ap of two noise-sized numbers) amplify the noise.
+    """
+    floor = (b * b).sum(-1) * (32 * torch.finfo(b.dtype).eps) ** 2
     x = torch.zeros_like(b)
     r = b
     p = r
     rr = (r * r).sum(-1)
     for _ in range(steps):
+        active = rr > floor
         Ap = (A @ p[..., None]).squeeze(-1)
-        alpha = _safe_div(rr, (p * Ap).sum(-1))[..., None]
+        alpha = _ratio(rr, (p * Ap).sum(-1), active)[..., None]
         x = x + alpha * p
         r = r - alpha * Ap
         rr_new = (r * r).sum(-1)
-        p = r + _safe_div(rr_new, rr)[..., None] * p
+        p = r + _ratio(rr_new, rr, active & (rr_new > floor))[..., None] * p
         rr = rr_new
     return x
 
