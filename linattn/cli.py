@@ -38,15 +38,45 @@ def _cmd_bench_ops(args: argparse.Namespace) -> int:
     lengths = [int(t) for t in (args.lengths or ("2048,4096,8192,16384,32768,65536" if cuda else "2048")).split(",")]
     impls = (args.impls or ("chunk,triton,fla,sdpa" if cuda else "recurrent,parallel,chunk,sdpa")).split(",")
     ops = (args.ops or "simple_gla,gla,delta_rule,gated_delta_rule").split(",")
-    rows = run_ops_bench(ops, lengths, impls, dtype=dtype, device=torch.device(args.device),
-                         repeats=args.repeats, memory=not args.no_memory, **shape)
     header = (f"device={args.device} dtype={str(dtype).replace('torch.', '')} "
               f"B={shape['B']} H={shape['H']} K={shape['K']} V={shape['V']} torch={torch.__version__}")
-    table = header + "\n\n" + format_table(rows)
-    print(table)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"header": header, "rows": rows_as_dicts(rows)}, f, indent=1)
+    done = []
+
+    def on_row(row) -> None:  # print and save as we go: a long run interrupted keeps what it measured
+        done.append(row)
+        print(f"  {row.op} T={row.T} {row.impl}: fwd {row.fwd_ms} ms, fwd+bwd {row.fwdbwd_ms} ms {row.note}",
+              file=sys.stderr, flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"header": header, "rows": rows_as_dicts(done)}, f, indent=1)
+
+    rows = run_ops_bench(ops, lengths, impls, dtype=dtype, device=torch.device(args.device),
+                         repeats=args.repeats, memory=not args.no_memory, on_row=on_row,
+                         progress=not args.no_progress, **shape)
+    print(header + "\n\n" + format_table(rows))
+    return 0
+
+
+def _cmd_bench_decode(args: argparse.Namespace) -> int:
+    from linattn.models import list_mixers
+    from linattn.models.decode_bench import decode_cost_ratio
+
+    mixers = args.mixers.split(",") if args.mixers else list_mixers()
+    print(f"time per generated token at context {args.long} over {args.short} "
+          f"(device={args.device}, d_model={args.d_model}, {args.layers} layers; recurrent target <= 1.2)")
+    print("| mixer | ms/token short | ms/token long | ratio |\n| --- | ---: | ---: | ---: |")
+    for mixer in mixers:
+        r = decode_cost_ratio(mixer, short_context=args.short, long_context=args.long, new_tokens=args.tokens,
+                              d_model=args.d_model, n_layers=args.layers, device=args.device)
+        short_ms, long_ms = r["ms_per_token_short"], r["ms_per_token_long"]
+        print(f"| {mixer} | {short_ms:.3f} | {long_ms:.3f} | {r['ratio']:.2f} |", flush=True)
+    return 0
+
+
+def _cmd_data(args: argparse.Namespace) -> int:
+    from linattn.data.lra.__main__ import main as lra_main
+
+    lra_main(args.rest)
     return 0
 
 
@@ -67,8 +97,21 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{name}", type=int)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--no-memory", action="store_true", help="skip peak-memory measurement")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--out", help="also write the rows as JSON to this file")
     p.set_defaults(func=_cmd_bench_ops)
+    p = bench.add_parser("decode", help="time per generated token at a long vs a short context")
+    p.add_argument("--mixers", help="comma-separated mixer names (default: every mixer)")
+    p.add_argument("--short", type=int, default=512)
+    p.add_argument("--long", type=int, default=8192)
+    p.add_argument("--tokens", type=int, default=32, help="generated tokens timed per context")
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.set_defaults(func=_cmd_bench_decode)
+    p = sub.add_parser("data", help="generate data sets: `linattn data listops|pathfinder --out DIR ...`")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of python -m linattn.data.lra")
+    p.set_defaults(func=_cmd_data)
     p = sub.add_parser("run", help="run a named study (shortconv, lra)")
     p.add_argument("study")
     p.add_argument("--preset", default="smoke", choices=["smoke", "full"])
