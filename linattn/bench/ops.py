@@ -105,9 +105,10 @@ def bench_op(op: str, T: int, impl: str, *, B: int, H: int, K: int, V: int, dtyp
 def run_ops_bench(ops: list[str], lengths: list[int], impls: list[str], *, B: int, H: int, K: int, V: int,
                   dtype: torch.dtype, device: torch.device, repeats: int = 5, budget_s: float = 30.0,
                   max_recurrent_T: int = 4096, max_parallel_T: int = 8192, memory: bool = True,
-                  progress: bool = True) -> list[BenchRow]:
+                  progress: bool = True, on_row=None) -> list[BenchRow]:
     """Measure every (op, T, impl); the recurrent and parallel forms are skipped above their limits
-    (a Python loop over T tokens, and a T x T matrix)."""
+    (a Python loop over T tokens, and a T x T matrix). ``on_row(row)`` is called as each row is measured,
+    so that a long run loses nothing when it is interrupted."""
     from tqdm import tqdm
 
     jobs = [(op, T, impl) for op in ops for T in lengths for impl in impls]
@@ -128,6 +129,8 @@ def run_ops_bench(ops: list[str], lengths: list[int], impls: list[str], *, B: in
                            budget_s=budget_s, memory=memory)
         if row is not None:
             rows.append(row)
+            if on_row is not None:
+                on_row(row)
     return rows
 
 
