@@ -1,0 +1,436 @@
+"""Triton kernels (forward and backward) for the gated delta rule (and, with no gate, the delta rule).
+
+    S_t = exp(g_t) (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T,        o_t = S_t^T (scale q_t)
+
+Chunkwise in the WY / UT form. Per head, a chunk of C tokens entered with state S (b_t: log gate
+summed from the chunk start to t, so every exponent below is <= 0; gamma_t = e^{b_t};
+D_ts = e^{b_t - b_s} for s <= t; beta_t the step size):
+
+    A_ts = beta_t (k_t . k_s) D_ts  (s < t),   Tm = (I + A)^-1          (unit lower triangular)
+    W = Tm diag(beta gamma) K,   U = Tm diag(beta) V                      (no dependence on S)
+    delta = U - W S                                                       ("new values", [C, V])
+    o = diag(gamma) (scale Q) S + P delta,   P = scale Q K^T ⊙ D ⊙ M     (M: causal, diagonal included)
+    S' = gamma_C S + Khat^T delta,           Khat = diag(e^{b_C - b_s}) K
+
+Backward, with dS' the gradient of the state leaving the chunk and do that of the outputs:
+
+    ddelta = P^T do + Khat dS'
+    dS     = scale (diag(gamma) Q)^T do + gamma_C dS' - W^T ddelta       (reverse scan over chunks)
+    dU = ddelta,  dW = -ddelta S^T,  dTm = dU (diag(beta) V)^T + dW (diag(beta gamma) K)^T,
+    dA = -(Tm^T dTm Tm^T) on the strict lower triangle,
+    and A, W, U, P, Khat, gamma give dq, dk, dv, dbeta and db_t; dg is the reverse cumulative sum of
+    db within each chunk (b_t = sum of g from the chunk start to t).
+
+Kernels: "prepare" (a program per chunk and batch-head: A, Tm by forward substitution over the C rows,
+W, U), the state scan (a program per value block and batch-head, looping over chunks: stores the
+state entering each chunk and delta), the output (simple_gla's output kernel with v = delta), the
+local value gradient P^T do, the reverse scan of state gradients (stores dS' per chunk and ddelta),
+and the per-chunk input gradients. States are recomputed in the backward pass instead of being kept.
+Block shapes depend on the head dims and the chunk size only, never on T (T is not specialised on).
+The whole key dimension is one block (K <= 256 is practical).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..common.triton_utils import block as _block
+from ..common.triton_utils import dot_precision, mm, upcast_dots
+from ..simple_gla.triton import _output_fwd_kernel, _state_dtype
+
+
+@triton.jit
+def _chunk_gate(g, row, m_t, o_c, C: tl.constexpr, USE_G: tl.constexpr):
+    """(b, b_C): the log gate summed from the chunk start to each token, and to the chunk's end."""
+    if USE_G:
+        b = tl.cumsum(tl.load(g + row, mask=m_t, other=0.0).to(tl.float32), axis=0)
+    else:
+        b = tl.zeros([C], dtype=tl.float32)
+    return b, tl.sum(tl.where(o_c == C - 1, b, 0.0), axis=0)
+
+
+@triton.jit
+def _decay(b, o_c, STRICT: tl.constexpr):
+    """D_ts = e^{b_t - b_s} on the causal (STRICT: strictly lower) triangle, 0 above it."""
+    if STRICT:
+        keep = o_c[:, None] > o_c[None, :]
+    else:
+        keep = o_c[:, None] >= o_c[None, :]
+    return tl.where(keep, tl.exp(tl.where(keep, b[:, None] - b[None, :], 0.0)), 0.0)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _prepare_kernel(k, v, beta, g, w, u, tm, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
+                    STORE_T: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+    """Grid (N, B*H): Tm = (I + A)^-1, W = Tm diag(beta gamma) K, U = Tm diag(beta) V of one chunk."""
+    n, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
+    t = n * C + o_c
+    m_t = t < T
+    row = (i_b * T + t) * H + i_h
+    m_ck = m_t[:, None] & (o_k[None, :] < K)
+    b, b_last = _chunk_gate(g, row, m_t, o_c, C, USE_G)
+    bet = tl.load(beta + row, mask=m_t, other=0.0).to(tl.float32)
+    kc = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
+    A = mm(kc, tl.trans(kc), PREC, UP) * _decay(b, o_c, True) * bet[:, None]
+    # forward substitution, row by row: Tm_i = e_i - sum_{j<i} A_ij Tm_j (L holds Tm - I)
+    L = tl.zeros([C, C], dtype=tl.float32)
+    for i in range(1, C):
+        a_i = tl.sum(tl.where(o_c[:, None] == i, A, 0.0), axis=0)
+        L = tl.where(o_c[:, None] == i, (-a_i - tl.sum(a_i[:, None] * L, axis=0))[None, :], L)
+    Tm = L + tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)
+    if STORE_T:
+        tl.store(tm + row[:, None] * C + o_c[None, :], Tm, mask=m_t[:, None])
+    Tq = Tm.to(kc.dtype)
+    kb = (kc.to(tl.float32) * (bet * tl.exp(b))[:, None]).to(kc.dtype)
+    tl.store(w + row[:, None] * K + o_k[None, :], mm(Tq, kb, PREC, UP).to(w.dtype.element_ty), mask=m_ck)
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_cv = m_t[:, None] & (o_v[None, :] < V)
+        vc = tl.load(v + row[:, None] * V + o_v[None, :], mask=m_cv, other=0.0)
+        vb = (vc.to(tl.float32) * bet[:, None]).to(kc.dtype)
+        tl.store(u + row[:, None] * V + o_v[None, :], mm(Tq, vb, PREC, UP).to(u.dtype.element_ty), mask=m_cv)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _state_fwd_kernel(k, w, u, g, h, dlt, h0, ht, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
+                      HAS_H0: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+    """Grid (cdiv(V, BV), B*H): h[b, h, n] = state entering chunk n, delta = U - W S; ht = final state."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    N = tl.cdiv(T, C)
+    o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
+    o_v = i_v * BV + tl.arange(0, BV)
+    kv = o_k[:, None] * V + o_v[None, :]
+    m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_H0:
+        S += tl.load(h0 + i_bh * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
+    for n in range(N):
+        tl.store(h + (i_bh * N + n) * K * V + kv, S.to(h.dtype.element_ty), mask=m_kv)
+        t = n * C + o_c
+        m_t = t < T
+        row = (i_b * T + t) * H + i_h
+        m_cv = m_t[:, None] & (o_v[None, :] < V)
+        b, b_last = _chunk_gate(g, row, m_t, o_c, C, USE_G)
+        wc = tl.load(w + row[:, None] * K + o_k[None, :], mask=m_t[:, None] & (o_k[None, :] < K), other=0.0)
+        uc = tl.load(u + row[:, None] * V + o_v[None, :], mask=m_cv, other=0.0)
+        kt = tl.load(k + row[None, :] * K + o_k[:, None], mask=(o_k[:, None] < K) & m_t[None, :], other=0.0)
+        d = uc.to(tl.float32) - mm(wc, S.to(wc.dtype), PREC, UP)
+        tl.store(dlt + row[:, None] * V + o_v[None, :], d.to(dlt.dtype.element_ty), mask=m_cv)
+        dw = (d * tl.exp(b_last - b)[:, None]).to(kt.dtype)
+        S = S * tl.exp(b_last) + mm(kt, dw, PREC, UP)
+    tl.store(ht + i_bh * K * V + kv, S, mask=m_kv)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _dv_local_kernel(q, k, g, do, dd, scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
+                     PREC: tl.constexpr, UP: tl.constexpr):
+    """Grid (cdiv(V, BV), N, B*H): dd = P^T do, the in-chunk part of the gradient of delta."""
+    i_v, n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
+    o_v = i_v * BV + tl.arange(0, BV)
+    t = n * C + o_c
+    m_t = t < T
+    row = (i_b * T + t) * H + i_h
+    m_ck = m_t[:, None] & (o_k[None, :] < K)
+    m_cv = m_t[:, None] & (o_v[None, :] < V)
+    b, b_last = _chunk_gate(g, row, m_t, o_c, C, USE_G)
+    qc = tl.load(q + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
+    kc = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
+    doc = tl.load(do + row[:, None] * V + o_v[None, :], mask=m_cv, other=0.0)
+    Pt = mm(kc, tl.trans(qc), PREC, UP) * tl.trans(_decay(b, o_c, False)) * scale  # P^T [s, t]
+    tl.store(dd + row[:, None] * V + o_v[None, :], mm(Pt.to(doc.dtype), doc, PREC, UP).to(dd.dtype.element_ty),
+             mask=m_cv)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _state_bwd_kernel(q, k, w, g, do, dd, dh, dht, dh0, scale, T, H: tl.constexpr, K: tl.constexpr,
+                      V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
+                      HAS_DHT: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+    """Grid (cdiv(V, BV), B*H): dh[b, h, n] = gradient of the state leaving chunk n, dd += Khat dh (= ddelta);
+    dh0 = gradient of the initial state."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    N = tl.cdiv(T, C)
+    o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
+    o_v = i_v * BV + tl.arange(0, BV)
+    kv = o_k[:, None] * V + o_v[None, :]
+    m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
+    dS = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_DHT:
+        dS += tl.load(dht + i_bh * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
+    for i in range(N):
+        n = N - 1 - i
+        tl.store(dh + (i_bh * N + n) * K * V + kv, dS.to(dh.dtype.element_ty), mask=m_kv)
+        t = n * C + o_c
+        m_t = t < T
+        row = (i_b * T + t) * H + i_h
+        m_ck = m_t[:, None] & (o_k[None, :] < K)
+        m_kc = (o_k[:, None] < K) & m_t[None, :]
+        m_cv = m_t[:, None] & (o_v[None, :] < V)
+        b, b_last = _chunk_gate(g, row, m_t, o_c, C, USE_G)
+        kc = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
+        qt = tl.load(q + row[None, :] * K + o_k[:, None], mask=m_kc, other=0.0)
+        wt = tl.load(w + row[None, :] * K + o_k[:, None], mask=m_kc, other=0.0)
+        doc = tl.load(do + row[:, None] * V + o_v[None, :], mask=m_cv, other=0.0)
+        ddl = tl.load(dd + row[:, None] * V + o_v[None, :], mask=m_cv, other=0.0).to(tl.float32)
+        khat = (kc.to(tl.float32) * tl.exp(b_last - b)[:, None]).to(kc.dtype)
+        ddl += mm(khat, dS.to(kc.dtype), PREC, UP)
+        tl.store(dd + row[:, None] * V + o_v[None, :], ddl.to(dd.dtype.element_ty), mask=m_cv)
+        q_dec = (qt.to(tl.float32) * (scale * tl.exp(b))[None, :]).to(doc.dtype)
+        dS = dS * tl.exp(b_last) + mm(q_dec, doc, PREC, UP) - mm(wt, ddl.to(wt.dtype), PREC, UP)
+    tl.store(dh0 + i_bh * K * V + kv, dS, mask=m_kv)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _grads_kernel(q, k, v, beta, g, tm, h, dlt, dd, do, dh, dq, dk, dv, dbeta, dg, scale, T, H: tl.constexpr,
+                  K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                  USE_G: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+    """Grid (N, B*H): dq, dk, dv, dbeta, dg of one chunk (looping over value blocks)."""
+    n, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    N = tl.cdiv(T, C)
+    o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
+    t = n * C + o_c
+    m_t = t < T
+    row = (i_b * T + t) * H + i_h
+    m_ck = m_t[:, None] & (o_k[None, :] < K)
+    b, b_last = _chunk_gate(g, row, m_t, o_c, C, USE_G)
+    gam = tl.exp(b)
+    bet = tl.load(beta + row, mask=m_t, other=0.0).to(tl.float32)
+    qc = tl.load(q + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
+    kc = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
+    Tm = tl.load(tm + row[:, None] * C + o_c[None, :], mask=m_t[:, None], other=0.0)
+    Tq = Tm.to(kc.dtype)
+    dPr = tl.zeros([C, C], dtype=tl.float32)  # do delta^T
+    dTm = tl.zeros([C, C], dtype=tl.float32)
+    dq_acc = tl.zeros([C, BK], dtype=tl.float32)  # do S^T
+    dkh = tl.zeros([C, BK], dtype=tl.float32)  # delta dS'^T (gradient of Khat)
+    dW = tl.zeros([C, BK], dtype=tl.float32)  # -ddelta S^T
+    dbet = tl.zeros([C], dtype=tl.float32)
+    sds = tl.zeros([BK], dtype=tl.float32)  # <S, dS'> by key row
+    base = (i_bh * N + n) * K * V
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_cv = m_t[:, None] & (o_v[None, :] < V)
+        m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
+        cv = row[:, None] * V + o_v[None, :]
+        vc = tl.load(v + cv, mask=m_cv, other=0.0)
+        doc = tl.load(do + cv, mask=m_cv, other=0.0)
+        dl = tl.load(dlt + cv, mask=m_cv, other=0.0)
+        ddl = tl.load(dd + cv, mask=m_cv, other=0.0)
+        S = tl.load(h + base + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
+        dS = tl.load(dh + base + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
+        St = tl.trans(S)
+        dPr += mm(doc, tl.trans(dl.to(doc.dtype)), PREC, UP)
+        dq_acc += mm(doc.to(S.dtype), St, PREC, UP)
+        dkh += mm(dl.to(dS.dtype), tl.trans(dS), PREC, UP)
+        dW -= mm(ddl.to(S.dtype), St, PREC, UP)
+        vb = (vc.to(tl.float32) * bet[:, None]).to(vc.dtype)
+        dTm += mm(ddl.to(vc.dtype), tl.trans(vb), PREC, UP)
+        TdU = mm(tl.trans(Tq), ddl.to(Tq.dtype), PREC, UP)
+        tl.store(dv + cv, (TdU * bet[:, None]).to(dv.dtype.element_ty), mask=m_cv)
+        dbet += tl.sum(vc.to(tl.float32) * TdU, axis=1)
+        sds += tl.sum(S.to(tl.float32) * dS.to(tl.float32), axis=1)
+    kf, qf = kc.to(tl.float32), qc.to(tl.float32)
+    is_last = o_c == C - 1
+    # o = diag(gamma) (scale Q) S + P delta
+    dqv = dq_acc * (scale * gam)[:, None]
+    db = tl.sum(qf * dqv, axis=1)
+    dPD = dPr * _decay(b, o_c, False) * scale
+    dqv += mm(dPD.to(kc.dtype), kc, PREC, UP)
+    dkv = mm(tl.trans(dPD).to(qc.dtype), qc, PREC, UP)
+    PP = dPD * mm(qc, tl.trans(kc), PREC, UP)
+    db += tl.sum(PP, axis=1) - tl.sum(PP, axis=0)
+    # S' = gamma_C S + Khat^T delta
+    cc = tl.exp(b_last - b)
+    dkv += dkh * cc[:, None]
+    x = cc * tl.sum(kf * dkh, axis=1)
+    db += tl.where(is_last, tl.sum(x, axis=0) + tl.exp(b_last) * tl.sum(sds, axis=0), 0.0) - x
+    # W = Tm diag(beta gamma) K and U = Tm diag(beta) V
+    kbg = (kf * (bet * gam)[:, None]).to(kc.dtype)
+    dTm += mm(dW.to(kc.dtype), tl.trans(kbg), PREC, UP)
+    TdW = mm(tl.trans(Tq), dW.to(Tq.dtype), PREC, UP)
+    dkv += TdW * (bet * gam)[:, None]
+    y = gam * tl.sum(kf * TdW, axis=1)
+    dbet += y
+    db += bet * y
+    # Tm = (I + A)^-1 with A_ts = beta_t (k_t . k_s) D_ts (s < t)
+    dA = -mm(mm(tl.trans(Tm), dTm, PREC, False), tl.trans(Tm), PREC, False)
+    dAD = dA * _decay(b, o_c, True)
+    KK = mm(kc, tl.trans(kc), PREC, UP)
+    dkv += mm((dAD * bet[:, None]).to(kc.dtype), kc, PREC, UP)
+    dkv += mm(tl.trans(dAD).to(kc.dtype), (kf * bet[:, None]).to(kc.dtype), PREC, UP)
+    dAK = dAD * KK
+    dbet += tl.sum(dAK, axis=1)
+    AA = dAK * bet[:, None]
+    db += tl.sum(AA, axis=1) - tl.sum(AA, axis=0)
+    tl.store(dq + row[:, None] * K + o_k[None, :], dqv.to(dq.dtype.element_ty), mask=m_ck)
+    tl.store(dk + row[:, None] * K + o_k[None, :], dkv.to(dk.dtype.element_ty), mask=m_ck)
+    tl.store(dbeta + row, dbet, mask=m_t)
+    if USE_G:
+        tl.store(dg + row, tl.cumsum(db, axis=0, reverse=True), mask=m_t)
+
+
+# Launch settings: fixed per head size (never tuned per sequence length).
+LAUNCH = {"prep_BV": 64, "prep_warps": 4, "scan_BV": 32, "scan_warps": 4, "out_BV": 64, "out_warps": 4,
+          "dv_BV": 64, "dv_warps": 4, "grads_BV": 64, "grads_warps": 8}
+
+
+def _launch_args(x: torch.Tensor) -> tuple[str, bool]:
+    return dot_precision(x.dtype), upcast_dots(x.dtype)
+
+
+def _prepare(k, v, beta, g, C, store_t):
+    """W [B, T, H, K], U [B, T, H, V] (input dtype) and, if ``store_t``, Tm [B, T, H, C] float32."""
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    w, u = torch.empty_like(k), torch.empty_like(v)
+    tm = torch.empty(B, T, H, C, device=k.device, dtype=torch.float32) if store_t else w
+    _prepare_kernel[(triton.cdiv(T, C), B * H)](
+        k, v, beta, w if g is None else g, w, u, tm, T, H, K, V, C, _block(K), min(LAUNCH["prep_BV"], _block(V)),
+        g is not None, store_t, *_launch_args(k), num_warps=LAUNCH["prep_warps"])
+    return w, u, (tm if store_t else None)
+
+
+def _states(k, w, u, g, initial_state, C):
+    """(h [B, H, N, K, V]: states entering the chunks, delta [B, T, H, V], final state float32)."""
+    B, T, H, K = k.shape
+    V = u.shape[-1]
+    N = triton.cdiv(T, C)
+    h = torch.empty(B, H, N, K, V, device=k.device, dtype=_state_dtype(k))
+    dlt = torch.empty_like(u)
+    ht = torch.empty(B, H, K, V, device=k.device, dtype=torch.float32)
+    BV = min(LAUNCH["scan_BV"], _block(V))
+    _state_fwd_kernel[(triton.cdiv(V, BV), B * H)](
+        k, w, u, ht if g is None else g, h, dlt, ht if initial_state is None else initial_state, ht, T, H, K, V, C,
+        _block(K), BV, g is not None, initial_state is not None, *_launch_args(k), num_warps=LAUNCH["scan_warps"])
+    return h, dlt, ht
+
+
+def _output(q, k, dlt, g, h, scale, C):
+    B, T, H, K = q.shape
+    V = dlt.shape[-1]
+    g = torch.zeros(B, T, H, device=q.device, dtype=torch.float32) if g is None else g
+    o = torch.empty_like(dlt)
+    BV = min(LAUNCH["out_BV"], _block(V))
+    _output_fwd_kernel[(triton.cdiv(V, BV), triton.cdiv(T, C), B * H)](
+        q, k, dlt, g, h, o, scale, T, H, K, V, C, _block(K), BV, *_launch_args(q), num_warps=LAUNCH["out_warps"])
+    return o
+
+
+def gated_delta_triton_forward(q, k, v, g, beta, scale, initial_state, C):
+    """Forward pass: (o, final state float32). Inputs contiguous [B, T, H, *]; g (or None), beta float32 [B, T, H]."""
+    w, u, _ = _prepare(k, v, beta, g, C, store_t=False)
+    h, dlt, ht = _states(k, w, u, g, initial_state, C)
+    return _output(q, k, dlt, g, h, scale, C), ht
+
+
+def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, dht):
+    """Backward pass: (dq, dk, dv, dg (zeros when g is None), dbeta, d_initial_state)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    N = triton.cdiv(T, C)
+    BK = _block(K)
+    gp = beta if g is None else g  # pointer placeholder when there is no gate
+    w, u, tm = _prepare(k, v, beta, g, C, store_t=True)
+    h, dlt, _ = _states(k, w, u, g, initial_state, C)
+    dd = torch.empty_like(dlt)
+    BV = min(LAUNCH["dv_BV"], _block(V))
+    _dv_local_kernel[(triton.cdiv(V, BV), N, B * H)](q, k, gp, do, dd, scale, T, H, K, V, C, BK, BV, g is not None,
+                                                     *_launch_args(q), num_warps=LAUNCH["dv_warps"])
+    dh = torch.empty_like(h)
+    dh0 = torch.empty(B, H, K, V, device=q.device, dtype=torch.float32)
+    BV = min(LAUNCH["scan_BV"], _block(V))
+    _state_bwd_kernel[(triton.cdiv(V, BV), B * H)](
+        q, k, w, gp, do, dd, dh, dh0 if dht is None else dht, dh0, scale, T, H, K, V, C, BK, BV, g is not None,
+        dht is not None, *_launch_args(q), num_warps=LAUNCH["scan_warps"])
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dbeta = torch.empty_like(beta)
+    dg = torch.zeros_like(beta) if g is None else torch.empty_like(g)
+    _grads_kernel[(N, B * H)](q, k, v, beta, gp, tm, h, dlt, dd, do, dh, dq, dk, dv, dbeta, dg, scale, T, H, K, V,
+                              C, BK, min(LAUNCH["grads_BV"], _block(V)), g is not None, *_launch_args(q),
+                              num_warps=LAUNCH["grads_warps"])
+    return dq, dk, dv, dg, dbeta, dh0
+
+
+@torch.library.custom_op("linattn::gated_delta_rule_triton_fwd", mutates_args=())
+def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, beta: torch.Tensor,
+            initial_state: torch.Tensor | None, scale: float, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return gated_delta_triton_forward(q, k, v, g, beta, scale, initial_state, chunk_size)
+
+
+@_fwd_op.register_fake
+def _(q, k, v, g, beta, initial_state, scale, chunk_size):
+    B, T, H, K = q.shape
+    return torch.empty_like(v), q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("linattn::gated_delta_rule_triton_bwd", mutates_args=())
+def _bwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, beta: torch.Tensor,
+            initial_state: torch.Tensor | None, scale: float, chunk_size: int, do: torch.Tensor,
+            dht: torch.Tensor | None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, chunk_size, do, dht)
+
+
+@_bwd_op.register_fake
+def _(q, k, v, g, beta, initial_state, scale, chunk_size, do, dht):
+    B, T, H, K = q.shape
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(beta),
+            torch.empty_like(beta), q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, g, beta, initial_state, scale, chunk_size = inputs
+    ctx.save_for_backward(q, k, v, g, beta, initial_state)
+    ctx.scale, ctx.chunk_size = scale, chunk_size
+
+
+def _backward(ctx, do, dht):
+    q, k, v, g, beta, initial_state = ctx.saved_tensors
+    dq, dk, dv, dg, dbeta, dh0 = _bwd_op(q, k, v, g, beta, initial_state, ctx.scale, ctx.chunk_size,
+                                         do.contiguous(), None if dht is None else dht.contiguous())
+    return (dq, dk, dv, (dg if g is not None else None), dbeta, (dh0 if initial_state is not None else None),
+            None, None)
+
+
+_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def gated_delta_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None,
+    beta: torch.Tensor,
+    *,
+    scale: float,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The ``backend="triton"`` implementation (inputs validated by ``gated_delta_rule``; g None: no decay).
+
+    S_t = exp(g_t) (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T,  o_t = S_t^T (scale q_t).
+    """
+    if chunk_size not in (16, 32, 64):
+        raise ValueError(f"chunk_size must be 16, 32 or 64 for backend='triton', got {chunk_size}")
+    dtype = q.dtype if q.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
+    q, k, v = (x.to(dtype).contiguous() for x in (q, k, v))
+    g = None if g is None else g.float().contiguous()
+    beta = beta.float().contiguous()
+    s0 = None if initial_state is None else initial_state.float().contiguous()
+    o, ht = _fwd_op(q, k, v, g, beta, s0, float(scale), chunk_size)
+    return o, (ht if output_final_state else None)
+
+
+TRITON_BACKENDS = {"gated_delta_rule": gated_delta_triton}
