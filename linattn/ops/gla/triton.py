@@ -1,0 +1,468 @@
+"""Triton kernels (forward and backward) for gated linear attention (a decay per key channel).
+
+    S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T,        o_t = S_t^T (scale q_t),      g_t in R^K, g <= 0
+
+Forward, chunkwise. b_t in R^K is the cumulative log gate restarted at each chunk (b <= 0), L = b of
+the chunk's last token, S the state entering the chunk, q~ = scale q:
+
+    o_t  = (q~_t ⊙ e^{b_t})^T S + sum_{s<=t} A_ts v_s,       A_ts = sum_k q~_tk k_sk e^{b_tk - b_sk}
+    S'   = e^{L} ⊙ S + sum_s (k_s ⊙ e^{L - b_s}) v_s^T          (e^{L} ⊙ S scales row k by e^{L_k})
+
+Intra-chunk scores, stable for any gate: e^{b_t - b_s} cannot be split as e^{b_t} e^{-b_s} (e^{-b_s}
+overflows at strong decay). Each chunk is cut into sub-chunks of 16 tokens; with r the last token
+before sub-chunk i (b_r = 0 for i = 0), for t in sub-chunk i and s <= r
+
+    e^{b_t - b_s} = e^{b_t - b_r} e^{b_r - b_s},
+
+two factors <= 1, so a row block of A is one matmul (q~_t e^{b_t - b_r}) (k_s e^{b_r - b_s})^T. The
+16 x 16 diagonal blocks (s, t in the same sub-chunk) are summed explicitly over the key channels with
+e^{b_t - b_s}, s <= t. Every exponent in every kernel is <= 0 (masked entries are replaced before
+exp), so g = -20 and any T are safe.
+
+Backward. dH: gradient of the state leaving the chunk; dA_ts = do_t . v_s for s <= t (0 above):
+
+    dS     = e^{L} ⊙ dH + sum_t (q~_t ⊙ e^{b_t}) do_t^T                        (state scan, reversed)
+    dv_s   = sum_{t>=s} A_ts do_t + dH^T (k_s ⊙ e^{L - b_s})
+    dq_t   = scale [ e^{b_t} ⊙ (S do_t) + sum_{s<=t} dA_ts k_s ⊙ e^{b_t - b_s} ]
+    dk_s   = e^{L - b_s} ⊙ (dH v_s) + sum_{t>=s} dA_ts q~_t ⊙ e^{b_t - b_s}
+
+(the intra sums use the same sub-chunk split: for dk, with r the last token of the key's sub-chunk
+and t > r, e^{b_t - b_s} = e^{b_t - b_r} e^{b_r - b_s}).
+
+Gate gradient. The chunk's outputs and S' depend on g only through b (g of a chunk moves only that
+chunk's b), and b_t = sum_{u<=t} g_u, so dg_t = sum_{u>=t in chunk} db_u. Differentiating the forward
+equations channel by channel: every term e^{b_tk - b_sk} q_tk k_sk (and e^{b_tk} q_tk S_k.) contributes
+its own value times +1 to db_t and -1 to db_s, and those values are exactly the summands of q_tk dq_tk
+and k_sk dk_sk. The chunk end L = b_{C} appears in e^{L} ⊙ S and e^{L - b_s}; hence
+
+    db_t = q_t ⊙ dq_t - k_t ⊙ dk_t   (+ dL at the chunk's last token),
+    dL   = e^{L} ⊙ rowsum(S ⊙ dH) + sum_s k_s ⊙ dk_s^inter,   dk_s^inter = e^{L - b_s} ⊙ (dH v_s),
+
+and dg is the reverse cumulative sum of db inside every chunk (the padded tail of the last chunk has
+g = 0, so its b equals the last real token's and dL may sit on any row at or after it).
+
+Kernels: chunk-local cumsum b (once); the state scan (a program per key block, value block and
+batch-head, looping over chunks); the intra-chunk scores A (a program per sub-chunk, chunk and
+batch-head); the output (a program per value block, chunk and batch-head); the reverse scan of state
+gradients; the inter-chunk gradients (dv, dA, the inter parts of dq and dk, dL; a program per chunk
+and batch-head, looping over value blocks); the intra-chunk gradients (dq, dk and dg; a program per
+chunk and batch-head, looping over its sub-chunks backwards). States and A are recomputed in the
+backward pass instead of being kept. Block shapes depend on the head dims and the chunk size only,
+never on T (T is not specialised on).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..common.triton_utils import block as _block
+from ..common.triton_utils import dot_precision, mm, upcast_dots
+
+SUB = 16  # sub-chunk length of the intra-chunk scores
+
+
+@triton.jit
+def _rows(i_b, i_h, t, T, H: tl.constexpr):
+    """Flat row index of tokens t of batch i_b, head i_h in a [B, T, H, *] tensor, and t < T."""
+    return (i_b * T + t) * H + i_h, t < T
+
+
+@triton.jit
+def _load_b(b, i_b, i_h, t, T, H: tl.constexpr, K: tl.constexpr, o_k):
+    """Cumulative gates [len(t), BK] of tokens t; rows past T read token T - 1, which is the true value
+    of the padded tail (its g is 0), so every decay difference stays <= 0."""
+    r = (i_b * T + tl.minimum(t, T - 1)) * H + i_h
+    return tl.load(b + r[:, None] * K + o_k[None, :], mask=o_k[None, :] < K, other=0.0)
+
+
+@triton.jit
+def _load_b1(b, i_b, i_h, t, T, H: tl.constexpr, K: tl.constexpr, o_k):
+    """Cumulative gates [BK] of the one token t (clamped to T - 1 like :func:`_load_b`)."""
+    r = (i_b * T + tl.minimum(t, T - 1)) * H + i_h
+    return tl.load(b + r * K + o_k, mask=o_k < K, other=0.0)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _cumsum_kernel(g, b, T, H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr):
+    """Grid (N, B*H): b = cumulative sum of g (float32) restarted at every chunk."""
+    n, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k = tl.arange(0, BK)
+    row, m_t = _rows(i_b, i_h, n * C + tl.arange(0, C), T, H)
+    ptr = row[:, None] * K + o_k[None, :]
+    m = m_t[:, None] & (o_k[None, :] < K)
+    tl.store(b + ptr, tl.cumsum(tl.load(g + ptr, mask=m, other=0.0).to(tl.float32), axis=0), mask=m)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _state_fwd_kernel(k, v, b, h, h0, ht, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
+                      BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, PREC: tl.constexpr,
+                      UP: tl.constexpr):
+    """Grid (cdiv(V, BV), cdiv(K, BK), B*H): h[b, h, n] = state entering chunk n; ht = the final state."""
+    i_v, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    N = tl.cdiv(T, C)
+    o_c = tl.arange(0, C)
+    o_k, o_v = i_k * BK + tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
+    kv = o_k[:, None] * V + o_v[None, :]
+    m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_H0:
+        S += tl.load(h0 + i_bh * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
+    for n in range(N):
+        tl.store(h + (i_bh * N + n) * K * V + kv, S.to(h.dtype.element_ty), mask=m_kv)
+        t = n * C + o_c
+        row, m_t = _rows(i_b, i_h, t, T, H)
+        bc = _load_b(b, i_b, i_h, t, T, H, K, o_k)
+        bL = _load_b1(b, i_b, i_h, n * C + C - 1, T, H, K, o_k)
+        kc = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_t[:, None] & (o_k[None, :] < K), other=0.0)
+        vc = tl.load(v + row[:, None] * V + o_v[None, :], mask=m_t[:, None] & (o_v[None, :] < V), other=0.0)
+        kw = (kc.to(tl.float32) * tl.exp(bL[None, :] - bc)).to(vc.dtype)
+        S = S * tl.exp(bL)[:, None] + mm(tl.trans(kw), vc, PREC, UP)
+    tl.store(ht + i_bh * K * V + kv, S, mask=m_kv)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _scores_kernel(q, k, b, A, scale, T, H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+                   SUBC: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+    """Grid (C // SUBC, N, B*H): rows of sub-chunk i of A[t, s] (s, t in one chunk, 0 for s > t)."""
+    i, n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k, o_c, o_C = tl.arange(0, BK), tl.arange(0, SUBC), tl.arange(0, C)
+    m_k = o_k < K
+    start = n * C + i * SUBC
+    row_i, m_i = _rows(i_b, i_h, start + o_c, T, H)
+    qi = tl.load(q + row_i[:, None] * K + o_k[None, :], mask=m_i[:, None] & m_k[None, :], other=0.0)
+    bi = _load_b(b, i_b, i_h, start + o_c, T, H, K, o_k)
+    # earlier sub-chunks: both factors decayed to r, the token before sub-chunk i
+    br = tl.where(start > n * C, _load_b1(b, i_b, i_h, tl.maximum(start - 1, 0), T, H, K, o_k), 0.0)
+    row_a, m_a = _rows(i_b, i_h, n * C + o_C, T, H)
+    m_s = (o_C < i * SUBC) & m_a
+    ka = tl.load(k + row_a[:, None] * K + o_k[None, :], mask=m_s[:, None] & m_k[None, :], other=0.0)
+    ba = _load_b(b, i_b, i_h, n * C + o_C, T, H, K, o_k)
+    kf = ka.to(tl.float32) * tl.exp(tl.where(m_s[:, None], br[None, :] - ba, 0.0))
+    qf = qi.to(tl.float32) * tl.exp(bi - br[None, :])
+    acc = mm(qf.to(qi.dtype), tl.trans(kf.to(ka.dtype)), PREC, UP)  # [SUBC, C]
+    # the diagonal block, one key at a time: sum_k q_tk k_sk e^{b_tk - b_sk}, s <= t
+    for j in range(SUBC):
+        row_s, m_sj = _rows(i_b, i_h, start + j, T, H)
+        ks = tl.load(k + row_s * K + o_k, mask=m_k & m_sj, other=0.0).to(tl.float32)
+        bs = _load_b1(b, i_b, i_h, start + j, T, H, K, o_k)
+        causal = (o_c >= j)[:, None]
+        e = tl.where(causal, tl.exp(tl.where(causal, bi - bs[None, :], 0.0)), 0.0)
+        col = tl.sum(qi.to(tl.float32) * ks[None, :] * e, axis=1)
+        acc += tl.where(o_C[None, :] == i * SUBC + j, col[:, None], 0.0)
+    tl.store(A + row_i[:, None] * C + o_C[None, :], acc * scale, mask=m_i[:, None])
+
+
+@triton.jit(do_not_specialize=["T"])
+def _output_kernel(q, v, b, h, A, o, scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
+                   BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+    """Grid (cdiv(V, BV), N, B*H): o = (q~ ⊙ e^b) S + A v for one chunk and value block."""
+    i_v, n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    N = tl.cdiv(T, C)
+    o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
+    o_v = i_v * BV + tl.arange(0, BV)
+    t = n * C + o_c
+    row, m_t = _rows(i_b, i_h, t, T, H)
+    m_cv = m_t[:, None] & (o_v[None, :] < V)
+    qc = tl.load(q + row[:, None] * K + o_k[None, :], mask=m_t[:, None] & (o_k[None, :] < K), other=0.0)
+    bc = _load_b(b, i_b, i_h, t, T, H, K, o_k)
+    S = tl.load(h + (i_bh * N + n) * K * V + o_k[:, None] * V + o_v[None, :],
+                mask=(o_k[:, None] < K) & (o_v[None, :] < V), other=0.0)
+    Ac = tl.load(A + row[:, None] * C + o_c[None, :], mask=m_t[:, None], other=0.0)
+    vc = tl.load(v + row[:, None] * V + o_v[None, :], mask=m_cv, other=0.0)
+    acc = mm((qc.to(tl.float32) * tl.exp(bc) * scale).to(S.dtype), S, PREC, UP)
+    acc += mm(Ac.to(vc.dtype), vc, PREC, UP)
+    tl.store(o + row[:, None] * V + o_v[None, :], acc.to(o.dtype.element_ty), mask=m_cv)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _state_bwd_kernel(q, b, do, dh, dht, dh0, scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
+                      PREC: tl.constexpr, UP: tl.constexpr):
+    """Grid (cdiv(V, BV), cdiv(K, BK), B*H): dh[b, h, n] = gradient of the state leaving chunk n; dh0."""
+    i_v, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    N = tl.cdiv(T, C)
+    o_c = tl.arange(0, C)
+    o_k, o_v = i_k * BK + tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
+    kv = o_k[:, None] * V + o_v[None, :]
+    m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
+    dS = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_DHT:
+        dS += tl.load(dht + i_bh * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
+    for i in range(N):
+        n = N - 1 - i
+        tl.store(dh + (i_bh * N + n) * K * V + kv, dS.to(dh.dtype.element_ty), mask=m_kv)
+        t = n * C + o_c
+        row, m_t = _rows(i_b, i_h, t, T, H)
+        bc = _load_b(b, i_b, i_h, t, T, H, K, o_k)
+        bL = _load_b1(b, i_b, i_h, n * C + C - 1, T, H, K, o_k)
+        qc = tl.load(q + row[:, None] * K + o_k[None, :], mask=m_t[:, None] & (o_k[None, :] < K), other=0.0)
+        doc = tl.load(do + row[:, None] * V + o_v[None, :], mask=m_t[:, None] & (o_v[None, :] < V), other=0.0)
+        qw = (qc.to(tl.float32) * tl.exp(bc) * scale).to(doc.dtype)
+        dS = dS * tl.exp(bL)[:, None] + mm(tl.trans(qw), doc, PREC, UP)
+    tl.store(dh0 + i_bh * K * V + kv, dS, mask=m_kv)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _inter_bwd_kernel(q, k, v, b, h, A, do, dh, dv, dA, dq, dk, dL, scale, T, H: tl.constexpr, K: tl.constexpr,
+                      V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+                      UP: tl.constexpr):
+    """Grid (N, B*H), looping over value blocks: dv; dA (masked); the inter parts of dq, dk (float32); dL."""
+    n, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    N = tl.cdiv(T, C)
+    o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
+    t = n * C + o_c
+    row, m_t = _rows(i_b, i_h, t, T, H)
+    m_ck = m_t[:, None] & (o_k[None, :] < K)
+    bc = _load_b(b, i_b, i_h, t, T, H, K, o_k)
+    bL = _load_b1(b, i_b, i_h, n * C + C - 1, T, H, K, o_k)
+    kc = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
+    Ac = tl.load(A + row[:, None] * C + o_c[None, :], mask=m_t[:, None], other=0.0)
+    k_tail = kc.to(tl.float32) * tl.exp(bL[None, :] - bc)
+    dA_acc = tl.zeros([C, C], dtype=tl.float32)
+    dq_acc = tl.zeros([C, BK], dtype=tl.float32)
+    dk_acc = tl.zeros([C, BK], dtype=tl.float32)
+    sdh = tl.zeros([BK], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_cv = m_t[:, None] & (o_v[None, :] < V)
+        m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
+        vc = tl.load(v + row[:, None] * V + o_v[None, :], mask=m_cv, other=0.0)
+        doc = tl.load(do + row[:, None] * V + o_v[None, :], mask=m_cv, other=0.0)
+        S = tl.load(h + (i_bh * N + n) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
+        dS = tl.load(dh + (i_bh * N + n) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
+        dA_acc += mm(doc, tl.trans(vc), PREC, UP)
+        dq_acc += mm(doc.to(S.dtype), tl.trans(S), PREC, UP)
+        dk_acc += mm(vc.to(dS.dtype), tl.trans(dS), PREC, UP)
+        sdh += tl.sum(S.to(tl.float32) * dS.to(tl.float32), axis=1)
+        dv_blk = mm(tl.trans(Ac).to(doc.dtype), doc, PREC, UP)
+        dv_blk += mm(k_tail.to(dS.dtype), dS, PREC, UP)
+        tl.store(dv + row[:, None] * V + o_v[None, :], dv_blk.to(dv.dtype.element_ty), mask=m_cv)
+    dA_acc = tl.where(o_c[:, None] >= o_c[None, :], dA_acc, 0.0)
+    tl.store(dA + row[:, None] * C + o_c[None, :], dA_acc, mask=m_t[:, None])
+    dk_inter = dk_acc * tl.exp(bL[None, :] - bc)
+    tl.store(dq + row[:, None] * K + o_k[None, :], dq_acc * tl.exp(bc) * scale, mask=m_ck)
+    tl.store(dk + row[:, None] * K + o_k[None, :], dk_inter, mask=m_ck)
+    dL_n = tl.exp(bL) * sdh + tl.sum(kc.to(tl.float32) * dk_inter, axis=0)
+    tl.store(dL + (i_bh * N + n) * K + o_k, dL_n, mask=o_k < K)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _intra_bwd_kernel(q, k, b, dA, dq_in, dk_in, dL, dq, dk, dg, scale, T, H: tl.constexpr, K: tl.constexpr,
+                      C: tl.constexpr, BK: tl.constexpr, SUBC: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+    """Grid (N, B*H): dq, dk (inter parts from dq_in, dk_in plus the intra sums) and dg, sub-chunk by
+    sub-chunk from the chunk's end (dg is the reverse cumulative sum of db, carried across sub-chunks)."""
+    n, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    N = tl.cdiv(T, C)
+    o_k, o_c, o_C = tl.arange(0, BK), tl.arange(0, SUBC), tl.arange(0, C)
+    m_k = o_k < K
+    row_a, m_a = _rows(i_b, i_h, n * C + o_C, T, H)
+    m_ak = m_a[:, None] & m_k[None, :]
+    qa = tl.load(q + row_a[:, None] * K + o_k[None, :], mask=m_ak, other=0.0)
+    ka = tl.load(k + row_a[:, None] * K + o_k[None, :], mask=m_ak, other=0.0)
+    ba = _load_b(b, i_b, i_h, n * C + o_C, T, H, K, o_k)
+    carry = tl.load(dL + (i_bh * N + n) * K + o_k, mask=m_k, other=0.0)
+    for ii in tl.static_range(C // SUBC):
+        i = C // SUBC - 1 - ii
+        start = n * C + i * SUBC
+        row_i, m_i = _rows(i_b, i_h, start + o_c, T, H)
+        m_ik = m_i[:, None] & m_k[None, :]
+        qi = tl.load(q + row_i[:, None] * K + o_k[None, :], mask=m_ik, other=0.0).to(tl.float32)
+        ki = tl.load(k + row_i[:, None] * K + o_k[None, :], mask=m_ik, other=0.0).to(tl.float32)
+        bi = _load_b(b, i_b, i_h, start + o_c, T, H, K, o_k)
+        # dq from keys of earlier sub-chunks, decayed to r = the token before sub-chunk i
+        br = tl.where(start > n * C, _load_b1(b, i_b, i_h, tl.maximum(start - 1, 0), T, H, K, o_k), 0.0)
+        m_s = o_C < i * SUBC
+        kf = tl.where(m_s[:, None], ka.to(tl.float32) * tl.exp(tl.where(m_s[:, None], br[None, :] - ba, 0.0)), 0.0)
+        dA_r = tl.load(dA + row_i[:, None] * C + o_C[None, :], mask=m_i[:, None], other=0.0)  # [t in i, s]
+        dqi = mm(dA_r.to(ka.dtype), kf.to(ka.dtype), PREC, UP) * tl.exp(bi - br[None, :])
+        # dk from queries of later sub-chunks, decayed to e = the last token of sub-chunk i
+        be = _load_b1(b, i_b, i_h, start + SUBC - 1, T, H, K, o_k)
+        m_t = o_C >= (i + 1) * SUBC
+        qf = tl.where(m_t[:, None], qa.to(tl.float32) * tl.exp(tl.where(m_t[:, None], ba - be[None, :], 0.0)), 0.0)
+        dA_c = tl.load(dA + row_a[None, :] * C + (i * SUBC + o_c)[:, None], mask=m_a[None, :], other=0.0)  # [s, t]
+        dki = mm(dA_c.to(qa.dtype), qf.to(qa.dtype), PREC, UP) * tl.exp(be[None, :] - bi)
+        # the diagonal block: token j of the sub-chunk as a key (for dq) and as a query (for dk)
+        for j in range(SUBC):
+            row_j, m_j = _rows(i_b, i_h, start + j, T, H)
+            bj = _load_b1(b, i_b, i_h, start + j, T, H, K, o_k)
+            kj = tl.load(k + row_j * K + o_k, mask=m_k & m_j, other=0.0).to(tl.float32)
+            qj = tl.load(q + row_j * K + o_k, mask=m_k & m_j, other=0.0).to(tl.float32)
+            dA_col = tl.load(dA + row_i * C + i * SUBC + j, mask=m_i, other=0.0)  # dA[t in i, s = j]
+            dA_row = tl.load(dA + row_j * C + i * SUBC + o_c, mask=m_j, other=0.0)  # dA[t = j, s in i]
+            lower = (o_c >= j)[:, None]
+            dqi += tl.where(lower, dA_col[:, None] * kj[None, :] * tl.exp(tl.where(lower, bi - bj[None, :], 0.0)), 0.0)
+            upper = (o_c <= j)[:, None]
+            dki += tl.where(upper, dA_row[:, None] * qj[None, :] * tl.exp(tl.where(upper, bj[None, :] - bi, 0.0)), 0.0)
+        ptr = row_i[:, None] * K + o_k[None, :]
+        dqi = dqi * scale + tl.load(dq_in + ptr, mask=m_ik, other=0.0)
+        dki = dki * scale + tl.load(dk_in + ptr, mask=m_ik, other=0.0)
+        tl.store(dq + ptr, dqi.to(dq.dtype.element_ty), mask=m_ik)
+        tl.store(dk + ptr, dki.to(dk.dtype.element_ty), mask=m_ik)
+        db = qi * dqi - ki * dki
+        tl.store(dg + ptr, tl.cumsum(db, axis=0, reverse=True) + carry[None, :], mask=m_ik)
+        carry += tl.sum(db, axis=0)
+
+
+# Launch settings: fixed per head size (never tuned per sequence length).
+LAUNCH = {"BV": 64, "scan_BK": 64, "scan_warps": 4, "scores_warps": 4, "out_warps": 4, "inter_BV": 64,
+          "inter_warps": 8, "intra_warps": 4}
+
+
+def _state_dtype(x: torch.Tensor) -> torch.dtype:
+    """Chunk-entry states are kept in the input dtype for bf16/fp16 (half the memory, as FLA does)."""
+    return torch.float32 if x.dtype == torch.float32 else x.dtype
+
+
+def _prec(x: torch.Tensor) -> tuple[str, bool]:
+    return dot_precision(x.dtype), upcast_dots(x.dtype)
+
+
+def _cumsum(g: torch.Tensor, C: int) -> torch.Tensor:
+    B, T, H, K = g.shape
+    b = torch.empty(B, T, H, K, device=g.device, dtype=torch.float32)
+    _cumsum_kernel[(triton.cdiv(T, C), B * H)](g, b, T, H, K, C, _block(K))
+    return b
+
+
+def _states(k, v, b, initial_state, C):
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    N = triton.cdiv(T, C)
+    BK, BV = min(LAUNCH["scan_BK"], _block(K)), min(LAUNCH["BV"], _block(V))
+    h = torch.empty(B, H, N, K, V, device=k.device, dtype=_state_dtype(k))
+    ht = torch.empty(B, H, K, V, device=k.device, dtype=torch.float32)
+    h0 = initial_state if initial_state is not None else ht  # unused pointer when HAS_H0 is False
+    _state_fwd_kernel[(triton.cdiv(V, BV), triton.cdiv(K, BK), B * H)](
+        k, v, b, h, h0, ht, T, H, K, V, C, BK, BV, initial_state is not None, *_prec(k),
+        num_warps=LAUNCH["scan_warps"])
+    return h, ht
+
+
+def _scores(q, k, b, scale, C):
+    B, T, H, K = q.shape
+    A = torch.empty(B, T, H, C, device=q.device, dtype=torch.float32)
+    _scores_kernel[(C // SUB, triton.cdiv(T, C), B * H)](q, k, b, A, scale, T, H, K, C, _block(K), SUB, *_prec(q),
+                                                          num_warps=LAUNCH["scores_warps"])
+    return A
+
+
+def gla_triton_forward(q, k, v, g, scale, initial_state, C):
+    """Forward pass: (o, final state float32). Inputs contiguous [B, T, H, *], g float32 [B, T, H, K]."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    b = _cumsum(g, C)
+    h, ht = _states(k, v, b, initial_state, C)
+    A = _scores(q, k, b, scale, C)
+    o = torch.empty_like(v)
+    BV = min(LAUNCH["BV"], _block(V))
+    _output_kernel[(triton.cdiv(V, BV), triton.cdiv(T, C), B * H)](
+        q, v, b, h, A, o, scale, T, H, K, V, C, _block(K), BV, *_prec(q), num_warps=LAUNCH["out_warps"])
+    return o, ht
+
+
+def gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht):
+    """Backward pass: (dq, dk, dv, dg, d_initial_state)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    N = triton.cdiv(T, C)
+    b = _cumsum(g, C)
+    h, _ = _states(k, v, b, initial_state, C)
+    A = _scores(q, k, b, scale, C)
+    BK, BV = min(LAUNCH["scan_BK"], _block(K)), min(LAUNCH["BV"], _block(V))
+    dh = torch.empty_like(h)
+    dh0 = torch.empty(B, H, K, V, device=q.device, dtype=torch.float32)
+    _state_bwd_kernel[(triton.cdiv(V, BV), triton.cdiv(K, BK), B * H)](
+        q, b, do, dh, dht if dht is not None else dh0, dh0, scale, T, H, K, V, C, BK, BV, dht is not None,
+        *_prec(q), num_warps=LAUNCH["scan_warps"])
+    dv = torch.empty_like(v)
+    dA = torch.empty(B, T, H, C, device=q.device, dtype=torch.float32)
+    dq_inter = torch.empty(B, T, H, K, device=q.device, dtype=torch.float32)
+    dk_inter = torch.empty_like(dq_inter)
+    dL = torch.empty(B, H, N, K, device=q.device, dtype=torch.float32)
+    _inter_bwd_kernel[(N, B * H)](q, k, v, b, h, A, do, dh, dv, dA, dq_inter, dk_inter, dL, scale, T, H, K, V, C,
+                                  _block(K), min(LAUNCH["inter_BV"], _block(V)), *_prec(q),
+                                  num_warps=LAUNCH["inter_warps"])
+    dq, dk = torch.empty_like(q), torch.empty_like(k)
+    dg = torch.empty(B, T, H, K, device=q.device, dtype=torch.float32)
+    _intra_bwd_kernel[(N, B * H)](q, k, b, dA, dq_inter, dk_inter, dL, dq, dk, dg, scale, T, H, K, C, _block(K),
+                                  SUB, *_prec(q), num_warps=LAUNCH["intra_warps"])
+    return dq, dk, dv, dg, dh0
+
+
+@torch.library.custom_op("linattn::gla_triton_fwd", mutates_args=())
+def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, initial_state: torch.Tensor | None,
+            scale: float, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return gla_triton_forward(q, k, v, g, scale, initial_state, chunk_size)
+
+
+@_fwd_op.register_fake
+def _(q, k, v, g, initial_state, scale, chunk_size):
+    B, T, H, K = q.shape
+    return torch.empty_like(v), q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("linattn::gla_triton_bwd", mutates_args=())
+def _bwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, initial_state: torch.Tensor | None,
+            scale: float, chunk_size: int, do: torch.Tensor, dht: torch.Tensor | None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return gla_triton_backward(q, k, v, g, scale, initial_state, chunk_size, do, dht)
+
+
+@_bwd_op.register_fake
+def _(q, k, v, g, initial_state, scale, chunk_size, do, dht):
+    B, T, H, K = q.shape
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g),
+            q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, g, initial_state, scale, chunk_size = inputs
+    ctx.save_for_backward(q, k, v, g, initial_state)
+    ctx.scale, ctx.chunk_size = scale, chunk_size
+
+
+def _backward(ctx, do, dht):
+    q, k, v, g, initial_state = ctx.saved_tensors
+    dq, dk, dv, dg, dh0 = _bwd_op(q, k, v, g, initial_state, ctx.scale, ctx.chunk_size, do.contiguous(),
+                                  None if dht is None else dht.contiguous())
+    return dq, dk, dv, dg, (dh0 if initial_state is not None else None), None, None
+
+
+_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def gla_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    *,
+    scale: float,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The ``backend="triton"`` implementation of :func:`linattn.ops.gla.gla` (inputs validated there).
+
+    S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T,   o_t = S_t^T (scale q_t).  chunk_size: 16, 32, 64 or 128.
+    """
+    if chunk_size not in (16, 32, 64, 128):
+        raise ValueError(f"chunk_size must be 16, 32, 64 or 128 for backend='triton', got {chunk_size}")
+    dtype = q.dtype if q.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
+    q, k, v = (x.to(dtype).contiguous() for x in (q, k, v))
+    g = g.float().contiguous()
+    s0 = None if initial_state is None else initial_state.float().contiguous()
+    o, ht = _fwd_op(q, k, v, g, s0, float(scale), chunk_size)
+    return o, (ht if output_final_state else None)
+
+
+TRITON_BACKENDS = {"gla": gla_triton}
