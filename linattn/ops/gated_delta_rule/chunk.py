@@ -28,7 +28,7 @@ from ..common.triangular import unit_lower_inverse
 def chunks_first(x: torch.Tensor, C: int, dtype: torch.dtype) -> torch.Tensor:
     """[B, T, H, ...] -> contiguous [N, B, H, C, ...] in ``dtype`` (time zero-padded to a multiple of C)."""
     x = to_chunks(x, C)  # [B, N, C, H, ...]
-    return x.permute(1, 0, 3, 2, *range(4, x.dim())).contiguous().to(dtype)
+    return x.permute(1, 0, 3, 2, *range(4, x.dim())).to(dtype, memory_format=torch.contiguous_format)
 
 
 def gated_delta_chunk(
@@ -46,7 +46,7 @@ def gated_delta_chunk(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunkwise form of the module docstring; inputs [B, T, H, ...] validated by the public op."""
     dt, in_dtype = compute_dtype(q), q.dtype
-    T, K, V, C = q.shape[1], q.shape[-1], v.shape[-1], chunk_size
+    T, K, C = q.shape[1], q.shape[-1], chunk_size
     # [N, B, H, C, D], zero-padded at the end (b = 0 and g = 0 there: padding changes nothing)
     q, k, v = (chunks_first(x, C, dt) for x in (q, k, v))
     p = k if p is None else chunks_first(p, C, dt)
@@ -61,14 +61,15 @@ def gated_delta_chunk(
     k_end = k * D[..., -1, :, None]  # k_s times the decay from s to the chunk end
 
     A = b * (p @ k.transpose(-1, -2)) * D  # only its strictly lower triangle is read
-    U0, W = (unit_lower_inverse(A) @ torch.cat([b * v, (b * gamma) * p], dim=-1)).split([V, K], dim=-1)
+    T_b = unit_lower_inverse(A) * b.transpose(-1, -2)  # (I + A)^-1 diag(b)
+    U0 = T_b @ v
+    W = T_b @ (p if g is None else gamma * p)
     eye = torch.eye(K, dtype=dt, device=q.device)
     M = gamma[..., -1:, :] * eye - k_end.transpose(-1, -2) @ W  # [N, B, H, K, K]
     R = k_end.transpose(-1, -2) @ U0  # [N, B, H, K, V]
     S_in, S_final = matrix_state_scan(M, R, initial_state)
 
     U = U0 - W @ S_in
-    q = scale * q
-    o = (gamma * q) @ S_in + (q @ k.transpose(-1, -2) * D) @ U
-    o = from_chunks(o.permute(1, 0, 3, 2, 4), T)  # [B, T, H, V]
-    return o.to(in_dtype), (S_final if output_final_state else None)
+    o = (q @ S_in) * (scale * gamma) + (q @ k.transpose(-1, -2) * (scale * D)) @ U
+    o = o.permute(1, 0, 3, 2, 4).to(in_dtype, memory_format=torch.contiguous_format)  # [B, N, C, H, V]
+    return from_chunks(o, T), (S_final if output_final_state else None)
