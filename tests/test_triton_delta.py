@@ -1,0 +1,87 @@
+"""delta_rule and gated_delta_rule backend="triton" == recurrent: outputs, final state, every gradient
+(q, k, v, g, beta, initial state); fp32 and bf16; odd T, T = 1, K != V, strong gates, beta in (0, 2).
+
+Runs on CUDA when present, else on the CPU through Triton's interpreter (tests/conftest.py)."""
+
+import pytest
+import torch
+
+from linattn.ops.common.triton_compat import triton_available
+from linattn.ops.delta_rule import delta_rule
+from linattn.ops.gated_delta_rule import gated_delta_rule
+from linattn.testing import check_backends_agree, l2norm, log_gate, randn
+
+pytestmark = [pytest.mark.triton, pytest.mark.skipif(not triton_available(), reason="triton not installed")]
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+NAMES = ["q", "k", "v", "g", "beta", "initial_state"]
+
+
+def make(B, T, H, K, V, seed=0, low=-0.5, beta_max=1.0):
+    """q, unit-norm k, v, log gates g in [low, 0), beta in (0, beta_max), an initial state."""
+    gen = torch.Generator().manual_seed(seed)
+    xs = (randn(B, T, H, K, generator=gen), l2norm(randn(B, T, H, K, generator=gen)), randn(B, T, H, V, generator=gen),
+          log_gate(B, T, H, generator=gen, low=low),
+          beta_max * torch.rand(B, T, H, dtype=torch.float64, generator=gen).float(), randn(B, H, K, V, generator=gen))
+    return [x.to(DEVICE) for x in xs]
+
+
+def gdn(q, k, v, g, beta, s0, backend, chunk_size=16, final=True, neg=False):
+    return gated_delta_rule(q, k, v, g, beta, initial_state=s0, output_final_state=final, allow_neg_eigval=neg,
+                            backend=backend, chunk_size=chunk_size)
+
+
+def dn(q, k, v, g, beta, s0, backend, chunk_size=16, final=True, neg=False):
+    """delta_rule with gated_delta_rule's argument list (g is ignored: pass None)."""
+    return delta_rule(q, k, v, beta, initial_state=s0, output_final_state=final, allow_neg_eigval=neg,
+                      backend=backend, chunk_size=chunk_size)
+
+
+@pytest.mark.parametrize("shape,chunk_size,with_state", [((1, 1, 1, 16, 16), 16, False),
+                                                         ((2, 37, 2, 20, 24), 16, True),
+                                                         ((1, 70, 1, 32, 48), 32, True),
+                                                         ((1, 130, 1, 16, 16), 64, False)])
+def test_gated_delta_triton_matches_recurrent_fp32(shape, chunk_size, with_state):
+    q, k, v, g, beta, s0 = make(*shape)
+    check_backends_agree(lambda *xs, backend: gdn(*xs, backend, chunk_size),
+                         [q, k, v, g, beta, s0 if with_state else None], NAMES, ["triton"], tol=1e-5)
+
+
+@pytest.mark.parametrize("shape,with_state,final", [((1, 1, 1, 16, 16), False, True), ((1, 37, 2, 20, 24), True, True),
+                                                    ((1, 45, 1, 16, 32), True, False)])
+def test_delta_triton_matches_recurrent_fp32(shape, with_state, final):
+    q, k, v, _, beta, s0 = make(*shape)
+    check_backends_agree(lambda *xs, backend: dn(*xs, backend, final=final),
+                         [q, k, v, None, beta, s0 if with_state else None], NAMES, ["triton"], tol=1e-5)
+
+
+def test_gated_delta_triton_strong_decay_without_final_state():
+    q, k, v, g, beta, _ = make(1, 50, 2, 16, 16, low=-20.0)
+    check_backends_agree(lambda *xs, backend: gdn(*xs, backend, final=False), [q, k, v, g, beta, None], NAMES,
+                         ["triton"], tol=1e-5)
+
+
+@pytest.mark.parametrize("op", [gdn, dn])
+def test_triton_negative_eigenvalues(op):
+    q, k, v, g, beta, s0 = make(1, 40, 1, 16, 16, seed=1, beta_max=2.0)
+    check_backends_agree(lambda *xs, backend: op(*xs, backend, neg=True),
+                         [q, k, v, g if op is gdn else None, beta, s0], NAMES, ["triton"], tol=1e-5)
+
+
+@pytest.mark.parametrize("op", [gdn, dn])
+def test_triton_bf16(op):
+    q, k, v, g, beta, s0 = make(1, 45, 2, 16, 32)
+    g = g if op is gdn else None
+
+    def both(q, k, v, g, beta, s0, backend):
+        if backend == "recurrent":  # float32 reference on the same bf16-rounded inputs
+            q, k, v = q.float(), k.float(), v.float()
+        return op(q, k, v, g, beta, s0, backend)
+
+    check_backends_agree(both, [q.bfloat16(), k.bfloat16(), v.bfloat16(), g, beta, s0], NAMES, ["triton"],
+                         tol=5e-3, grad_tol=1e-2, metric="rmse")
+
+
+def test_triton_rejects_unsupported_chunk_size():
+    q, k, v, g, beta, _ = make(1, 8, 1, 16, 16)
+    with pytest.raises(ValueError, match="chunk_size"):
+        gdn(q, k, v, g, beta, None, "triton", chunk_size=128)
