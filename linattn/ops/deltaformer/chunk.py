@@ -30,14 +30,21 @@ from ..common.triangular import solve_unit_lower
 from .reference import _past
 
 
-def _kernel_rows(keys: torch.Tensor, start: int, end: int, scale: float, mask: torch.Tensor,
-                 lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """kappa rows of positions [start, end) over keys [0, end) (strictly causal), and their log-normaliser."""
-    logits = (scale * keys[:, :, start:end] @ keys[:, :, :end].transpose(-1, -2)).masked_fill(~mask, float("-inf"))
+def _kernel_rows(keys: torch.Tensor, start: int, end: int, scale: float, lse: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """kappa rows of positions [start, end) over keys [0, end) (strictly causal), and their log-normaliser.
+
+    In place on one [rows, end] buffer (this runs inside an autograd.Function): only the last
+    rows x rows block needs the causal mask, the keys before ``start`` are all in the past.
+    """
+    rows = end - start
+    logits = (keys[:, :, start:end] @ keys[:, :, :end].transpose(-1, -2)).mul_(scale)
+    diag = torch.ones(rows, rows, dtype=torch.bool, device=keys.device).triu()
+    logits[..., start:].masked_fill_(diag, float("-inf"))
     if lse is None:
         lse = torch.logsumexp(logits, dim=-1)
         lse = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))  # a row with no past: kappa = 0
-    return torch.exp(logits - lse[..., None]), lse
+    return logits.sub_(lse[..., None]).exp_(), lse
 
 
 class _DeltaValues(torch.autograd.Function):
@@ -46,14 +53,12 @@ class _DeltaValues(torch.autograd.Function):
     @staticmethod
     def forward(ctx, keys, v, b, u0, scale, C):
         T0, T = u0.shape[2], v.shape[2]
-        P = T0 + T
         U = torch.cat([u0, torch.empty_like(v)], dim=2)
         m, lse = torch.empty_like(v), torch.empty_like(b)
-        masks = ChunkMasks(C, P, strict=True, device=v.device)
         for a in range(0, T, C):
             e = min(a + C, T)
             s0, s1 = T0 + a, T0 + e
-            kappa, lse[:, :, a:e] = _kernel_rows(keys, s0, s1, scale, masks(s1, e - a))
+            kappa, lse[:, :, a:e] = _kernel_rows(keys, s0, s1, scale)
             m_past = kappa[..., :s0] @ U[:, :, :s0]
             U[:, :, s0:s1] = solve_unit_lower(b[:, :, a:e, None] * kappa[..., s0:],
                                               v[:, :, a:e] - b[:, :, a:e, None] * m_past)
@@ -72,18 +77,17 @@ class _DeltaValues(torch.autograd.Function):
         T0 = P - T
         later = torch.zeros_like(U)  # later[s] = sum over rows r of later chunks of A_rs psi_r
         dK, dv, db = torch.zeros_like(keys), torch.empty_like(U[:, :, T0:]), torch.empty_like(b)
-        masks = ChunkMasks(C, P, strict=True, device=U.device)
         for a in reversed(range(0, T, C)):
             e = min(a + C, T)
             s0, s1 = T0 + a, T0 + e
-            kappa, _ = _kernel_rows(keys, s0, s1, scale, masks(s1, e - a), lse[:, :, a:e])
+            kappa, _ = _kernel_rows(keys, s0, s1, scale, lse[:, :, a:e])
             bc = b[:, :, a:e, None]
             psi = torch.linalg.solve_triangular((bc * kappa[..., s0:]).transpose(-1, -2),
                                                 dU[:, :, s0:s1] - later[:, :, s0:s1], upper=True, unitriangular=True)
             later[:, :, :s0] += kappa[..., :s0].transpose(-1, -2) @ (bc * psi)
             psi_m = (psi * m[:, :, a:e]).sum(-1, keepdim=True)
             dv[:, :, a:e], db[:, :, a:e] = psi, -psi_m[..., 0]
-            dl = -scale * bc * kappa * (psi @ U[:, :, :s1].transpose(-1, -2) - psi_m)
+            dl = (psi @ U[:, :, :s1].transpose(-1, -2)).sub_(psi_m).mul_(kappa).mul_(-scale * bc)
             dK[:, :, s0:s1] += dl @ keys[:, :, :s1]
             dK[:, :, :s1] += dl.transpose(-1, -2) @ keys[:, :, s0:s1]
         return dK, dv, db, dU[:, :, :T0] - later[:, :, :T0], None, None
