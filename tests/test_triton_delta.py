@@ -85,3 +85,24 @@ def test_triton_rejects_unsupported_chunk_size():
     q, k, v, g, beta, _ = make(1, 8, 1, 16, 16)
     with pytest.raises(ValueError, match="chunk_size"):
         gdn(q, k, v, g, beta, None, "triton", chunk_size=128)
+
+
+@pytest.mark.parametrize("C", [16, 32, 64])
+def test_unit_lower_inverse_kernel(C):
+    import triton
+    import triton.language as tl
+
+    from linattn.ops.common.triton_tril import unit_lower_inverse
+
+    @triton.jit
+    def kernel(a, t, C: tl.constexpr):
+        o = tl.arange(0, C)
+        tile = o[:, None] * C + o[None, :]
+        tl.store(t + tile, unit_lower_inverse(tl.load(a + tile), C, "ieee"))
+
+    gen = torch.Generator().manual_seed(C)
+    A = (0.3 * torch.randn(C, C, generator=gen)).to(DEVICE)  # the upper triangle must be ignored
+    out = torch.empty(C, C, device=DEVICE)
+    kernel[(1,)](A, out, C)
+    expected = torch.linalg.inv(torch.eye(C, dtype=torch.float64) + A.double().tril(-1))
+    assert (out.double() - expected).abs().max() / expected.abs().max() < 1e-5

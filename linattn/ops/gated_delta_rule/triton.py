@@ -21,11 +21,11 @@ Backward, with dS' the gradient of the state leaving the chunk and do that of th
     and A, W, U, P, Khat, gamma give dq, dk, dv, dbeta and db_t; dg is the reverse cumulative sum of
     db within each chunk (b_t = sum of g from the chunk start to t).
 
-Kernels: "prepare" (a program per chunk and batch-head: A, Tm by forward substitution over the C rows,
-W, U), the state scan (a program per value block and batch-head, looping over chunks: stores the
-state entering each chunk and delta), the output (simple_gla's output kernel with v = delta), the
-local value gradient P^T do, the reverse scan of state gradients (stores dS' per chunk and ddelta),
-and the per-chunk input gradients. States are recomputed in the backward pass instead of being kept.
+Kernels: "prepare" (a program per chunk and batch-head: A, Tm by common/triton_tril.py, W, U), the
+state scan (a program per value block and batch-head, looping over chunks: stores the state entering
+each chunk and delta), the output (simple_gla's output kernel with v = delta), the local value
+gradient P^T do, the reverse scan of state gradients (stores dS' per chunk and ddelta), and the
+per-chunk input gradients. States are recomputed in the backward pass instead of being kept.
 Block shapes depend on the head dims and the chunk size only, never on T (T is not specialised on).
 The whole key dimension is one block (K <= 256 is practical).
 """
@@ -36,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.triton_tril import unit_lower_inverse
 from ..common.triton_utils import block as _block
 from ..common.triton_utils import dot_precision, mm, upcast_dots
 from ..simple_gla.triton import _output_fwd_kernel, _state_dtype
@@ -77,12 +78,7 @@ def _prepare_kernel(k, v, beta, g, w, u, tm, T, H: tl.constexpr, K: tl.constexpr
     bet = tl.load(beta + row, mask=m_t, other=0.0).to(tl.float32)
     kc = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
     A = mm(kc, tl.trans(kc), PREC, UP) * _decay(b, o_c, True) * bet[:, None]
-    # forward substitution, row by row: Tm_i = e_i - sum_{j<i} A_ij Tm_j (L holds Tm - I)
-    L = tl.zeros([C, C], dtype=tl.float32)
-    for i in range(1, C):
-        a_i = tl.sum(tl.where(o_c[:, None] == i, A, 0.0), axis=0)
-        L = tl.where(o_c[:, None] == i, (-a_i - tl.sum(a_i[:, None] * L, axis=0))[None, :], L)
-    Tm = L + tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)
+    Tm = unit_lower_inverse(A, C, PREC)
     if STORE_T:
         tl.store(tm + row[:, None] * C + o_c[None, :], Tm, mask=m_t[:, None])
     Tq = Tm.to(kc.dtype)
