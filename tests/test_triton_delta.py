@@ -11,6 +11,18 @@ from linattn.ops.delta_rule import delta_rule
 from linattn.ops.gated_delta_rule import gated_delta_rule
 from linattn.testing import check_backends_agree, l2norm, log_gate, randn
 
+if triton_available():
+    import triton
+    import triton.language as tl
+
+    from linattn.ops.common.triton_tril import unit_lower_inverse
+
+    @triton.jit
+    def _inverse_kernel(a, t, C: tl.constexpr):
+        o = tl.arange(0, C)
+        tile = o[:, None] * C + o[None, :]
+        tl.store(t + tile, unit_lower_inverse(tl.load(a + tile), C, "ieee"))
+
 pytestmark = [pytest.mark.triton, pytest.mark.skipif(not triton_available(), reason="triton not installed")]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 NAMES = ["q", "k", "v", "g", "beta", "initial_state"]
@@ -87,22 +99,12 @@ def test_triton_rejects_unsupported_chunk_size():
         gdn(q, k, v, g, beta, None, "triton", chunk_size=128)
 
 
+
 @pytest.mark.parametrize("C", [16, 32, 64])
 def test_unit_lower_inverse_kernel(C):
-    import triton
-    import triton.language as tl
-
-    from linattn.ops.common.triton_tril import unit_lower_inverse
-
-    @triton.jit
-    def kernel(a, t, C: tl.constexpr):
-        o = tl.arange(0, C)
-        tile = o[:, None] * C + o[None, :]
-        tl.store(t + tile, unit_lower_inverse(tl.load(a + tile), C, "ieee"))
-
     gen = torch.Generator().manual_seed(C)
     A = (0.3 * torch.randn(C, C, generator=gen)).to(DEVICE)  # the upper triangle must be ignored
     out = torch.empty(C, C, device=DEVICE)
-    kernel[(1,)](A, out, C)
-    expected = torch.linalg.inv(torch.eye(C, dtype=torch.float64) + A.double().tril(-1))
-    assert (out.double() - expected).abs().max() / expected.abs().max() < 1e-5
+    _inverse_kernel[(1,)](A, out, C)
+    expected = torch.linalg.inv(torch.eye(C, dtype=torch.float64) + A.double().tril(-1).cpu())
+    assert (out.double().cpu() - expected).abs().max() / expected.abs().max() < 1e-5
