@@ -172,14 +172,20 @@ class _Blocks:
         return logits
 
 
-# exp of x <= -80 is below 2e-35, which no softmax sum in float32 or float64 can see; mapping such logits to
-# -inf first (one cheap pass) avoids the very slow underflow path of CPU exp (about 10x at x < -87).
+# exp of x <= -80 is below 2e-35, which no softmax sum in float32 or float64 can see: such weights are taken
+# as 0. Mapping those logits to -inf first (one cheap pass) avoids the very slow underflow path of CPU exp
+# (about 10x at x < -87), and a lag whose weights all are that small is skipped (strong forgetting, ALiBi).
 UNDERFLOW = -80.0
 
 
 def _exp_(x: torch.Tensor) -> torch.Tensor:
     """In-place exp of shifted logits (all <= 0), with entries below UNDERFLOW set to exactly 0."""
     return F.threshold_(x, UNDERFLOW, float("-inf")).exp_()
+
+
+def _negligible(row_max: torch.Tensor, base: torch.Tensor) -> bool:
+    """True when every probability of a lag is below exp(UNDERFLOW): the lag is skipped (its weights are 0)."""
+    return bool((row_max - base < UNDERFLOW).all())
 
 
 def _safe(m: torch.Tensor) -> torch.Tensor:
@@ -197,8 +203,11 @@ class _BlockwiseAttention(torch.autograd.Function):
         acc = q.new_zeros(*shape, v.shape[-1])
         for lag in blocks.iter_logits():
             a = slice(lag.a0, lag.a1)
-            m_new = torch.maximum(m[:, :, a], lag.logits.amax(dim=-1))
+            row_max = lag.logits.amax(dim=-1)
+            m_new = torch.maximum(m[:, :, a], row_max)
             base = _safe(m_new)
+            if _negligible(row_max, base):  # e.g. far lags under strong forgetting: nothing to add
+                continue
             p = _exp_(lag.logits.sub_(base[..., None]))
             alpha = torch.exp(m[:, :, a] - base)
             denom[:, :, a] = denom[:, :, a] * alpha + p.sum(dim=-1)
@@ -224,6 +233,8 @@ class _BlockwiseAttention(torch.autograd.Function):
         dG = None if log_gates is None else torch.zeros_like(blocks.c)  # per key position [B, H_kv, Nk, G, C]
         for lag in blocks.iter_logits():
             a, j = slice(lag.a0, lag.a1), slice(lag.j0, lag.j1)
+            if _negligible(lag.logits.amax(dim=-1), lse[:, :, a]):
+                continue
             p = _exp_(lag.logits.sub_(lse[:, :, a, :, None]))
             dv[:, :, j] += torch.matmul(p.transpose(-1, -2), do[:, :, a])
             ds = torch.matmul(do[:, :, a], blocks.v[:, :, j].transpose(-1, -2)).sub_(delta[:, :, a, :, None]).mul_(p)
