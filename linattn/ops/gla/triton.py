@@ -15,9 +15,14 @@ before sub-chunk i (b_r = 0 for i = 0), for t in sub-chunk i and s <= r
     e^{b_t - b_s} = e^{b_t - b_r} e^{b_r - b_s},
 
 two factors <= 1, so a row block of A is one matmul (q~_t e^{b_t - b_r}) (k_s e^{b_r - b_s})^T. The
-16 x 16 diagonal blocks (s, t in the same sub-chunk) are summed explicitly over the key channels with
-e^{b_t - b_s}, s <= t. Every exponent in every kernel is <= 0 (masked entries are replaced before
-exp), so g = -20 and any T are safe.
+16 x 16 diagonal blocks (s, t in the same sub-chunk) join that matmul when the sub-chunk's gate spread
+max_k (b_r - b_last) is <= FACTOR_LIMIT = 30 (then e^{b_r - b_s} <= e^30, finite; typical gates);
+otherwise (e.g. g = -20) they are summed explicitly over the key channels with e^{b_t - b_s}, s <= t,
+one key at a time. The choice is made per sub-chunk at run time (fp16, which cannot hold e^30 k,
+always sums explicitly). Every other exponent is <= 0 (masked entries are replaced before exp), so
+g = -20 and any T are safe. Accuracy limit: decays are differences of in-chunk cumulative gates, which
+at g = -20 and C = 64 reach ~1000 in magnitude, so float32 carries ~1e-5 absolute error into them
+(the PyTorch chunk backend shares this).
 
 Backward. dH: gradient of the state leaving the chunk; dA_ts = do_t . v_s for s <= t (0 above):
 
@@ -26,8 +31,8 @@ Backward. dH: gradient of the state leaving the chunk; dA_ts = do_t . v_s for s 
     dq_t   = scale [ e^{b_t} ⊙ (S do_t) + sum_{s<=t} dA_ts k_s ⊙ e^{b_t - b_s} ]
     dk_s   = e^{L - b_s} ⊙ (dH v_s) + sum_{t>=s} dA_ts q~_t ⊙ e^{b_t - b_s}
 
-(the intra sums use the same sub-chunk split: for dk, with r the last token of the key's sub-chunk
-and t > r, e^{b_t - b_s} = e^{b_t - b_r} e^{b_r - b_s}).
+(the intra sums use the same sub-chunk split and the same choice for the diagonal blocks: for dk,
+with e the last token of the key's sub-chunk and t > e, e^{b_t - b_s} = e^{b_t - b_e} e^{b_e - b_s}).
 
 Gate gradient. The chunk's outputs and S' depend on g only through b (g of a chunk moves only that
 chunk's b), and b_t = sum_{u<=t} g_u, so dg_t = sum_{u>=t in chunk} db_u. Differentiating the forward
@@ -61,6 +66,12 @@ from ..common.triton_utils import block as _block
 from ..common.triton_utils import dot_precision, mm, upcast_dots
 
 SUB = 16  # sub-chunk length of the intra-chunk scores
+FACTOR_LIMIT = 30.0  # largest in-sub-chunk gate spread for which the diagonal blocks are factored
+
+
+def _factor_limit(x: torch.Tensor) -> float:
+    """fp16 cannot hold k e^{30} (max 65504): its diagonal blocks are always summed explicitly."""
+    return -1.0 if x.dtype == torch.float16 else FACTOR_LIMIT
 
 
 @triton.jit
@@ -126,7 +137,7 @@ def _state_fwd_kernel(k, v, b, h, h0, ht, T, H: tl.constexpr, K: tl.constexpr, V
 
 @triton.jit(do_not_specialize=["T"])
 def _scores_kernel(q, k, b, A, scale, T, H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
-                   SUBC: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+                   SUBC: tl.constexpr, LIMIT: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
     """Grid (C // SUBC, N, B*H): rows of sub-chunk i of A[t, s] (s, t in one chunk, 0 for s > t)."""
     i, n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
@@ -138,22 +149,24 @@ def _scores_kernel(q, k, b, A, scale, T, H: tl.constexpr, K: tl.constexpr, C: tl
     bi = _load_b(b, i_b, i_h, start + o_c, T, H, K, o_k)
     # earlier sub-chunks: both factors decayed to r, the token before sub-chunk i
     br = tl.where(start > n * C, _load_b1(b, i_b, i_h, tl.maximum(start - 1, 0), T, H, K, o_k), 0.0)
+    explicit = tl.max(br - _load_b1(b, i_b, i_h, start + SUBC - 1, T, H, K, o_k), axis=0) > LIMIT
     row_a, m_a = _rows(i_b, i_h, n * C + o_C, T, H)
-    m_s = (o_C < i * SUBC) & m_a
+    m_s = (o_C < tl.where(explicit, i * SUBC, i * SUBC + SUBC)) & m_a
     ka = tl.load(k + row_a[:, None] * K + o_k[None, :], mask=m_s[:, None] & m_k[None, :], other=0.0)
     ba = _load_b(b, i_b, i_h, n * C + o_C, T, H, K, o_k)
     kf = ka.to(tl.float32) * tl.exp(tl.where(m_s[:, None], br[None, :] - ba, 0.0))
     qf = qi.to(tl.float32) * tl.exp(bi - br[None, :])
     acc = mm(qf.to(qi.dtype), tl.trans(kf.to(ka.dtype)), PREC, UP)  # [SUBC, C]
-    # the diagonal block, one key at a time: sum_k q_tk k_sk e^{b_tk - b_sk}, s <= t
-    for j in range(SUBC):
-        row_s, m_sj = _rows(i_b, i_h, start + j, T, H)
-        ks = tl.load(k + row_s * K + o_k, mask=m_k & m_sj, other=0.0).to(tl.float32)
-        bs = _load_b1(b, i_b, i_h, start + j, T, H, K, o_k)
-        causal = (o_c >= j)[:, None]
-        e = tl.where(causal, tl.exp(tl.where(causal, bi - bs[None, :], 0.0)), 0.0)
-        col = tl.sum(qi.to(tl.float32) * ks[None, :] * e, axis=1)
-        acc += tl.where(o_C[None, :] == i * SUBC + j, col[:, None], 0.0)
+    acc = tl.where(o_C[None, :] <= i * SUBC + o_c[:, None], acc, 0.0)
+    if explicit:  # the diagonal block one key at a time: sum_k q_tk k_sk e^{b_tk - b_sk}, s <= t
+        for j in range(SUBC):
+            row_s, m_sj = _rows(i_b, i_h, start + j, T, H)
+            ks = tl.load(k + row_s * K + o_k, mask=m_k & m_sj, other=0.0).to(tl.float32)
+            bs = _load_b1(b, i_b, i_h, start + j, T, H, K, o_k)
+            causal = (o_c >= j)[:, None]
+            e = tl.where(causal, tl.exp(tl.where(causal, bi - bs[None, :], 0.0)), 0.0)
+            col = tl.sum(qi.to(tl.float32) * ks[None, :] * e, axis=1)
+            acc += tl.where(o_C[None, :] == i * SUBC + j, col[:, None], 0.0)
     tl.store(A + row_i[:, None] * C + o_C[None, :], acc * scale, mask=m_i[:, None])
 
 
@@ -256,7 +269,8 @@ def _inter_bwd_kernel(q, k, v, b, h, A, do, dh, dv, dA, dq, dk, dL, scale, T, H:
 
 @triton.jit(do_not_specialize=["T"])
 def _intra_bwd_kernel(q, k, b, dA, dq_in, dk_in, dL, dq, dk, dg, scale, T, H: tl.constexpr, K: tl.constexpr,
-                      C: tl.constexpr, BK: tl.constexpr, SUBC: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+                      C: tl.constexpr, BK: tl.constexpr, SUBC: tl.constexpr, LIMIT: tl.constexpr, PREC: tl.constexpr,
+                      UP: tl.constexpr):
     """Grid (N, B*H): dq, dk (inter parts from dq_in, dk_in plus the intra sums) and dg, sub-chunk by
     sub-chunk from the chunk's end (dg is the reverse cumulative sum of db, carried across sub-chunks)."""
     n, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
@@ -278,30 +292,35 @@ def _intra_bwd_kernel(q, k, b, dA, dq_in, dk_in, dL, dq, dk, dg, scale, T, H: tl
         qi = tl.load(q + row_i[:, None] * K + o_k[None, :], mask=m_ik, other=0.0).to(tl.float32)
         ki = tl.load(k + row_i[:, None] * K + o_k[None, :], mask=m_ik, other=0.0).to(tl.float32)
         bi = _load_b(b, i_b, i_h, start + o_c, T, H, K, o_k)
-        # dq from keys of earlier sub-chunks, decayed to r = the token before sub-chunk i
+        # dq from the keys of earlier sub-chunks (and of sub-chunk i itself unless `explicit`), decayed
+        # to r = the token before sub-chunk i
         br = tl.where(start > n * C, _load_b1(b, i_b, i_h, tl.maximum(start - 1, 0), T, H, K, o_k), 0.0)
-        m_s = o_C < i * SUBC
+        be = _load_b1(b, i_b, i_h, start + SUBC - 1, T, H, K, o_k)
+        explicit = tl.max(br - be, axis=0) > LIMIT
+        m_s = o_C < tl.where(explicit, i * SUBC, i * SUBC + SUBC)
         kf = tl.where(m_s[:, None], ka.to(tl.float32) * tl.exp(tl.where(m_s[:, None], br[None, :] - ba, 0.0)), 0.0)
         dA_r = tl.load(dA + row_i[:, None] * C + o_C[None, :], mask=m_i[:, None], other=0.0)  # [t in i, s]
         dqi = mm(dA_r.to(ka.dtype), kf.to(ka.dtype), PREC, UP) * tl.exp(bi - br[None, :])
-        # dk from queries of later sub-chunks, decayed to e = the last token of sub-chunk i
-        be = _load_b1(b, i_b, i_h, start + SUBC - 1, T, H, K, o_k)
-        m_t = o_C >= (i + 1) * SUBC
+        # dk from the queries of later sub-chunks (and of sub-chunk i unless `explicit`), decayed to
+        # e = the last token of sub-chunk i
+        m_t = o_C >= tl.where(explicit, i * SUBC + SUBC, i * SUBC)
         qf = tl.where(m_t[:, None], qa.to(tl.float32) * tl.exp(tl.where(m_t[:, None], ba - be[None, :], 0.0)), 0.0)
         dA_c = tl.load(dA + row_a[None, :] * C + (i * SUBC + o_c)[:, None], mask=m_a[None, :], other=0.0)  # [s, t]
         dki = mm(dA_c.to(qa.dtype), qf.to(qa.dtype), PREC, UP) * tl.exp(be[None, :] - bi)
-        # the diagonal block: token j of the sub-chunk as a key (for dq) and as a query (for dk)
-        for j in range(SUBC):
-            row_j, m_j = _rows(i_b, i_h, start + j, T, H)
-            bj = _load_b1(b, i_b, i_h, start + j, T, H, K, o_k)
-            kj = tl.load(k + row_j * K + o_k, mask=m_k & m_j, other=0.0).to(tl.float32)
-            qj = tl.load(q + row_j * K + o_k, mask=m_k & m_j, other=0.0).to(tl.float32)
-            dA_col = tl.load(dA + row_i * C + i * SUBC + j, mask=m_i, other=0.0)  # dA[t in i, s = j]
-            dA_row = tl.load(dA + row_j * C + i * SUBC + o_c, mask=m_j, other=0.0)  # dA[t = j, s in i]
-            lower = (o_c >= j)[:, None]
-            dqi += tl.where(lower, dA_col[:, None] * kj[None, :] * tl.exp(tl.where(lower, bi - bj[None, :], 0.0)), 0.0)
-            upper = (o_c <= j)[:, None]
-            dki += tl.where(upper, dA_row[:, None] * qj[None, :] * tl.exp(tl.where(upper, bj[None, :] - bi, 0.0)), 0.0)
+        if explicit:  # the diagonal block: token j as a key (for dq) and as a query (for dk)
+            for j in range(SUBC):
+                row_j, m_j = _rows(i_b, i_h, start + j, T, H)
+                bj = _load_b1(b, i_b, i_h, start + j, T, H, K, o_k)
+                kj = tl.load(k + row_j * K + o_k, mask=m_k & m_j, other=0.0).to(tl.float32)
+                qj = tl.load(q + row_j * K + o_k, mask=m_k & m_j, other=0.0).to(tl.float32)
+                dA_col = tl.load(dA + row_i * C + i * SUBC + j, mask=m_i, other=0.0)  # dA[t in i, s = j]
+                dA_row = tl.load(dA + row_j * C + i * SUBC + o_c, mask=m_j, other=0.0)  # dA[t = j, s in i]
+                lower = (o_c >= j)[:, None]
+                e = tl.where(lower, tl.exp(tl.where(lower, bi - bj[None, :], 0.0)), 0.0)
+                dqi += dA_col[:, None] * kj[None, :] * e
+                upper = (o_c <= j)[:, None]
+                e = tl.where(upper, tl.exp(tl.where(upper, bj[None, :] - bi, 0.0)), 0.0)
+                dki += dA_row[:, None] * qj[None, :] * e
         ptr = row_i[:, None] * K + o_k[None, :]
         dqi = dqi * scale + tl.load(dq_in + ptr, mask=m_ik, other=0.0)
         dki = dki * scale + tl.load(dk_in + ptr, mask=m_ik, other=0.0)
@@ -350,8 +369,8 @@ def _states(k, v, b, initial_state, C):
 def _scores(q, k, b, scale, C):
     B, T, H, K = q.shape
     A = torch.empty(B, T, H, C, device=q.device, dtype=torch.float32)
-    _scores_kernel[(C // SUB, triton.cdiv(T, C), B * H)](q, k, b, A, scale, T, H, K, C, _block(K), SUB, *_prec(q),
-                                                          num_warps=LAUNCH["scores_warps"])
+    _scores_kernel[(C // SUB, triton.cdiv(T, C), B * H)](q, k, b, A, scale, T, H, K, C, _block(K), SUB,
+                                                          _factor_limit(q), *_prec(q), num_warps=LAUNCH["scores_warps"])
     return A
 
 
@@ -394,7 +413,7 @@ def gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht):
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     dg = torch.empty(B, T, H, K, device=q.device, dtype=torch.float32)
     _intra_bwd_kernel[(N, B * H)](q, k, b, dA, dq_inter, dk_inter, dL, dq, dk, dg, scale, T, H, K, C, _block(K),
-                                  SUB, *_prec(q), num_warps=LAUNCH["intra_warps"])
+                                  SUB, _factor_limit(q), *_prec(q), num_warps=LAUNCH["intra_warps"])
     return dq, dk, dv, dg, dh0
 
 
