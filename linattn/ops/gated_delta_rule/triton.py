@@ -25,7 +25,8 @@ Kernels: "prepare" (a program per chunk and batch-head: A, Tm by common/triton_t
 state scan (a program per value block and batch-head, looping over chunks: stores the state entering
 each chunk and delta), the output (simple_gla's output kernel with v = delta), the local value
 gradient P^T do, the reverse scan of state gradients (stores dS' per chunk and ddelta), and the
-per-chunk input gradients. States are recomputed in the backward pass instead of being kept.
+per-chunk input gradients in two kernels (through o and S', then through W, U and Tm). States are
+recomputed in the backward pass instead of being kept.
 Block shapes depend on the head dims and the chunk size only, never on T (T is not specialised on).
 The whole key dimension is one block (K <= 256 is practical).
 """
@@ -187,10 +188,11 @@ def _state_bwd_kernel(q, k, w, g, do, dd, dh, dht, dh0, scale, T, H: tl.constexp
 
 
 @triton.jit(do_not_specialize=["T"])
-def _grads_kernel(q, k, v, beta, g, tm, h, dlt, dd, do, dh, dq, dk, dv, dbeta, dg, scale, T, H: tl.constexpr,
-                  K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                  USE_G: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
-    """Grid (N, B*H): dq, dk, dv, dbeta, dg of one chunk (looping over value blocks)."""
+def _grads_qk_kernel(q, k, g, h, dlt, dd, do, dh, dq, dk, dw, db, scale, T, H: tl.constexpr, K: tl.constexpr,
+                     V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
+                     PREC: tl.constexpr, UP: tl.constexpr):
+    """Grid (N, B*H), looping over value blocks: dq, the part of dk from o and S' (written to dk),
+    dW = -ddelta S^T and the part of db_t from o and S' (written to db)."""
     n, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     N = tl.cdiv(T, C)
@@ -199,19 +201,10 @@ def _grads_kernel(q, k, v, beta, g, tm, h, dlt, dd, do, dh, dq, dk, dv, dbeta, d
     m_t = t < T
     row = (i_b * T + t) * H + i_h
     m_ck = m_t[:, None] & (o_k[None, :] < K)
-    b, b_last = _chunk_gate(g, row, m_t, o_c, C, USE_G)
-    gam = tl.exp(b)
-    bet = tl.load(beta + row, mask=m_t, other=0.0).to(tl.float32)
-    qc = tl.load(q + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
-    kc = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
-    Tm = tl.load(tm + row[:, None] * C + o_c[None, :], mask=m_t[:, None], other=0.0)
-    Tq = Tm.to(kc.dtype)
     dPr = tl.zeros([C, C], dtype=tl.float32)  # do delta^T
-    dTm = tl.zeros([C, C], dtype=tl.float32)
     dq_acc = tl.zeros([C, BK], dtype=tl.float32)  # do S^T
     dkh = tl.zeros([C, BK], dtype=tl.float32)  # delta dS'^T (gradient of Khat)
     dW = tl.zeros([C, BK], dtype=tl.float32)  # -ddelta S^T
-    dbet = tl.zeros([C], dtype=tl.float32)
     sds = tl.zeros([BK], dtype=tl.float32)  # <S, dS'> by key row
     base = (i_bh * N + n) * K * V
     for i_v in range(tl.cdiv(V, BV)):
@@ -219,7 +212,6 @@ def _grads_kernel(q, k, v, beta, g, tm, h, dlt, dd, do, dh, dq, dk, dv, dbeta, d
         m_cv = m_t[:, None] & (o_v[None, :] < V)
         m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
         cv = row[:, None] * V + o_v[None, :]
-        vc = tl.load(v + cv, mask=m_cv, other=0.0)
         doc = tl.load(do + cv, mask=m_cv, other=0.0)
         dl = tl.load(dlt + cv, mask=m_cv, other=0.0)
         ddl = tl.load(dd + cv, mask=m_cv, other=0.0)
@@ -230,55 +222,89 @@ def _grads_kernel(q, k, v, beta, g, tm, h, dlt, dd, do, dh, dq, dk, dv, dbeta, d
         dq_acc += mm(doc.to(S.dtype), St, PREC, UP)
         dkh += mm(dl.to(dS.dtype), tl.trans(dS), PREC, UP)
         dW -= mm(ddl.to(S.dtype), St, PREC, UP)
-        vb = (vc.to(tl.float32) * bet[:, None]).to(vc.dtype)
-        dTm += mm(ddl.to(vc.dtype), tl.trans(vb), PREC, UP)
+        sds += tl.sum(S.to(tl.float32) * dS.to(tl.float32), axis=1)
+    tl.store(dw + row[:, None] * K + o_k[None, :], dW.to(dw.dtype.element_ty), mask=m_ck)
+    b, b_last = _chunk_gate(g, row, m_t, o_c, C, USE_G)
+    qc = tl.load(q + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
+    kc = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
+    # o = diag(gamma) (scale Q) S + P delta
+    dqv = dq_acc * (scale * tl.exp(b))[:, None]
+    dbv = tl.sum(qc.to(tl.float32) * dqv, axis=1)
+    dPD = dPr * _decay(b, o_c, False) * scale
+    dqv += mm(dPD.to(kc.dtype), kc, PREC, UP)
+    tl.store(dq + row[:, None] * K + o_k[None, :], dqv.to(dq.dtype.element_ty), mask=m_ck)
+    # S' = gamma_C S + Khat^T delta
+    cc = tl.exp(b_last - b)
+    dkv = mm(tl.trans(dPD).to(qc.dtype), qc, PREC, UP) + dkh * cc[:, None]
+    tl.store(dk + row[:, None] * K + o_k[None, :], dkv.to(dk.dtype.element_ty), mask=m_ck)
+    if USE_G:
+        PP = dPD * mm(qc, tl.trans(kc), PREC, UP)
+        x = cc * tl.sum(kc.to(tl.float32) * dkh, axis=1)
+        dbv += tl.sum(PP, axis=1) - tl.sum(PP, axis=0) - x
+        # the chunk-end terms (through b_C) go to the last token of the chunk that exists
+        dbv += tl.where((o_c == C - 1) | (t == T - 1), tl.sum(x, axis=0) + tl.exp(b_last) * tl.sum(sds, axis=0), 0.0)
+        tl.store(db + row, dbv, mask=m_t)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _grads_wy_kernel(k, v, beta, g, tm, dd, dw, dk, dv, dbeta, db, dg, T, H: tl.constexpr, K: tl.constexpr,
+                     V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
+                     PREC: tl.constexpr, UP: tl.constexpr):
+    """Grid (N, B*H), looping over value blocks: the gradients through W = Tm diag(beta gamma) K,
+    U = Tm diag(beta) V and Tm = (I + A)^-1: dv, dbeta, the rest of dk (added to dk), and
+    dg = reverse cumulative sum within the chunk of db_t (db holds the part from o and S')."""
+    n, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
+    t = n * C + o_c
+    m_t = t < T
+    row = (i_b * T + t) * H + i_h
+    m_ck = m_t[:, None] & (o_k[None, :] < K)
+    bet = tl.load(beta + row, mask=m_t, other=0.0).to(tl.float32)
+    Tm = tl.load(tm + row[:, None] * C + o_c[None, :], mask=m_t[:, None], other=0.0)
+    Tq = Tm.to(k.dtype.element_ty)
+    dTm = tl.zeros([C, C], dtype=tl.float32)
+    dbet = tl.zeros([C], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):  # U = Tm diag(beta) V
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_cv = m_t[:, None] & (o_v[None, :] < V)
+        cv = row[:, None] * V + o_v[None, :]
+        vc = tl.load(v + cv, mask=m_cv, other=0.0)
+        ddl = tl.load(dd + cv, mask=m_cv, other=0.0)
+        dTm += mm(ddl.to(vc.dtype), tl.trans((vc.to(tl.float32) * bet[:, None]).to(vc.dtype)), PREC, UP)
         TdU = mm(tl.trans(Tq), ddl.to(Tq.dtype), PREC, UP)
         tl.store(dv + cv, (TdU * bet[:, None]).to(dv.dtype.element_ty), mask=m_cv)
         dbet += tl.sum(vc.to(tl.float32) * TdU, axis=1)
-        sds += tl.sum(S.to(tl.float32) * dS.to(tl.float32), axis=1)
-    kf, qf = kc.to(tl.float32), qc.to(tl.float32)
-    is_last = o_c == C - 1
-    # o = diag(gamma) (scale Q) S + P delta
-    dqv = dq_acc * (scale * gam)[:, None]
-    db = tl.sum(qf * dqv, axis=1)
-    dPD = dPr * _decay(b, o_c, False) * scale
-    dqv += mm(dPD.to(kc.dtype), kc, PREC, UP)
-    dkv = mm(tl.trans(dPD).to(qc.dtype), qc, PREC, UP)
-    PP = dPD * mm(qc, tl.trans(kc), PREC, UP)
-    db += tl.sum(PP, axis=1) - tl.sum(PP, axis=0)
-    # S' = gamma_C S + Khat^T delta
-    cc = tl.exp(b_last - b)
-    dkv += dkh * cc[:, None]
-    x = cc * tl.sum(kf * dkh, axis=1)
-    db += tl.where(is_last, tl.sum(x, axis=0) + tl.exp(b_last) * tl.sum(sds, axis=0), 0.0) - x
-    # W = Tm diag(beta gamma) K and U = Tm diag(beta) V
-    kbg = (kf * (bet * gam)[:, None]).to(kc.dtype)
-    dTm += mm(dW.to(kc.dtype), tl.trans(kbg), PREC, UP)
+    b, b_last = _chunk_gate(g, row, m_t, o_c, C, USE_G)
+    gam = tl.exp(b)
+    kc = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
+    kf = kc.to(tl.float32)
+    dW = tl.load(dw + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
+    # W = Tm diag(beta gamma) K
+    dTm += mm(dW.to(kc.dtype), tl.trans((kf * (bet * gam)[:, None]).to(kc.dtype)), PREC, UP)
     TdW = mm(tl.trans(Tq), dW.to(Tq.dtype), PREC, UP)
+    dkv = tl.load(dk + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0).to(tl.float32)
     dkv += TdW * (bet * gam)[:, None]
     y = gam * tl.sum(kf * TdW, axis=1)
     dbet += y
-    db += bet * y
     # Tm = (I + A)^-1 with A_ts = beta_t (k_t . k_s) D_ts (s < t)
     dA = -mm(mm(tl.trans(Tm), dTm, PREC, False), tl.trans(Tm), PREC, False)
     dAD = dA * _decay(b, o_c, True)
-    KK = mm(kc, tl.trans(kc), PREC, UP)
     dkv += mm((dAD * bet[:, None]).to(kc.dtype), kc, PREC, UP)
     dkv += mm(tl.trans(dAD).to(kc.dtype), (kf * bet[:, None]).to(kc.dtype), PREC, UP)
-    dAK = dAD * KK
-    dbet += tl.sum(dAK, axis=1)
-    AA = dAK * bet[:, None]
-    db += tl.sum(AA, axis=1) - tl.sum(AA, axis=0)
-    tl.store(dq + row[:, None] * K + o_k[None, :], dqv.to(dq.dtype.element_ty), mask=m_ck)
     tl.store(dk + row[:, None] * K + o_k[None, :], dkv.to(dk.dtype.element_ty), mask=m_ck)
+    dAK = dAD * mm(kc, tl.trans(kc), PREC, UP)
+    dbet += tl.sum(dAK, axis=1)
     tl.store(dbeta + row, dbet, mask=m_t)
     if USE_G:
-        tl.store(dg + row, tl.cumsum(db, axis=0, reverse=True), mask=m_t)
+        AA = dAK * bet[:, None]
+        dbv = tl.load(db + row, mask=m_t, other=0.0) + bet * y + tl.sum(AA, axis=1) - tl.sum(AA, axis=0)
+        tl.store(dg + row, tl.cumsum(dbv, axis=0, reverse=True), mask=m_t)
 
 
 # Launch settings: fixed per head size (never tuned per sequence length).
 LAUNCH = {"prep_BV": 64, "prep_warps": 4, "scan_BV": 32, "scan_warps": 4, "out_BV": 64, "out_warps": 4,
-          "dv_BV": 64, "dv_warps": 4, "grads_BV": 64, "grads_warps": 8}
+          "dv_BV": 64, "dv_warps": 4, "grads_BV": 64, "grads_warps": 8, "wy_warps": 4}
 
 
 def _launch_args(x: torch.Tensor) -> tuple[str, bool]:
@@ -349,12 +375,15 @@ def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, d
     _state_bwd_kernel[(triton.cdiv(V, BV), B * H)](
         q, k, w, gp, do, dd, dh, dh0 if dht is None else dht, dh0, scale, T, H, K, V, C, BK, BV, g is not None,
         dht is not None, *_launch_args(q), num_warps=LAUNCH["scan_warps"])
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dq, dk, dv, dw = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(w)
     dbeta = torch.empty_like(beta)
     dg = torch.zeros_like(beta) if g is None else torch.empty_like(g)
-    _grads_kernel[(N, B * H)](q, k, v, beta, gp, tm, h, dlt, dd, do, dh, dq, dk, dv, dbeta, dg, scale, T, H, K, V,
-                              C, BK, min(LAUNCH["grads_BV"], _block(V)), g is not None, *_launch_args(q),
-                              num_warps=LAUNCH["grads_warps"])
+    db = dg if g is None else torch.empty_like(g)  # the part of db_t from o and S' (unused without a gate)
+    BV = min(LAUNCH["grads_BV"], _block(V))
+    _grads_qk_kernel[(N, B * H)](q, k, gp, h, dlt, dd, do, dh, dq, dk, dw, db, scale, T, H, K, V, C, BK, BV,
+                                 g is not None, *_launch_args(q), num_warps=LAUNCH["grads_warps"])
+    _grads_wy_kernel[(N, B * H)](k, v, beta, gp, tm, dd, dw, dk, dv, dbeta, db, dg, T, H, K, V, C, BK, BV,
+                                 g is not None, *_launch_args(q), num_warps=LAUNCH["wy_warps"])
     return dq, dk, dv, dg, dbeta, dh0
 
 
