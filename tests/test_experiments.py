@@ -153,6 +153,7 @@ def test_conclusion_is_computed_from_the_numbers():
              for c in ("none", "q", "k", "v")]
     text = conclusion(study, cells)
     assert "**recall**: best placement `k` (0.900" in text and "by 0.700, which exceeds" in text
-    assert "k matters most" in text
+    assert "(k helps most)" in text
+    assert "none of q, k, v alone beats no conv beyond the seed noise" in text.split("**stacked**")[1]
     assert "**stacked**: best placement `k` (0.810" in text and "by 0.010, which does not exceed" in text
     assert "mesa_net 0.10 -> 0.90" in text

@@ -76,8 +76,9 @@ def layout(study: Study) -> tuple[str | None, list[str], str]:
     axes = list(study.axes)
     facet = study.report.get("facet")
     cols = study.report.get("cols", axes[-1] if axes else None)
-    rows = study.report.get("rows") or [a for a in axes if a not in (facet, cols)]
-    extra = [a for a in axes if a not in (facet, cols) and a not in rows]
+    varied = [a for a in axes if len(study.axes[a]) > 1]  # single-valued axes only clutter the labels
+    rows = study.report.get("rows") or [a for a in varied if a not in (facet, cols)]
+    extra = [a for a in varied if a not in (facet, cols) and a not in rows]
     return facet, list(rows) + extra, cols
 
 
@@ -124,11 +125,12 @@ def heatmap(cells: list[Cell], rows: list[str], cols: str, title: str, path: Pat
     data = np.full((len(row_keys), len(col_keys)), np.nan)
     for (rk, ck), c in table.items():
         data[row_keys.index(rk), col_keys.index(ck)] = c.mean
-    fig, ax = plt.subplots(figsize=(1.0 + 0.9 * len(col_keys), 1.2 + 0.38 * len(row_keys)))
+    label_width = max([len(" | ".join(rk)) for rk in row_keys] + [4])
+    fig, ax = plt.subplots(figsize=(2.5 + 0.07 * label_width + 0.8 * len(col_keys), 2.0 + 0.4 * len(row_keys)))
     bounded = not lower_is_better(metric) and "acc" in metric
     im = ax.imshow(data, aspect="auto", cmap="viridis", vmin=0.0 if bounded else None, vmax=1.0 if bounded else None)
     ax.set_xticks(range(len(col_keys)), col_keys, rotation=45, ha="right")
-    ax.set_yticks(range(len(row_keys)), [" | ".join(rk) for rk in row_keys])
+    ax.set_yticks(range(len(row_keys)), [" | ".join(rk) or "score" for rk in row_keys])
     ax.set_xlabel(cols)
     ax.set_ylabel(" | ".join(rows))
     for (rk, ck), c in table.items():
@@ -146,6 +148,8 @@ def write_report(study: Study, study_dir: Path, rows: list[dict],
                  conclusion: Callable[[Study, list[Cell]], str] | None = None) -> list[Cell]:
     """Write results.csv, report.md and one heatmap per facet value into ``study_dir``."""
     axes = list(study.axes)
+    order = {spec.run_id: i for i, spec in enumerate(study.runs())}
+    rows = sorted(rows, key=lambda r: order.get(r["run_id"], len(order)))  # grid order
     write_csv(rows, axes, study_dir / "results.csv")
     total = len(study.runs())
     cells = aggregate(rows, axes, study.metric)

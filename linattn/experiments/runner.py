@@ -69,15 +69,21 @@ def find_study_dir(study: Study, out_root: str | Path, resume: bool) -> Path:
     return path
 
 
-def execute_run(spec: RunSpec, run_dir: str, device: str, deadline: float | None, threads: int) -> dict:
+def execute_run(spec: RunSpec, run_dir: str, device: str, deadline: float | None, threads: int,
+                gpu_share: float = 1.0) -> dict:
     """Train one run in this process; returns its result row (status "finished", "diverged",
-    "interrupted", "skipped" (deadline passed before it started) or "error")."""
+    "interrupted", "skipped" (deadline passed before it started) or "error"). ``gpu_share``: the
+    fraction of the GPU's memory this process may hold (the caching allocator frees its cache
+    before exceeding it, so processes sharing a GPU do not starve each other)."""
     from linattn.train.build import train_from_config
 
     row = {"run_id": spec.run_id, **spec.row()}
     if deadline is not None and time.time() >= deadline:
         return {**row, "status": "skipped"}
     torch.set_num_threads(threads)
+    if device.startswith("cuda") and gpu_share < 1.0:
+        dev = torch.device(device)
+        torch.cuda.set_per_process_memory_fraction(gpu_share, dev.index if dev.index is not None else 0)
     out = Path(run_dir)
     try:
         result = train_from_config(spec.config, out, device=device, progress=False, deadline=deadline)
@@ -141,10 +147,11 @@ def run_study(study: Study, out_root: str | Path = "runs", *, resume: bool = Fal
     deadline = None if time_budget_s is None else t0 + max(0.0, time_budget_s - min(20.0, 0.1 * time_budget_s))
     devices = _devices(device)
     cpu_threads = max(1, (os.cpu_count() or 1) // max(1, workers))
-    threads = threads or (cpu_threads if device == "cpu" else 2)
+    threads = threads or (cpu_threads if device == "cpu" else 1)
+    gpu_share = 0.92 / max(1, -(-workers // len(devices))) if workers > 1 else 1.0
     failed: list[str] = []
     bar = tqdm(total=len(specs), initial=len(done), desc=f"{study.name} runs", disable=not progress, leave=True)
-    jobs = [(s, str(sdir / "runs" / s.run_id), devices[i % len(devices)], deadline, threads)
+    jobs = [(s, str(sdir / "runs" / s.run_id), devices[i % len(devices)], deadline, threads, gpu_share)
             for i, s in enumerate(pending)]
 
     def note(row: dict) -> None:
