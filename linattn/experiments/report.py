@@ -168,8 +168,12 @@ def write_report(study: Study, study_dir: Path, rows: list[dict],
         name = f"{facet}={value}" if facet else "all runs"
         png = f"heatmap_{value}.png" if facet else "heatmap.png"
         if col_axis is not None:
-            heatmap(group, row_axes, col_axis, f"{study.name}: {name}", study_dir / png, study.metric)
-            lines += [f"## {name}", "", f"![{name}]({png})", "", markdown_table(group, row_axes, col_axis), ""]
+            try:
+                heatmap(group, row_axes, col_axis, f"{study.name}: {name}", study_dir / png, study.metric)
+                image = [f"![{name}]({png})", ""]
+            except ImportError:
+                image = ["(no heatmap: matplotlib is not installed)", ""]
+            lines += [f"## {name}", "", *image, markdown_table(group, row_axes, col_axis), ""]
     lines += ["## Every setting", "", "| " + " | ".join(axes) + " | best lr | score | seeds |",
               "|" + "---|" * (len(axes) + 3)]
     for c in cells:

@@ -116,7 +116,7 @@ def conclusion(study: Study, cells: list[Cell]) -> str:
             margin = mean - m[ranked[1]][0]
             verdict = "exceeds" if margin > noise else "does not exceed"
             text += f", ahead of `{ranked[1]}` by {margin:.3f}, which {verdict} the seed noise ({noise:.3f})"
-        if "none" in m:
+        if "none" in m and best != "none":
             text += f"; no conv scores {m['none'][0]:.3f} ({mean - m['none'][0]:+.3f} for `{best}`)"
         gains = {c: m[c][0] - m["none"][0] for c in ("q", "k", "v") if c in m and "none" in m}
         if gains:
