@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from linattn.experiments.registry import get_study, list_studies
 from linattn.experiments.runner import run_study
@@ -16,7 +17,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="runs", help="root folder: results go to OUT/<study>/<stamp>/")
     parser.add_argument("--resume", action="store_true", help="continue the newest folder of this study")
     parser.add_argument("--workers", type=int, default=None,
-                        help="parallel run processes (default: 2 on CPU, 12 per GPU)")
+                        help="parallel run processes (default: 2 on CPU, 16 per GPU up to the CPU count)")
     parser.add_argument("--max-minutes", type=float, default=None,
                         help="stop (checkpointing running runs) after this many minutes; --resume continues")
 
@@ -29,7 +30,8 @@ def cli_run(args: argparse.Namespace) -> int:
     study, report = get_study(args.study, args.preset)
     workers = args.workers
     if workers is None:
-        workers = 2 if args.device == "cpu" else 12 * max(1, torch.cuda.device_count())
+        gpus = max(1, torch.cuda.device_count())
+        workers = 2 if args.device == "cpu" else min(os.cpu_count() or 16, 16 * gpus)
     budget = None if args.max_minutes is None else 60.0 * args.max_minutes
     outcome = run_study(study, args.out, resume=args.resume, workers=workers, device=args.device,
                         time_budget_s=budget, write_report=report)
