@@ -9,7 +9,7 @@ import torch
 from linattn.ops.common.triton_compat import triton_available
 from linattn.ops.delta_rule import delta_rule
 from linattn.ops.gated_delta_rule import gated_delta_rule
-from linattn.testing import check_backends_agree, l2norm, log_gate, randn
+from linattn.testing import assert_close, check_backends_agree, l2norm, log_gate, randn
 
 if triton_available():
     import triton
@@ -79,18 +79,33 @@ def test_triton_negative_eigenvalues(op):
                          [q, k, v, g if op is gdn else None, beta, s0], NAMES, ["triton"], tol=1e-5)
 
 
-@pytest.mark.parametrize("op", [gdn, dn])
-def test_triton_bf16(op):
+@pytest.mark.parametrize("op,dtype", [(gdn, torch.bfloat16), (dn, torch.bfloat16), (gdn, torch.float16)])
+def test_triton_half_precision(op, dtype):
     q, k, v, g, beta, s0 = make(1, 45, 2, 16, 32)
     g = g if op is gdn else None
 
     def both(q, k, v, g, beta, s0, backend):
-        if backend == "recurrent":  # float32 reference on the same bf16-rounded inputs
+        if backend == "recurrent":  # float32 reference on the same rounded inputs
             q, k, v = q.float(), k.float(), v.float()
         return op(q, k, v, g, beta, s0, backend)
 
-    check_backends_agree(both, [q.bfloat16(), k.bfloat16(), v.bfloat16(), g, beta, s0], NAMES, ["triton"],
+    check_backends_agree(both, [q.to(dtype), k.to(dtype), v.to(dtype), g, beta, s0], NAMES, ["triton"],
                          tol=5e-3, grad_tol=1e-2, metric="rmse")
+
+
+@pytest.mark.parametrize("op", [gdn, dn])
+def test_triton_split_sequence_carries_the_state(op):
+    q, k, v, g, beta, s0 = make(1, 30, 1, 16, 16)
+    g = g if op is gdn else None
+
+    def part(x, sl):
+        return None if x is None else x[:, sl]
+
+    o, s = op(q, k, v, g, beta, s0, "triton")
+    o1, s1 = op(*(part(x, slice(0, 17)) for x in (q, k, v, g, beta)), s0, "triton")
+    o2, s2 = op(*(part(x, slice(17, 30)) for x in (q, k, v, g, beta)), s1, "triton")
+    assert_close(torch.cat([o1, o2], dim=1), o, 1e-5, "output")
+    assert_close(s2, s, 1e-5, "final state")
 
 
 def test_triton_rejects_unsupported_chunk_size():
