@@ -6,11 +6,11 @@ gamma_t = exp(G_t), D_ts = exp(G_t - G_s) for s <= t), the WY / UT representatio
 
     (I + A) [U0 | W] = [diag(b) V | diag(b gamma) P],   A_ts = b_t (p_t . k_s) D_ts  (s < t)
     U = U0 - W S                                   (pseudo-values, see reference.py)
-    O = diag(gamma) (scale Q) S + (scale Q K^T ⊙ D ⊙ M) U
+    O = diag(gamma) (scale Q) S + QK U = (diag(gamma) scale Q - QK W) S + QK U0,   QK = scale Q K^T ⊙ D ⊙ M
     S' = gamma_C S + K_end^T U = (gamma_C I - K_end^T W) S + K_end^T U0,   K_end = diag(D_Cs) K.
 
-Everything except the transition S -> S' is computed for all chunks at once (one batched triangular
-solve); the Python loop over chunks (common/matrix_scan.py) does one [K, K] x [K, V] matmul per chunk,
+Everything except the transition S -> S' is computed for all chunks at once (one batched inverse of
+I + A); the Python loop over chunks (common/matrix_scan.py) does one [K, K] x [K, V] matmul per chunk,
 forward and backward. Only in-chunk differences of cumulative gates are exponentiated (all factors
 are <= 1 for g <= 0), and memory grows linearly in T. Layout inside: [N, B, H, C, D] (chunks first).
 """
@@ -69,7 +69,8 @@ def gated_delta_chunk(
     R = k_end.transpose(-1, -2) @ U0  # [N, B, H, K, V]
     S_in, S_final = matrix_state_scan(M, R, initial_state)
 
-    U = U0 - W @ S_in
-    o = (q @ S_in) * (scale * gamma) + (q @ k.transpose(-1, -2) * (scale * D)) @ U
+    # O = diag(gamma) Q S + QK (U0 - W S) = (diag(gamma) Q - QK W) S + QK U0, QK = scale Q K^T ⊙ D ⊙ M
+    QK = q @ k.transpose(-1, -2) * (scale * D)
+    o = (q * (scale * gamma) - QK @ W) @ S_in + QK @ U0
     o = o.permute(1, 0, 3, 2, 4).to(in_dtype, memory_format=torch.contiguous_format)  # [B, N, C, H, V]
     return from_chunks(o, T), (S_final if output_final_state else None)
