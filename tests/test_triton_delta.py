@@ -66,10 +66,11 @@ def test_delta_triton_matches_recurrent_fp32(shape, with_state, final):
                          [q, k, v, None, beta, s0 if with_state else None], NAMES, ["triton"], tol=1e-5)
 
 
-def test_gated_delta_triton_strong_decay_without_final_state():
-    q, k, v, g, beta, _ = make(1, 50, 2, 16, 16, low=-20.0)
-    check_backends_agree(lambda *xs, backend: gdn(*xs, backend, final=False), [q, k, v, g, beta, None], NAMES,
-                         ["triton"], tol=1e-5)
+@pytest.mark.parametrize("T,H,chunk_size", [(50, 2, 16), (130, 1, 64)])
+def test_gated_delta_triton_strong_decay_without_final_state(T, H, chunk_size):
+    q, k, v, g, beta, _ = make(1, T, H, 16, 16, low=-20.0)
+    check_backends_agree(lambda *xs, backend: gdn(*xs, backend, chunk_size, final=False), [q, k, v, g, beta, None],
+                         NAMES, ["triton"], tol=1e-5)
 
 
 @pytest.mark.parametrize("op", [gdn, dn])
