@@ -4,6 +4,7 @@ the gates), g = 0 equals softmax_attn, bf16, splitting, stepping, long T with ex
 import pytest
 import torch
 
+from linattn.ops.common.blockwise_softmax import _Blocks
 from linattn.ops.common.kv_cache import KVCache
 from linattn.ops.common.positions import alibi_slopes
 from linattn.ops.forgetting_attn import forgetting_attn, forgetting_attn_step
@@ -136,13 +137,9 @@ def test_long_sequence_with_window_is_finite(g_value):
     g = torch.full((1, T, 1), g_value)
     o, _ = forgetting_attn(q, k, v, g, window_size=64, backend="chunk")
     assert torch.isfinite(o).all()
-    if g_value == -20.0:
-        assert_close(o, v, 1e-5, "o = v")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("g_value", [-20.0, 0.0])
-def test_long_sequence_is_finite(g_value):
+def long_run(g_value):
     T = 65536
     q, k, v, *_ = make(1, T, 1, 1, 16, 16, 0, dtype=torch.float32, seed=7)
     g = torch.full((1, T, 1), g_value, requires_grad=True)
@@ -150,6 +147,39 @@ def test_long_sequence_is_finite(g_value):
     o, _ = forgetting_attn(q, k, v, g, backend="chunk", chunk_size=128)
     o.square().mean().backward()
     assert torch.isfinite(o).all() and torch.isfinite(q.grad).all() and torch.isfinite(g.grad).all()
+    return o, v
+
+
+def test_long_sequence_strong_forgetting_is_finite():
+    """T = 65536, g = -20, full causal with gradients: finite, o_t = v_t, and fast (far blocks are pruned)."""
+    o, v = long_run(-20.0)
+    assert_close(o, v, 1e-4, "o = v")
+
+
+@pytest.mark.slow
+def test_long_sequence_no_forgetting_is_finite():
+    long_run(0.0)
+
+
+@pytest.mark.parametrize("gates", ["sparse-strong", "mixed-sign"])
+def test_pruned_blocks_match_recurrent(gates):
+    """Far blocks skipped by the chunk backend's logit bound change nothing (float64, every gradient). With
+    mixed-sign gates some block totals are > 0, so only the per-block bound prunes (lags 13-20 of 0-20)."""
+    xs = make(2, 300, 4, 2, 6, 5, 21, seed=9)
+    gen = torch.Generator().manual_seed(10)
+    for i in (3, 6):  # g and the cache's g
+        u = torch.rand(xs[i].shape, dtype=torch.float64, generator=gen)
+        xs[i] = torch.where(u < 0.3, -8.0 * u, 0.0 * u) if gates == "sparse-strong" else 12.0 * u - 7.0
+    xs[0] = 3.0 * xs[0]
+    check_backends_agree(lambda *a, backend: run(*a, backend, chunk_size=16), xs, NAMES, ["chunk"], tol=1e-10)
+
+
+def test_strong_forgetting_prunes_far_blocks():
+    T, C = 4096, 64
+    q, k, v, *_ = make(1, T, 2, 2, 8, 8, 0, dtype=torch.float32)
+    blocks = _Blocks(q, k, v, torch.full((1, T, 2), -2.0), None, 8 ** -0.5, True, None, C)
+    reference = torch.zeros(blocks.q.shape[:-1])  # a running max of 0: lag 2 (distance >= 65) has bias <= -130
+    assert [lag.d for lag in blocks.iter_logits(reference)] == [0, 1]
 
 
 def test_bad_inputs():

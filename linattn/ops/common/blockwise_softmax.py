@@ -103,6 +103,12 @@ class _Blocks:
             g = g.reshape(B, self.Nk, C, Hkv, self.G).permute(0, 3, 1, 4, 2)  # [B, H_kv, Nk, G, C]
             self.c = torch.cumsum(g, dim=-1)  # block-local cumulative gates
             self.totals = self.c[..., -1]  # [B, H_kv, Nk, G]
+        self.prunable = self.c is not None or self.slopes is not None
+        if self.prunable:  # what bounds a lag's logits (see _pruned)
+            self.q_norm = self.q.norm(dim=-1).view(B, Hkv, self.Nq, self.G, C)
+            self.k_norm_max = self.k.norm(dim=-1).amax(dim=-1)  # [B, H_kv, Nk]
+            self.c_min = None if self.c is None else self.c.amin(dim=-1)  # [B, H_kv, Nk, G]
+            self.q_valid = (torch.arange(self.Nq * C, device=q.device) < Tq).view(self.Nq, C)
 
     def block_queries(self, x: torch.Tensor) -> torch.Tensor:
         """[B, Tq, H, D] -> [B, H_kv, Nq, G C, D] (zero-padded at the end)."""
@@ -133,25 +139,56 @@ class _Blocks:
         B, Hkv, Nk, G, C = x.shape
         return x.permute(0, 2, 4, 1, 3).reshape(B, Nk * C, Hkv * G)
 
-    def lags(self) -> Iterator[int]:
-        """Lag 0 first (every query sees itself there, so running maxima become finite), then the others."""
+    def lag_runs(self) -> tuple[range, ...]:
+        """Lags in runs of growing distance: 0, 1, 2, ... then, when not causal, -1, -2, ... Lag 0 comes first
+        (every query sees itself there, so running maxima become finite)."""
         C, w = self.C, self.window
         reach = self.Nk - 1 if w is None else min(self.Nk - 1, (w + C - 2) // C)
-        yield from range(reach + 1)
+        runs = (range(reach + 1),)
         if not self.causal:
-            yield from range(-1, -min(reach, self.Nq - 1) - 1, -1)
+            runs += (range(-1, -min(reach, self.Nq - 1) - 1, -1),)
+        return runs
 
-    def iter_logits(self) -> Iterator[_Lag]:
-        """Masked, biased logits of every lag with at least one block pair."""
+    def iter_logits(self, reference: torch.Tensor) -> Iterator[_Lag]:
+        """Masked, biased logits of every lag with at least one block pair, except the lags whose logits are
+        provably all below ``reference`` + UNDERFLOW for every row (``reference`` [B, H_kv, Nq, G C]: the
+        running max in forward, read as it is updated; the log-sum-exp in backward)."""
         offset = None if self.c is None else torch.zeros_like(self.totals[:, :, : self.Nq])
-        for d in self.lags():
-            a0, a1 = max(0, d - self.n0), min(self.Nq, self.Nq + d)
-            if a0 >= a1:
-                continue
-            j0, j1 = self.n0 + a0 - d, self.n0 + a1 - d
-            if offset is not None and d > 0:  # O_d = O_{d-1} + total of the key block j = n0 + a - d
-                offset[:, :, a0:a1] += self.totals[:, :, j0:j1]
-            yield _Lag(d, a0, a1, j0, j1, self._logits(d, a0, a1, j0, j1, offset))
+        # with g <= 0 (block totals <= 0) and ALiBi, the bias only falls as the lag grows: once a bound that
+        # holds for every block of the sequence prunes a lag, it prunes all the farther ones of the run too
+        monotone = self.prunable and (self.c is None or bool((self.totals <= 0).all()))
+        for run in self.lag_runs():
+            for d in run:
+                a0, a1 = max(0, d - self.n0), min(self.Nq, self.Nq + d)
+                if a0 >= a1:
+                    continue
+                j0, j1 = self.n0 + a0 - d, self.n0 + a1 - d
+                if offset is not None and d > 0:  # O_d = O_{d-1} + total of the key block j = n0 + a - d
+                    offset[:, :, a0:a1] += self.totals[:, :, j0:j1]
+                if d != 0 and monotone and self._pruned(d, a0, a1, None, offset, reference):
+                    break
+                if d != 0 and self.prunable and self._pruned(d, a0, a1, slice(j0, j1), offset, reference):
+                    continue
+                yield _Lag(d, a0, a1, j0, j1, self._logits(d, a0, a1, j0, j1, offset))
+
+    def _pruned(self, d, a0, a1, keys, offset, reference) -> bool:
+        """Whether every weight of the lag is below exp(UNDERFLOW), judged from an upper bound of its logits:
+        q_t.k_s <= |q_t| max_s |k_s| (Cauchy-Schwarz), G_i - G_j <= c_t + O_d - min_s c_s, ALiBi
+        -slope (smallest distance of the lag), with the maxima / minima over the lag's key blocks ``keys``
+        or (None) over the whole sequence. Strong forgetting or ALiBi thus costs O(T) per query, not O(T^2)
+        (the idea of adaptive computation pruning for FoX, arXiv 2504.06949)."""
+        every = slice(None) if keys is None else keys
+        k_max = self.k_norm_max[:, :, every]
+        k_max = k_max.amax(dim=-1, keepdim=True) if keys is None else k_max
+        bound = self.q_norm[:, :, a0:a1] * k_max[..., None, None]  # [B, H_kv, nb, G, C]
+        if self.c is not None:
+            c_min = self.c_min.amin(dim=2, keepdim=True) if keys is None else self.c_min[:, :, keys]
+            c_q = self.c[:, :, self.n0 + a0: self.n0 + a1] + offset[:, :, a0:a1, :, None]
+            bound = bound + (c_q - c_min[..., None])
+        if self.slopes is not None:
+            bound = bound - self.slopes[..., 0] * max(0, abs(d) * self.C - (self.C - 1))
+        ref = reference[:, :, a0:a1].view(bound.shape)
+        return bool(((bound - ref < UNDERFLOW) | ~self.q_valid[a0:a1, None, :]).all())
 
     def _logits(self, d, a0, a1, j0, j1, offset) -> torch.Tensor:
         logits = torch.matmul(self.q[:, :, a0:a1], self.k[:, :, j0:j1].transpose(-1, -2))
@@ -201,7 +238,7 @@ class _BlockwiseAttention(torch.autograd.Function):
         m = q.new_full(shape, float("-inf"))
         denom = q.new_zeros(shape)
         acc = q.new_zeros(*shape, v.shape[-1])
-        for lag in blocks.iter_logits():
+        for lag in blocks.iter_logits(m):
             a = slice(lag.a0, lag.a1)
             row_max = lag.logits.amax(dim=-1)
             m_new = torch.maximum(m[:, :, a], row_max)
@@ -231,7 +268,7 @@ class _BlockwiseAttention(torch.autograd.Function):
         delta = (do * o).sum(dim=-1)  # rowsum(dO o) = sum_s P dP
         dq, dk, dv = torch.zeros_like(blocks.q), torch.zeros_like(blocks.k), torch.zeros_like(blocks.v)
         dG = None if log_gates is None else torch.zeros_like(blocks.c)  # per key position [B, H_kv, Nk, G, C]
-        for lag in blocks.iter_logits():
+        for lag in blocks.iter_logits(lse):
             a, j = slice(lag.a0, lag.a1), slice(lag.j0, lag.j1)
             if _negligible(lag.logits.amax(dim=-1), lse[:, :, a]):
                 continue
