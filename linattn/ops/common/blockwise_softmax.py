@@ -16,6 +16,11 @@ Python loop is over lags (over ceil(window / C) + 1 of them with a sliding windo
     the gate totals of the d blocks in between, accumulated lag by lag: no cumulative sum over the
     whole sequence is ever formed, so nothing loses precision or overflows for long T.
 
+A lag is skipped when an upper bound of its logits (|q_t| max |k_s| + the largest gate / ALiBi bias) is
+more than 80 below every row's running max: its weights would be < 2e-35. With forgetting gates g <= 0 or
+ALiBi the bias only falls with the lag, so the first lag pruned by a sequence-wide bound ends the loop:
+strong forgetting costs O(T) per query instead of O(T^2).
+
 Forward keeps the running max, normaliser and output (flash-attention style) and saves only the
 row log-sum-exp; backward recomputes each lag's probabilities (dS = P (dP - rowsum(dO o))), so
 memory stays linear in T for training too. Gradients of the gates: dG_r = -(column sum of dS at key r)
