@@ -20,9 +20,14 @@ max_k (b_r - b_last) is <= FACTOR_LIMIT = 30 (then e^{b_r - b_s} <= e^30, finite
 otherwise (e.g. g = -20) they are summed explicitly over the key channels with e^{b_t - b_s}, s <= t,
 one key at a time. The choice is made per sub-chunk at run time (fp16, which cannot hold e^30 k,
 always sums explicitly). Every other exponent is <= 0 (masked entries are replaced before exp), so
-g = -20 and any T are safe. Accuracy limit: decays are differences of in-chunk cumulative gates, which
-at g = -20 and C = 64 reach ~1000 in magnitude, so float32 carries ~1e-5 absolute error into them
-(the PyTorch chunk backend shares this).
+g = -20 and any T are safe.
+
+Accuracy. Each exponent b_t - b_s is computed as a sum of g over the tokens between s and t (cumulative
+sums from the reference token: forward ones for queries, reverse ones for keys, a running sum in the
+explicit diagonal loops), never as a difference of two in-chunk cumulative sums: at g = -20 those reach
+~1000 and their float32 difference is off by ~1e-4 absolute, i.e. a weak decay after strong ones would
+carry ~1e-5 relative error (as the PyTorch chunk backend does). Since g <= 0, every partial sum is
+bounded by the exponent itself, so its rounding error is relative to the exponent.
 
 Backward. dH: gradient of the state leaving the chunk; dA_ts = do_t . v_s for s <= t (0 above):
 
@@ -46,14 +51,14 @@ and k_sk dk_sk. The chunk end L = b_{C} appears in e^{L} ⊙ S and e^{L - b_s}; 
 and dg is the reverse cumulative sum of db inside every chunk (the padded tail of the last chunk has
 g = 0, so its b equals the last real token's and dL may sit on any row at or after it).
 
-Kernels: chunk-local cumsum b (once); the state scan (a program per key block, value block and
-batch-head, looping over chunks); the intra-chunk scores A (a program per sub-chunk, chunk and
-batch-head); the output (a program per value block, chunk and batch-head); the reverse scan of state
-gradients; the inter-chunk gradients (dv, dA, the inter parts of dq and dk, dL; a program per chunk
-and batch-head, looping over value blocks); the intra-chunk gradients (dq, dk and dg; a program per
-chunk and batch-head, looping over its sub-chunks backwards). States and A are recomputed in the
-backward pass instead of being kept. Block shapes depend on the head dims and the chunk size only,
-never on T (T is not specialised on).
+Kernels (each reads g and forms the cumulative gates it needs in registers): the state scan (a
+program per key block, value block and batch-head, looping over chunks); the intra-chunk scores A (a
+program per sub-chunk, chunk and batch-head); the output (a program per value block, chunk and
+batch-head); the reverse scan of state gradients; the inter-chunk gradients (dv, dA, the inter parts
+of dq and dk, dL; a program per chunk and batch-head, looping over value blocks); the intra-chunk
+gradients (dq, dk and dg; a program per chunk and batch-head, looping over its sub-chunks backwards).
+States and A are recomputed in the backward pass instead of being kept. Block shapes depend on the
+head dims and the chunk size only, never on T (T is not specialised on).
 """
 
 from __future__ import annotations
@@ -81,34 +86,35 @@ def _rows(i_b, i_h, t, T, H: tl.constexpr):
 
 
 @triton.jit
-def _load_b(b, i_b, i_h, t, T, H: tl.constexpr, K: tl.constexpr, o_k):
-    """Cumulative gates [len(t), BK] of tokens t; rows past T read token T - 1, which is the true value
-    of the padded tail (its g is 0), so every decay difference stays <= 0."""
-    r = (i_b * T + tl.minimum(t, T - 1)) * H + i_h
-    return tl.load(b + r[:, None] * K + o_k[None, :], mask=o_k[None, :] < K, other=0.0)
+def _load_rows(x, row, m_t, o_k, K: tl.constexpr):
+    """x[rows, o_k] as float32 [len(row), BK]; 0 outside (so padded tokens have g = 0)."""
+    return tl.load(x + row[:, None] * K + o_k[None, :], mask=m_t[:, None] & (o_k[None, :] < K), other=0.0
+                   ).to(tl.float32)
 
 
 @triton.jit
-def _load_b1(b, i_b, i_h, t, T, H: tl.constexpr, K: tl.constexpr, o_k):
-    """Cumulative gates [BK] of the one token t (clamped to T - 1 like :func:`_load_b`)."""
-    r = (i_b * T + tl.minimum(t, T - 1)) * H + i_h
-    return tl.load(b + r * K + o_k, mask=o_k < K, other=0.0)
+def _load_row(x, row, m_t, o_k, K: tl.constexpr):
+    """x[row, o_k] as float32 [BK] for one token; 0 outside."""
+    return tl.load(x + row * K + o_k, mask=m_t & (o_k < K), other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _suffix(x):
+    """sum over the rows after each row (exclusive reverse cumulative sum along axis 0)."""
+    return tl.cumsum(x, axis=0, reverse=True) - x
+
+
+@triton.jit
+def _to_ref(ga, o_C, r):
+    """b_r - b_s for every row s of a chunk's gates ga [C, BK] (r chunk-local, -1 = before the chunk),
+    each as a sum of g over the tokens between s and r (never a difference of large cumulative sums)."""
+    before = (o_C <= r)[:, None]
+    after = tl.cumsum(tl.where(before, 0.0, ga), axis=0)  # sum_{r < u <= s} g_u
+    return tl.where(before, _suffix(tl.where(before, ga, 0.0)), -after)
 
 
 @triton.jit(do_not_specialize=["T"])
-def _cumsum_kernel(g, b, T, H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr):
-    """Grid (N, B*H): b = cumulative sum of g (float32) restarted at every chunk."""
-    n, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_k = tl.arange(0, BK)
-    row, m_t = _rows(i_b, i_h, n * C + tl.arange(0, C), T, H)
-    ptr = row[:, None] * K + o_k[None, :]
-    m = m_t[:, None] & (o_k[None, :] < K)
-    tl.store(b + ptr, tl.cumsum(tl.load(g + ptr, mask=m, other=0.0).to(tl.float32), axis=0), mask=m)
-
-
-@triton.jit(do_not_specialize=["T"])
-def _state_fwd_kernel(k, v, b, h, h0, ht, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
+def _state_fwd_kernel(k, v, g, h, h0, ht, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                       BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, PREC: tl.constexpr,
                       UP: tl.constexpr):
     """Grid (cdiv(V, BV), cdiv(K, BK), B*H): h[b, h, n] = state entering chunk n; ht = the final state."""
@@ -124,54 +130,51 @@ def _state_fwd_kernel(k, v, b, h, h0, ht, T, H: tl.constexpr, K: tl.constexpr, V
         S += tl.load(h0 + i_bh * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
     for n in range(N):
         tl.store(h + (i_bh * N + n) * K * V + kv, S.to(h.dtype.element_ty), mask=m_kv)
-        t = n * C + o_c
-        row, m_t = _rows(i_b, i_h, t, T, H)
-        bc = _load_b(b, i_b, i_h, t, T, H, K, o_k)
-        bL = _load_b1(b, i_b, i_h, n * C + C - 1, T, H, K, o_k)
+        row, m_t = _rows(i_b, i_h, n * C + o_c, T, H)
+        gc = _load_rows(g, row, m_t, o_k, K)
         kc = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_t[:, None] & (o_k[None, :] < K), other=0.0)
         vc = tl.load(v + row[:, None] * V + o_v[None, :], mask=m_t[:, None] & (o_v[None, :] < V), other=0.0)
-        kw = (kc.to(tl.float32) * tl.exp(bL[None, :] - bc)).to(vc.dtype)
-        S = S * tl.exp(bL)[:, None] + mm(tl.trans(kw), vc, PREC, UP)
+        kw = (kc.to(tl.float32) * tl.exp(_suffix(gc))).to(vc.dtype)  # k_s e^{L - b_s}
+        S = S * tl.exp(tl.sum(gc, axis=0))[:, None] + mm(tl.trans(kw), vc, PREC, UP)
     tl.store(ht + i_bh * K * V + kv, S, mask=m_kv)
 
 
 @triton.jit(do_not_specialize=["T"])
-def _scores_kernel(q, k, b, A, scale, T, H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+def _scores_kernel(q, k, g, A, scale, T, H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                    SUBC: tl.constexpr, LIMIT: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
     """Grid (C // SUBC, N, B*H): rows of sub-chunk i of A[t, s] (s, t in one chunk, 0 for s > t)."""
     i, n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     o_k, o_c, o_C = tl.arange(0, BK), tl.arange(0, SUBC), tl.arange(0, C)
-    m_k = o_k < K
     start = n * C + i * SUBC
     row_i, m_i = _rows(i_b, i_h, start + o_c, T, H)
-    qi = tl.load(q + row_i[:, None] * K + o_k[None, :], mask=m_i[:, None] & m_k[None, :], other=0.0)
-    bi = _load_b(b, i_b, i_h, start + o_c, T, H, K, o_k)
-    # earlier sub-chunks: both factors decayed to r, the token before sub-chunk i
-    br = tl.where(start > n * C, _load_b1(b, i_b, i_h, tl.maximum(start - 1, 0), T, H, K, o_k), 0.0)
-    explicit = tl.max(br - _load_b1(b, i_b, i_h, start + SUBC - 1, T, H, K, o_k), axis=0) > LIMIT
+    qi = tl.load(q + row_i[:, None] * K + o_k[None, :], mask=m_i[:, None] & (o_k[None, :] < K), other=0.0)
+    gi = _load_rows(g, row_i, m_i, o_k, K)
+    explicit = tl.max(-tl.sum(gi, axis=0), axis=0) > LIMIT  # the sub-chunk's gate spread
+    # keys of earlier sub-chunks (and of this one unless `explicit`), decayed to r, the token before
     row_a, m_a = _rows(i_b, i_h, n * C + o_C, T, H)
     m_s = (o_C < tl.where(explicit, i * SUBC, i * SUBC + SUBC)) & m_a
-    ka = tl.load(k + row_a[:, None] * K + o_k[None, :], mask=m_s[:, None] & m_k[None, :], other=0.0)
-    ba = _load_b(b, i_b, i_h, n * C + o_C, T, H, K, o_k)
-    kf = ka.to(tl.float32) * tl.exp(tl.where(m_s[:, None], br[None, :] - ba, 0.0))
-    qf = qi.to(tl.float32) * tl.exp(bi - br[None, :])
+    ka = tl.load(k + row_a[:, None] * K + o_k[None, :], mask=m_s[:, None] & (o_k[None, :] < K), other=0.0)
+    to_r = _to_ref(_load_rows(g, row_a, m_a, o_k, K), o_C, i * SUBC - 1)
+    kf = ka.to(tl.float32) * tl.exp(tl.where(m_s[:, None], to_r, 0.0))
+    qf = qi.to(tl.float32) * tl.exp(tl.cumsum(gi, axis=0))  # q_t e^{b_t - b_r}
     acc = mm(qf.to(qi.dtype), tl.trans(kf.to(ka.dtype)), PREC, UP)  # [SUBC, C]
     acc = tl.where(o_C[None, :] <= i * SUBC + o_c[:, None], acc, 0.0)
-    if explicit:  # the diagonal block one key at a time: sum_k q_tk k_sk e^{b_tk - b_sk}, s <= t
-        for j in range(SUBC):
+    if explicit:  # the diagonal block one key s at a time, from the last: sum_k q_tk k_sk e^{b_tk - b_sk}
+        d = tl.zeros([SUBC, BK], dtype=tl.float32)  # b_t - b_s = sum_{s < u <= t} g_u, accumulated
+        for jj in range(SUBC):
+            j = SUBC - 1 - jj
             row_s, m_sj = _rows(i_b, i_h, start + j, T, H)
-            ks = tl.load(k + row_s * K + o_k, mask=m_k & m_sj, other=0.0).to(tl.float32)
-            bs = _load_b1(b, i_b, i_h, start + j, T, H, K, o_k)
-            causal = (o_c >= j)[:, None]
-            e = tl.where(causal, tl.exp(tl.where(causal, bi - bs[None, :], 0.0)), 0.0)
-            col = tl.sum(qi.to(tl.float32) * ks[None, :] * e, axis=1)
+            ks = _load_row(k, row_s, m_sj, o_k, K)
+            lower = (o_c >= j)[:, None]
+            col = tl.sum(tl.where(lower, qi.to(tl.float32) * ks[None, :] * tl.exp(d), 0.0), axis=1)
             acc += tl.where(o_C[None, :] == i * SUBC + j, col[:, None], 0.0)
+            d += tl.where(lower, _load_row(g, row_s, m_sj, o_k, K)[None, :], 0.0)
     tl.store(A + row_i[:, None] * C + o_C[None, :], acc * scale, mask=m_i[:, None])
 
 
 @triton.jit(do_not_specialize=["T"])
-def _output_kernel(q, v, b, h, A, o, scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
+def _output_kernel(q, v, g, h, A, o, scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                    BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
     """Grid (cdiv(V, BV), N, B*H): o = (q~ ⊙ e^b) S + A v for one chunk and value block."""
     i_v, n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
@@ -179,11 +182,10 @@ def _output_kernel(q, v, b, h, A, o, scale, T, H: tl.constexpr, K: tl.constexpr,
     N = tl.cdiv(T, C)
     o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
     o_v = i_v * BV + tl.arange(0, BV)
-    t = n * C + o_c
-    row, m_t = _rows(i_b, i_h, t, T, H)
+    row, m_t = _rows(i_b, i_h, n * C + o_c, T, H)
     m_cv = m_t[:, None] & (o_v[None, :] < V)
     qc = tl.load(q + row[:, None] * K + o_k[None, :], mask=m_t[:, None] & (o_k[None, :] < K), other=0.0)
-    bc = _load_b(b, i_b, i_h, t, T, H, K, o_k)
+    bc = tl.cumsum(_load_rows(g, row, m_t, o_k, K), axis=0)
     S = tl.load(h + (i_bh * N + n) * K * V + o_k[:, None] * V + o_v[None, :],
                 mask=(o_k[:, None] < K) & (o_v[None, :] < V), other=0.0)
     Ac = tl.load(A + row[:, None] * C + o_c[None, :], mask=m_t[:, None], other=0.0)
@@ -194,7 +196,7 @@ def _output_kernel(q, v, b, h, A, o, scale, T, H: tl.constexpr, K: tl.constexpr,
 
 
 @triton.jit(do_not_specialize=["T"])
-def _state_bwd_kernel(q, b, do, dh, dht, dh0, scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+def _state_bwd_kernel(q, g, do, dh, dht, dh0, scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
                       PREC: tl.constexpr, UP: tl.constexpr):
     """Grid (cdiv(V, BV), cdiv(K, BK), B*H): dh[b, h, n] = gradient of the state leaving chunk n; dh0."""
@@ -211,19 +213,17 @@ def _state_bwd_kernel(q, b, do, dh, dht, dh0, scale, T, H: tl.constexpr, K: tl.c
     for i in range(N):
         n = N - 1 - i
         tl.store(dh + (i_bh * N + n) * K * V + kv, dS.to(dh.dtype.element_ty), mask=m_kv)
-        t = n * C + o_c
-        row, m_t = _rows(i_b, i_h, t, T, H)
-        bc = _load_b(b, i_b, i_h, t, T, H, K, o_k)
-        bL = _load_b1(b, i_b, i_h, n * C + C - 1, T, H, K, o_k)
+        row, m_t = _rows(i_b, i_h, n * C + o_c, T, H)
+        gc = _load_rows(g, row, m_t, o_k, K)
         qc = tl.load(q + row[:, None] * K + o_k[None, :], mask=m_t[:, None] & (o_k[None, :] < K), other=0.0)
         doc = tl.load(do + row[:, None] * V + o_v[None, :], mask=m_t[:, None] & (o_v[None, :] < V), other=0.0)
-        qw = (qc.to(tl.float32) * tl.exp(bc) * scale).to(doc.dtype)
-        dS = dS * tl.exp(bL)[:, None] + mm(tl.trans(qw), doc, PREC, UP)
+        qw = (qc.to(tl.float32) * tl.exp(tl.cumsum(gc, axis=0)) * scale).to(doc.dtype)
+        dS = dS * tl.exp(tl.sum(gc, axis=0))[:, None] + mm(tl.trans(qw), doc, PREC, UP)
     tl.store(dh0 + i_bh * K * V + kv, dS, mask=m_kv)
 
 
 @triton.jit(do_not_specialize=["T"])
-def _inter_bwd_kernel(q, k, v, b, h, A, do, dh, dv, dA, dq, dk, dL, scale, T, H: tl.constexpr, K: tl.constexpr,
+def _inter_bwd_kernel(q, k, v, g, h, A, do, dh, dv, dA, dq, dk, dL, scale, T, H: tl.constexpr, K: tl.constexpr,
                       V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
                       UP: tl.constexpr):
     """Grid (N, B*H), looping over value blocks: dv; dA (masked); the inter parts of dq, dk (float32); dL."""
@@ -231,14 +231,13 @@ def _inter_bwd_kernel(q, k, v, b, h, A, do, dh, dv, dA, dq, dk, dL, scale, T, H:
     i_b, i_h = i_bh // H, i_bh % H
     N = tl.cdiv(T, C)
     o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
-    t = n * C + o_c
-    row, m_t = _rows(i_b, i_h, t, T, H)
+    row, m_t = _rows(i_b, i_h, n * C + o_c, T, H)
     m_ck = m_t[:, None] & (o_k[None, :] < K)
-    bc = _load_b(b, i_b, i_h, t, T, H, K, o_k)
-    bL = _load_b1(b, i_b, i_h, n * C + C - 1, T, H, K, o_k)
+    gc = _load_rows(g, row, m_t, o_k, K)
     kc = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
     Ac = tl.load(A + row[:, None] * C + o_c[None, :], mask=m_t[:, None], other=0.0)
-    k_tail = kc.to(tl.float32) * tl.exp(bL[None, :] - bc)
+    tail = tl.exp(_suffix(gc))  # e^{L - b_s}
+    k_tail = kc.to(tl.float32) * tail
     dA_acc = tl.zeros([C, C], dtype=tl.float32)
     dq_acc = tl.zeros([C, BK], dtype=tl.float32)
     dk_acc = tl.zeros([C, BK], dtype=tl.float32)
@@ -260,15 +259,15 @@ def _inter_bwd_kernel(q, k, v, b, h, A, do, dh, dv, dA, dq, dk, dL, scale, T, H:
         tl.store(dv + row[:, None] * V + o_v[None, :], dv_blk.to(dv.dtype.element_ty), mask=m_cv)
     dA_acc = tl.where(o_c[:, None] >= o_c[None, :], dA_acc, 0.0)
     tl.store(dA + row[:, None] * C + o_c[None, :], dA_acc, mask=m_t[:, None])
-    dk_inter = dk_acc * tl.exp(bL[None, :] - bc)
-    tl.store(dq + row[:, None] * K + o_k[None, :], dq_acc * tl.exp(bc) * scale, mask=m_ck)
+    dk_inter = dk_acc * tail
+    tl.store(dq + row[:, None] * K + o_k[None, :], dq_acc * tl.exp(tl.cumsum(gc, axis=0)) * scale, mask=m_ck)
     tl.store(dk + row[:, None] * K + o_k[None, :], dk_inter, mask=m_ck)
-    dL_n = tl.exp(bL) * sdh + tl.sum(kc.to(tl.float32) * dk_inter, axis=0)
+    dL_n = tl.exp(tl.sum(gc, axis=0)) * sdh + tl.sum(kc.to(tl.float32) * dk_inter, axis=0)
     tl.store(dL + (i_bh * N + n) * K + o_k, dL_n, mask=o_k < K)
 
 
 @triton.jit(do_not_specialize=["T"])
-def _intra_bwd_kernel(q, k, b, dA, dq_in, dk_in, dL, dq, dk, dg, scale, T, H: tl.constexpr, K: tl.constexpr,
+def _intra_bwd_kernel(q, k, g, dA, dq_in, dk_in, dL, dq, dk, dg, scale, T, H: tl.constexpr, K: tl.constexpr,
                       C: tl.constexpr, BK: tl.constexpr, SUBC: tl.constexpr, LIMIT: tl.constexpr, PREC: tl.constexpr,
                       UP: tl.constexpr):
     """Grid (N, B*H): dq, dk (inter parts from dq_in, dk_in plus the intra sums) and dg, sub-chunk by
@@ -282,46 +281,50 @@ def _intra_bwd_kernel(q, k, b, dA, dq_in, dk_in, dL, dq, dk, dg, scale, T, H: tl
     m_ak = m_a[:, None] & m_k[None, :]
     qa = tl.load(q + row_a[:, None] * K + o_k[None, :], mask=m_ak, other=0.0)
     ka = tl.load(k + row_a[:, None] * K + o_k[None, :], mask=m_ak, other=0.0)
-    ba = _load_b(b, i_b, i_h, n * C + o_C, T, H, K, o_k)
+    ga = _load_rows(g, row_a, m_a, o_k, K)
     carry = tl.load(dL + (i_bh * N + n) * K + o_k, mask=m_k, other=0.0)
     for ii in tl.static_range(C // SUBC):
         i = C // SUBC - 1 - ii
         start = n * C + i * SUBC
         row_i, m_i = _rows(i_b, i_h, start + o_c, T, H)
-        m_ik = m_i[:, None] & m_k[None, :]
-        qi = tl.load(q + row_i[:, None] * K + o_k[None, :], mask=m_ik, other=0.0).to(tl.float32)
-        ki = tl.load(k + row_i[:, None] * K + o_k[None, :], mask=m_ik, other=0.0).to(tl.float32)
-        bi = _load_b(b, i_b, i_h, start + o_c, T, H, K, o_k)
-        # dq from the keys of earlier sub-chunks (and of sub-chunk i itself unless `explicit`), decayed
-        # to r = the token before sub-chunk i
-        br = tl.where(start > n * C, _load_b1(b, i_b, i_h, tl.maximum(start - 1, 0), T, H, K, o_k), 0.0)
-        be = _load_b1(b, i_b, i_h, start + SUBC - 1, T, H, K, o_k)
-        explicit = tl.max(br - be, axis=0) > LIMIT
+        qi = _load_rows(q, row_i, m_i, o_k, K)
+        ki = _load_rows(k, row_i, m_i, o_k, K)
+        gi = _load_rows(g, row_i, m_i, o_k, K)
+        explicit = tl.max(-tl.sum(gi, axis=0), axis=0) > LIMIT
+        # dq from the keys of earlier sub-chunks (and of sub-chunk i unless `explicit`), decayed to
+        # r = the token before sub-chunk i
         m_s = o_C < tl.where(explicit, i * SUBC, i * SUBC + SUBC)
-        kf = tl.where(m_s[:, None], ka.to(tl.float32) * tl.exp(tl.where(m_s[:, None], br[None, :] - ba, 0.0)), 0.0)
+        kf = tl.where(m_s[:, None], ka.to(tl.float32) * tl.exp(tl.where(m_s[:, None], _to_ref(ga, o_C, i * SUBC - 1),
+                                                                         0.0)), 0.0)
         dA_r = tl.load(dA + row_i[:, None] * C + o_C[None, :], mask=m_i[:, None], other=0.0)  # [t in i, s]
-        dqi = mm(dA_r.to(ka.dtype), kf.to(ka.dtype), PREC, UP) * tl.exp(bi - br[None, :])
+        dqi = mm(dA_r.to(ka.dtype), kf.to(ka.dtype), PREC, UP) * tl.exp(tl.cumsum(gi, axis=0))
         # dk from the queries of later sub-chunks (and of sub-chunk i unless `explicit`), decayed to
         # e = the last token of sub-chunk i
         m_t = o_C >= tl.where(explicit, i * SUBC + SUBC, i * SUBC)
-        qf = tl.where(m_t[:, None], qa.to(tl.float32) * tl.exp(tl.where(m_t[:, None], ba - be[None, :], 0.0)), 0.0)
+        qf = tl.where(m_t[:, None], qa.to(tl.float32) * tl.exp(tl.where(m_t[:, None],
+                                                                         -_to_ref(ga, o_C, i * SUBC + SUBC - 1),
+                                                                         0.0)), 0.0)
         dA_c = tl.load(dA + row_a[None, :] * C + (i * SUBC + o_c)[:, None], mask=m_a[None, :], other=0.0)  # [s, t]
-        dki = mm(dA_c.to(qa.dtype), qf.to(qa.dtype), PREC, UP) * tl.exp(be[None, :] - bi)
-        if explicit:  # the diagonal block: token j as a key (for dq) and as a query (for dk)
-            for j in range(SUBC):
-                row_j, m_j = _rows(i_b, i_h, start + j, T, H)
-                bj = _load_b1(b, i_b, i_h, start + j, T, H, K, o_k)
-                kj = tl.load(k + row_j * K + o_k, mask=m_k & m_j, other=0.0).to(tl.float32)
-                qj = tl.load(q + row_j * K + o_k, mask=m_k & m_j, other=0.0).to(tl.float32)
-                dA_col = tl.load(dA + row_i * C + i * SUBC + j, mask=m_i, other=0.0)  # dA[t in i, s = j]
-                dA_row = tl.load(dA + row_j * C + i * SUBC + o_c, mask=m_j, other=0.0)  # dA[t = j, s in i]
+        dki = mm(dA_c.to(qa.dtype), qf.to(qa.dtype), PREC, UP) * tl.exp(_suffix(gi))
+        if explicit:  # diagonal block: token SUBC-1-jj as a key (for dq), token jj as a query (for dk)
+            d_q = tl.zeros([SUBC, BK], dtype=tl.float32)  # b_t - b_s, s = SUBC-1-jj, as a sum of g
+            d_k = tl.zeros([SUBC, BK], dtype=tl.float32)  # b_t - b_s, t = jj, as a sum of g
+            for jj in range(SUBC):
+                j = SUBC - 1 - jj
+                row_s, m_s1 = _rows(i_b, i_h, start + j, T, H)
+                row_t, m_t1 = _rows(i_b, i_h, start + jj, T, H)
+                d_k += tl.where((o_c < jj)[:, None], _load_row(g, row_t, m_t1, o_k, K)[None, :], 0.0)
+                dA_col = tl.load(dA + row_i * C + i * SUBC + j, mask=m_i, other=0.0)  # dA[t in i, s]
+                dA_row = tl.load(dA + row_t * C + i * SUBC + o_c, mask=m_t1, other=0.0)  # dA[t, s in i]
                 lower = (o_c >= j)[:, None]
-                e = tl.where(lower, tl.exp(tl.where(lower, bi - bj[None, :], 0.0)), 0.0)
-                dqi += dA_col[:, None] * kj[None, :] * e
-                upper = (o_c <= j)[:, None]
-                e = tl.where(upper, tl.exp(tl.where(upper, bj[None, :] - bi, 0.0)), 0.0)
-                dki += dA_row[:, None] * qj[None, :] * e
+                dqi += tl.where(lower, dA_col[:, None] * _load_row(k, row_s, m_s1, o_k, K)[None, :] * tl.exp(d_q),
+                                0.0)
+                upper = (o_c <= jj)[:, None]
+                dki += tl.where(upper, dA_row[:, None] * _load_row(q, row_t, m_t1, o_k, K)[None, :] * tl.exp(d_k),
+                                0.0)
+                d_q += tl.where(lower, _load_row(g, row_s, m_s1, o_k, K)[None, :], 0.0)
         ptr = row_i[:, None] * K + o_k[None, :]
+        m_ik = m_i[:, None] & m_k[None, :]
         dqi = dqi * scale + tl.load(dq_in + ptr, mask=m_ik, other=0.0)
         dki = dki * scale + tl.load(dk_in + ptr, mask=m_ik, other=0.0)
         tl.store(dq + ptr, dqi.to(dq.dtype.element_ty), mask=m_ik)
@@ -345,14 +348,7 @@ def _prec(x: torch.Tensor) -> tuple[str, bool]:
     return dot_precision(x.dtype), upcast_dots(x.dtype)
 
 
-def _cumsum(g: torch.Tensor, C: int) -> torch.Tensor:
-    B, T, H, K = g.shape
-    b = torch.empty(B, T, H, K, device=g.device, dtype=torch.float32)
-    _cumsum_kernel[(triton.cdiv(T, C), B * H)](g, b, T, H, K, C, _block(K))
-    return b
-
-
-def _states(k, v, b, initial_state, C):
+def _states(k, v, g, initial_state, C):
     B, T, H, K = k.shape
     V = v.shape[-1]
     N = triton.cdiv(T, C)
@@ -361,15 +357,15 @@ def _states(k, v, b, initial_state, C):
     ht = torch.empty(B, H, K, V, device=k.device, dtype=torch.float32)
     h0 = initial_state if initial_state is not None else ht  # unused pointer when HAS_H0 is False
     _state_fwd_kernel[(triton.cdiv(V, BV), triton.cdiv(K, BK), B * H)](
-        k, v, b, h, h0, ht, T, H, K, V, C, BK, BV, initial_state is not None, *_prec(k),
+        k, v, g, h, h0, ht, T, H, K, V, C, BK, BV, initial_state is not None, *_prec(k),
         num_warps=LAUNCH["scan_warps"])
     return h, ht
 
 
-def _scores(q, k, b, scale, C):
+def _scores(q, k, g, scale, C):
     B, T, H, K = q.shape
     A = torch.empty(B, T, H, C, device=q.device, dtype=torch.float32)
-    _scores_kernel[(C // SUB, triton.cdiv(T, C), B * H)](q, k, b, A, scale, T, H, K, C, _block(K), SUB,
+    _scores_kernel[(C // SUB, triton.cdiv(T, C), B * H)](q, k, g, A, scale, T, H, K, C, _block(K), SUB,
                                                           _factor_limit(q), *_prec(q), num_warps=LAUNCH["scores_warps"])
     return A
 
@@ -378,13 +374,12 @@ def gla_triton_forward(q, k, v, g, scale, initial_state, C):
     """Forward pass: (o, final state float32). Inputs contiguous [B, T, H, *], g float32 [B, T, H, K]."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    b = _cumsum(g, C)
-    h, ht = _states(k, v, b, initial_state, C)
-    A = _scores(q, k, b, scale, C)
+    h, ht = _states(k, v, g, initial_state, C)
+    A = _scores(q, k, g, scale, C)
     o = torch.empty_like(v)
     BV = min(LAUNCH["BV"], _block(V))
     _output_kernel[(triton.cdiv(V, BV), triton.cdiv(T, C), B * H)](
-        q, v, b, h, A, o, scale, T, H, K, V, C, _block(K), BV, *_prec(q), num_warps=LAUNCH["out_warps"])
+        q, v, g, h, A, o, scale, T, H, K, V, C, _block(K), BV, *_prec(q), num_warps=LAUNCH["out_warps"])
     return o, ht
 
 
@@ -393,26 +388,25 @@ def gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht):
     B, T, H, K = q.shape
     V = v.shape[-1]
     N = triton.cdiv(T, C)
-    b = _cumsum(g, C)
-    h, _ = _states(k, v, b, initial_state, C)
-    A = _scores(q, k, b, scale, C)
+    h, _ = _states(k, v, g, initial_state, C)
+    A = _scores(q, k, g, scale, C)
     BK, BV = min(LAUNCH["scan_BK"], _block(K)), min(LAUNCH["BV"], _block(V))
     dh = torch.empty_like(h)
     dh0 = torch.empty(B, H, K, V, device=q.device, dtype=torch.float32)
     _state_bwd_kernel[(triton.cdiv(V, BV), triton.cdiv(K, BK), B * H)](
-        q, b, do, dh, dht if dht is not None else dh0, dh0, scale, T, H, K, V, C, BK, BV, dht is not None,
+        q, g, do, dh, dht if dht is not None else dh0, dh0, scale, T, H, K, V, C, BK, BV, dht is not None,
         *_prec(q), num_warps=LAUNCH["scan_warps"])
     dv = torch.empty_like(v)
     dA = torch.empty(B, T, H, C, device=q.device, dtype=torch.float32)
     dq_inter = torch.empty(B, T, H, K, device=q.device, dtype=torch.float32)
     dk_inter = torch.empty_like(dq_inter)
     dL = torch.empty(B, H, N, K, device=q.device, dtype=torch.float32)
-    _inter_bwd_kernel[(N, B * H)](q, k, v, b, h, A, do, dh, dv, dA, dq_inter, dk_inter, dL, scale, T, H, K, V, C,
+    _inter_bwd_kernel[(N, B * H)](q, k, v, g, h, A, do, dh, dv, dA, dq_inter, dk_inter, dL, scale, T, H, K, V, C,
                                   _block(K), min(LAUNCH["inter_BV"], _block(V)), *_prec(q),
                                   num_warps=LAUNCH["inter_warps"])
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     dg = torch.empty(B, T, H, K, device=q.device, dtype=torch.float32)
-    _intra_bwd_kernel[(N, B * H)](q, k, b, dA, dq_inter, dk_inter, dL, dq, dk, dg, scale, T, H, K, C, _block(K),
+    _intra_bwd_kernel[(N, B * H)](q, k, g, dA, dq_inter, dk_inter, dL, dq, dk, dg, scale, T, H, K, C, _block(K),
                                   SUB, _factor_limit(q), *_prec(q), num_warps=LAUNCH["intra_warps"])
     return dq, dk, dv, dg, dh0
 
