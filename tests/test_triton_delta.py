@@ -66,11 +66,14 @@ def test_delta_triton_matches_recurrent_fp32(shape, with_state, final):
                          [q, k, v, None, beta, s0 if with_state else None], NAMES, ["triton"], tol=1e-5)
 
 
-@pytest.mark.parametrize("T,H,chunk_size", [(50, 2, 16), (130, 1, 64)])
-def test_gated_delta_triton_strong_decay_without_final_state(T, H, chunk_size):
+@pytest.mark.parametrize("T,H,chunk_size,tol", [(50, 2, 16, 1e-5), (130, 1, 64, 3e-5)])
+def test_gated_delta_triton_strong_decay_without_final_state(T, H, chunk_size, tol):
+    """g down to -20: finite and exact to float32 resolution. With 64-token chunks the in-chunk cumulative
+    gates reach ~-1000, which float32 resolves to ~1e-4 absolute, so e^{b_t - b_s} carries ~1e-5 relative
+    error: dg agrees to ~1.2e-5 (the PyTorch chunk backend: ~2.3e-5), every other output to < 3e-6."""
     q, k, v, g, beta, _ = make(1, T, H, 16, 16, low=-20.0)
     check_backends_agree(lambda *xs, backend: gdn(*xs, backend, chunk_size, final=False), [q, k, v, g, beta, None],
-                         NAMES, ["triton"], tol=1e-5)
+                         NAMES, ["triton"], tol=tol)
 
 
 @pytest.mark.parametrize("op", [gdn, dn])
