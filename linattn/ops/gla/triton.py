@@ -233,11 +233,8 @@ def _inter_bwd_kernel(q, k, v, g, h, A, do, dh, dv, dA, dq, dk, dL, scale, T, H:
     o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
     row, m_t = _rows(i_b, i_h, n * C + o_c, T, H)
     m_ck = m_t[:, None] & (o_k[None, :] < K)
-    gc = _load_rows(g, row, m_t, o_k, K)
     kc = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
-    Ac = tl.load(A + row[:, None] * C + o_c[None, :], mask=m_t[:, None], other=0.0)
-    tail = tl.exp(_suffix(gc))  # e^{L - b_s}
-    k_tail = kc.to(tl.float32) * tail
+    k_tail = (kc.to(tl.float32) * tl.exp(_suffix(_load_rows(g, row, m_t, o_k, K)))).to(kc.dtype)  # k e^{L - b}
     dA_acc = tl.zeros([C, C], dtype=tl.float32)
     dq_acc = tl.zeros([C, BK], dtype=tl.float32)
     dk_acc = tl.zeros([C, BK], dtype=tl.float32)
@@ -250,6 +247,7 @@ def _inter_bwd_kernel(q, k, v, g, h, A, do, dh, dv, dA, dq, dk, dL, scale, T, H:
         doc = tl.load(do + row[:, None] * V + o_v[None, :], mask=m_cv, other=0.0)
         S = tl.load(h + (i_bh * N + n) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
         dS = tl.load(dh + (i_bh * N + n) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
+        Ac = tl.load(A + row[:, None] * C + o_c[None, :], mask=m_t[:, None], other=0.0)
         dA_acc += mm(doc, tl.trans(vc), PREC, UP)
         dq_acc += mm(doc.to(S.dtype), tl.trans(S), PREC, UP)
         dk_acc += mm(vc.to(dS.dtype), tl.trans(dS), PREC, UP)
@@ -259,10 +257,12 @@ def _inter_bwd_kernel(q, k, v, g, h, A, do, dh, dv, dA, dq, dk, dL, scale, T, H:
         tl.store(dv + row[:, None] * V + o_v[None, :], dv_blk.to(dv.dtype.element_ty), mask=m_cv)
     dA_acc = tl.where(o_c[:, None] >= o_c[None, :], dA_acc, 0.0)
     tl.store(dA + row[:, None] * C + o_c[None, :], dA_acc, mask=m_t[:, None])
-    dk_inter = dk_acc * tail
+    gc = _load_rows(g, row, m_t, o_k, K)  # reloaded: fewer live tiles during the loop
     tl.store(dq + row[:, None] * K + o_k[None, :], dq_acc * tl.exp(tl.cumsum(gc, axis=0)) * scale, mask=m_ck)
+    dk_inter = dk_acc * tl.exp(_suffix(gc))
     tl.store(dk + row[:, None] * K + o_k[None, :], dk_inter, mask=m_ck)
-    dL_n = tl.exp(tl.sum(gc, axis=0)) * sdh + tl.sum(kc.to(tl.float32) * dk_inter, axis=0)
+    kc = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0).to(tl.float32)
+    dL_n = tl.exp(tl.sum(gc, axis=0)) * sdh + tl.sum(kc * dk_inter, axis=0)
     tl.store(dL + (i_bh * N + n) * K + o_k, dL_n, mask=o_k < K)
 
 
@@ -279,9 +279,6 @@ def _intra_bwd_kernel(q, k, g, dA, dq_in, dk_in, dL, dq, dk, dg, scale, T, H: tl
     m_k = o_k < K
     row_a, m_a = _rows(i_b, i_h, n * C + o_C, T, H)
     m_ak = m_a[:, None] & m_k[None, :]
-    qa = tl.load(q + row_a[:, None] * K + o_k[None, :], mask=m_ak, other=0.0)
-    ka = tl.load(k + row_a[:, None] * K + o_k[None, :], mask=m_ak, other=0.0)
-    ga = _load_rows(g, row_a, m_a, o_k, K)
     carry = tl.load(dL + (i_bh * N + n) * K + o_k, mask=m_k, other=0.0)
     for ii in tl.static_range(C // SUBC):
         i = C // SUBC - 1 - ii
@@ -291,6 +288,8 @@ def _intra_bwd_kernel(q, k, g, dA, dq_in, dk_in, dL, dq, dk, dg, scale, T, H: tl
         ki = _load_rows(k, row_i, m_i, o_k, K)
         gi = _load_rows(g, row_i, m_i, o_k, K)
         explicit = tl.max(-tl.sum(gi, axis=0), axis=0) > LIMIT
+        ga = _load_rows(g, row_a, m_a, o_k, K)  # the whole chunk, (re)loaded per sub-chunk (cache hits)
+        ka = tl.load(k + row_a[:, None] * K + o_k[None, :], mask=m_ak, other=0.0)
         # dq from the keys of earlier sub-chunks (and of sub-chunk i unless `explicit`), decayed to
         # r = the token before sub-chunk i
         m_s = o_C < tl.where(explicit, i * SUBC, i * SUBC + SUBC)
@@ -301,6 +300,7 @@ def _intra_bwd_kernel(q, k, g, dA, dq_in, dk_in, dL, dq, dk, dg, scale, T, H: tl
         # dk from the queries of later sub-chunks (and of sub-chunk i unless `explicit`), decayed to
         # e = the last token of sub-chunk i
         m_t = o_C >= tl.where(explicit, i * SUBC + SUBC, i * SUBC)
+        qa = tl.load(q + row_a[:, None] * K + o_k[None, :], mask=m_ak, other=0.0)
         qf = tl.where(m_t[:, None], qa.to(tl.float32) * tl.exp(tl.where(m_t[:, None],
                                                                          -_to_ref(ga, o_C, i * SUBC + SUBC - 1),
                                                                          0.0)), 0.0)
@@ -336,7 +336,7 @@ def _intra_bwd_kernel(q, k, g, dA, dq_in, dk_in, dL, dq, dk, dg, scale, T, H: tl
 
 # Launch settings: fixed per head size (never tuned per sequence length).
 LAUNCH = {"BV": 64, "scan_BK": 64, "scan_warps": 4, "scores_warps": 4, "out_warps": 4, "inter_BV": 64,
-          "inter_warps": 8, "intra_warps": 4}
+          "inter_warps": 8, "intra_warps": 8}
 
 
 def _state_dtype(x: torch.Tensor) -> torch.dtype:
