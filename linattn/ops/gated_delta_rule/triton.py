@@ -449,13 +449,15 @@ def gated_delta_triton(
     """
     if chunk_size not in (16, 32, 64):
         raise ValueError(f"chunk_size must be 16, 32 or 64 for backend='triton', got {chunk_size}")
-    dtype = q.dtype if q.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
+    in_dtype = q.dtype  # float64 runs in float32 and returns float64
+    dtype = in_dtype if in_dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
     q, k, v = (x.to(dtype).contiguous() for x in (q, k, v))
     g = None if g is None else g.float().contiguous()
     beta = beta.float().contiguous()
     s0 = None if initial_state is None else initial_state.float().contiguous()
     o, ht = _fwd_op(q, k, v, g, beta, s0, float(scale), chunk_size)
-    return o, (ht if output_final_state else None)
+    state_dtype = torch.float64 if in_dtype == torch.float64 else torch.float32
+    return o.to(in_dtype), (ht.to(state_dtype) if output_final_state else None)
 
 
 TRITON_BACKENDS = {"gated_delta_rule": gated_delta_triton}
