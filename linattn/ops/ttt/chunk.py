@@ -108,18 +108,23 @@ def linear_memory_chunk(
 
     M = q.new_zeros(B, H, K, V) if M0 is None else M0.to(dt)
     S = None if d is None else (q.new_zeros(B, H, K, V) if S0 is None else S0.to(dt))
+    # per-chunk views made once: unbind's backward stacks the gradients once, where indexing
+    # inside the loop would add a full-size zero tensor per chunk (quadratic in T)
+    Wk, Uv, kc, A_exit = (x.unbind(2) for x in (Wk, Uv, kc, A_exit))
+    if S is not None:
+        Wd, ke, d_exit, E_exit = (x.unbind(2) for x in (Wd, ke, d_exit, E_exit))
     Ms, Ss, Us = [], [], []
     for i in range(N):
-        U = Wk[:, :, i] @ M - Uv[:, :, i]
+        U = Wk[i] @ M - Uv[i]
         if S is not None:
-            U = U + Wd[:, :, i] @ S
+            U = U + Wd[i] @ S
             Ss.append(S)
         Ms.append(M)
         Us.append(U)
-        M_next = A_exit[:, :, i] * M - kc[:, :, i].transpose(-1, -2) @ U
+        M_next = A_exit[i] * M - kc[i].transpose(-1, -2) @ U
         if S is not None:
-            M_next = M_next + d_exit[:, :, i] * S
-            S = E_exit[:, :, i] * S - ke[:, :, i].transpose(-1, -2) @ U
+            M_next = M_next + d_exit[i] * S
+            S = E_exit[i] * S - ke[i].transpose(-1, -2) @ U
         M = M_next
     M_in, U = torch.stack(Ms, dim=2), torch.stack(Us, dim=2)  # [B, H, N, K, V], [B, H, N, C, V]
 

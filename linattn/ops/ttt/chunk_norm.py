@@ -44,11 +44,12 @@ def ttt_linear_norm_chunk(
     norm = make_norm(norm_weight, norm_bias, norm_eps, dt, 1)
     W = q.new_zeros(B, H, K, v.shape[-1]) if initial_state is None else initial_state.to(dt)
     Ws, errs = [], []
-    for n in range(q.shape[2]):
-        err = error(W, k[:, :, n], v[:, :, n], norm)  # [B, H, b, V]
+    # unbind once (its backward stacks once; indexing in the loop would be quadratic in T)
+    for k_n, v_n, ek_n in zip(k.unbind(2), v.unbind(2), (eta[..., None] * k).unbind(2)):
+        err = error(W, k_n, v_n, norm)  # [B, H, b, V]
         Ws.append(W)
         errs.append(err)
-        W = W - (eta[:, :, n, :, None] * k[:, :, n]).transpose(-1, -2) @ err
+        W = W - ek_n.transpose(-1, -2) @ err
     W_in, err = torch.stack(Ws, dim=2), torch.stack(errs, dim=2)
 
     q = q * scale
