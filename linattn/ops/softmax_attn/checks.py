@@ -8,12 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from ..common.checks import Dims, check_float_tensor, check_shape
+from ..common.checks import Dims, _fmt, check_float_tensor, check_shape
 from ..common.kv_cache import KVCache
-
-
-def _fmt(shape) -> str:
-    return "[" + ", ".join(str(s) for s in shape) + "]"
 
 
 def check_grouped_qkv(q: object, k: object, v: object, *, step: bool = False) -> tuple[Dims, int]:
