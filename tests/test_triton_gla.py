@@ -30,7 +30,7 @@ def run(q, k, v, g, s0, backend, chunk_size=16, final=True):
 
 
 @pytest.mark.parametrize("shape,chunk_size,with_state", [
-    ((1, 1, 1, 16, 16), 16, True),  # T = 1
+    ((2, 1, 2, 16, 16), 16, True),  # T = 1, B and H > 1
     ((1, 37, 2, 20, 24), 16, True),  # odd T and head dims, K != V, several chunks
     ((1, 70, 1, 16, 40), 32, False),  # two sub-chunks per chunk, partial last chunk
 ])
