@@ -64,9 +64,8 @@ def _decay(b, o_c, STRICT: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["T"])
-def _prepare_kernel(k, v, beta, g, w, u, tm, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
-                    STORE_T: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+def _prepare_kernel(k, v, beta, g, w, u, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
+                    BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
     """Grid (N, B*H): Tm = (I + A)^-1, W = Tm diag(beta gamma) K, U = Tm diag(beta) V of one chunk."""
     n, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
@@ -78,11 +77,7 @@ def _prepare_kernel(k, v, beta, g, w, u, tm, T, H: tl.constexpr, K: tl.constexpr
     b, b_last = _chunk_gate(g, row, m_t, o_c, C, USE_G)
     bet = tl.load(beta + row, mask=m_t, other=0.0).to(tl.float32)
     kc = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
-    A = mm(kc, tl.trans(kc), PREC, UP) * _decay(b, o_c, True) * bet[:, None]
-    Tm = unit_lower_inverse(A, C, PREC)
-    if STORE_T:
-        tl.store(tm + row[:, None] * C + o_c[None, :], Tm, mask=m_t[:, None])
-    Tq = Tm.to(kc.dtype)
+    Tq = unit_lower_inverse(mm(kc, tl.trans(kc), PREC, UP) * _decay(b, o_c, True) * bet[:, None], C, PREC).to(kc.dtype)
     kb = (kc.to(tl.float32) * (bet * tl.exp(b))[:, None]).to(kc.dtype)
     tl.store(w + row[:, None] * K + o_k[None, :], mm(Tq, kb, PREC, UP).to(w.dtype.element_ty), mask=m_ck)
     for i_v in range(tl.cdiv(V, BV)):
@@ -247,11 +242,11 @@ def _grads_qk_kernel(q, k, g, h, dlt, dd, do, dh, dq, dk, dw, db, scale, T, H: t
 
 
 @triton.jit(do_not_specialize=["T"])
-def _grads_wy_kernel(k, v, beta, g, tm, dd, dw, dk, dv, dbeta, db, dg, T, H: tl.constexpr, K: tl.constexpr,
+def _grads_wy_kernel(k, v, beta, g, dd, dw, dk, dv, dbeta, db, dg, T, H: tl.constexpr, K: tl.constexpr,
                      V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
                      PREC: tl.constexpr, UP: tl.constexpr):
     """Grid (N, B*H), looping over value blocks: the gradients through W = Tm diag(beta gamma) K,
-    U = Tm diag(beta) V and Tm = (I + A)^-1: dv, dbeta, the rest of dk (added to dk), and
+    U = Tm diag(beta) V and Tm = (I + A)^-1 (recomputed): dv, dbeta, the rest of dk (added to dk), and
     dg = reverse cumulative sum within the chunk of db_t (db holds the part from o and S')."""
     n, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
@@ -261,8 +256,11 @@ def _grads_wy_kernel(k, v, beta, g, tm, dd, dw, dk, dv, dbeta, db, dg, T, H: tl.
     row = (i_b * T + t) * H + i_h
     m_ck = m_t[:, None] & (o_k[None, :] < K)
     bet = tl.load(beta + row, mask=m_t, other=0.0).to(tl.float32)
-    Tm = tl.load(tm + row[:, None] * C + o_c[None, :], mask=m_t[:, None], other=0.0)
-    Tq = Tm.to(k.dtype.element_ty)
+    b, b_last = _chunk_gate(g, row, m_t, o_c, C, USE_G)
+    kc = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
+    KK = mm(kc, tl.trans(kc), PREC, UP)
+    Tm = unit_lower_inverse(KK * _decay(b, o_c, True) * bet[:, None], C, PREC)
+    Tq = Tm.to(kc.dtype)
     dTm = tl.zeros([C, C], dtype=tl.float32)
     dbet = tl.zeros([C], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):  # U = Tm diag(beta) V
@@ -275,9 +273,7 @@ def _grads_wy_kernel(k, v, beta, g, tm, dd, dw, dk, dv, dbeta, db, dg, T, H: tl.
         TdU = mm(tl.trans(Tq), ddl.to(Tq.dtype), PREC, UP)
         tl.store(dv + cv, (TdU * bet[:, None]).to(dv.dtype.element_ty), mask=m_cv)
         dbet += tl.sum(vc.to(tl.float32) * TdU, axis=1)
-    b, b_last = _chunk_gate(g, row, m_t, o_c, C, USE_G)
     gam = tl.exp(b)
-    kc = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
     kf = kc.to(tl.float32)
     dW = tl.load(dw + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
     # W = Tm diag(beta gamma) K
@@ -293,7 +289,7 @@ def _grads_wy_kernel(k, v, beta, g, tm, dd, dw, dk, dv, dbeta, db, dg, T, H: tl.
     dkv += mm((dAD * bet[:, None]).to(kc.dtype), kc, PREC, UP)
     dkv += mm(tl.trans(dAD).to(kc.dtype), (kf * bet[:, None]).to(kc.dtype), PREC, UP)
     tl.store(dk + row[:, None] * K + o_k[None, :], dkv.to(dk.dtype.element_ty), mask=m_ck)
-    dAK = dAD * mm(kc, tl.trans(kc), PREC, UP)
+    dAK = dAD * KK
     dbet += tl.sum(dAK, axis=1)
     tl.store(dbeta + row, dbet, mask=m_t)
     if USE_G:
@@ -311,16 +307,15 @@ def _launch_args(x: torch.Tensor) -> tuple[str, bool]:
     return dot_precision(x.dtype), upcast_dots(x.dtype)
 
 
-def _prepare(k, v, beta, g, C, store_t):
-    """W [B, T, H, K], U [B, T, H, V] (input dtype) and, if ``store_t``, Tm [B, T, H, C] float32."""
+def _prepare(k, v, beta, g, C):
+    """W [B, T, H, K] and U [B, T, H, V] in the input dtype."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     w, u = torch.empty_like(k), torch.empty_like(v)
-    tm = torch.empty(B, T, H, C, device=k.device, dtype=torch.float32) if store_t else w
     _prepare_kernel[(triton.cdiv(T, C), B * H)](
-        k, v, beta, w if g is None else g, w, u, tm, T, H, K, V, C, _block(K), min(LAUNCH["prep_BV"], _block(V)),
-        g is not None, store_t, *_launch_args(k), num_warps=LAUNCH["prep_warps"])
-    return w, u, (tm if store_t else None)
+        k, v, beta, w if g is None else g, w, u, T, H, K, V, C, _block(K), min(LAUNCH["prep_BV"], _block(V)),
+        g is not None, *_launch_args(k), num_warps=LAUNCH["prep_warps"])
+    return w, u
 
 
 def _states(k, w, u, g, initial_state, C):
@@ -351,7 +346,7 @@ def _output(q, k, dlt, g, h, scale, C):
 
 def gated_delta_triton_forward(q, k, v, g, beta, scale, initial_state, C):
     """Forward pass: (o, final state float32). Inputs contiguous [B, T, H, *]; g (or None), beta float32 [B, T, H]."""
-    w, u, _ = _prepare(k, v, beta, g, C, store_t=False)
+    w, u = _prepare(k, v, beta, g, C)
     h, dlt, ht = _states(k, w, u, g, initial_state, C)
     return _output(q, k, dlt, g, h, scale, C), ht
 
@@ -363,7 +358,7 @@ def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, d
     N = triton.cdiv(T, C)
     BK = _block(K)
     gp = beta if g is None else g  # pointer placeholder when there is no gate
-    w, u, tm = _prepare(k, v, beta, g, C, store_t=True)
+    w, u = _prepare(k, v, beta, g, C)
     h, dlt, _ = _states(k, w, u, g, initial_state, C)
     dd = torch.empty_like(dlt)
     BV = min(LAUNCH["dv_BV"], _block(V))
@@ -382,7 +377,7 @@ def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, d
     BV = min(LAUNCH["grads_BV"], _block(V))
     _grads_qk_kernel[(N, B * H)](q, k, gp, h, dlt, dd, do, dh, dq, dk, dw, db, scale, T, H, K, V, C, BK, BV,
                                  g is not None, *_launch_args(q), num_warps=LAUNCH["grads_warps"])
-    _grads_wy_kernel[(N, B * H)](k, v, beta, gp, tm, dd, dw, dk, dv, dbeta, db, dg, T, H, K, V, C, BK, BV,
+    _grads_wy_kernel[(N, B * H)](k, v, beta, gp, dd, dw, dk, dv, dbeta, db, dg, T, H, K, V, C, BK, BV,
                                  g is not None, *_launch_args(q), num_warps=LAUNCH["wy_warps"])
     return dq, dk, dv, dg, dbeta, dh0
 
