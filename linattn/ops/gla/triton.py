@@ -14,20 +14,22 @@ before sub-chunk i (b_r = 0 for i = 0), for t in sub-chunk i and s <= r
 
     e^{b_t - b_s} = e^{b_t - b_r} e^{b_r - b_s},
 
-two factors <= 1, so a row block of A is one matmul (q~_t e^{b_t - b_r}) (k_s e^{b_r - b_s})^T. The
-16 x 16 diagonal blocks (s, t in the same sub-chunk) join that matmul when the sub-chunk's gate spread
+two factors <= 1, so each 16 x 16 block of A is one matmul (q~_t e^{b_t - b_r}) (k_s e^{b_r - b_s})^T
+(the key blocks are visited from the nearest back, carrying b_r - b_s as a running sum of g). The
+diagonal blocks (s, t in the same sub-chunk) are the same matmul when the sub-chunk's gate spread
 max_k (b_r - b_last) is <= FACTOR_LIMIT = 30 (then e^{b_r - b_s} <= e^30, finite; typical gates);
 otherwise (e.g. g = -20) they are summed explicitly over the key channels with e^{b_t - b_s}, s <= t,
 one key at a time. The choice is made per sub-chunk at run time (fp16, which cannot hold e^30 k,
 always sums explicitly). Every other exponent is <= 0 (masked entries are replaced before exp), so
 g = -20 and any T are safe.
 
-Accuracy. Each exponent b_t - b_s is computed as a sum of g over the tokens between s and t (cumulative
-sums from the reference token: forward ones for queries, reverse ones for keys, a running sum in the
-explicit diagonal loops), never as a difference of two in-chunk cumulative sums: at g = -20 those reach
-~1000 and their float32 difference is off by ~1e-4 absolute, i.e. a weak decay after strong ones would
-carry ~1e-5 relative error (as the PyTorch chunk backend does). Since g <= 0, every partial sum is
-bounded by the exponent itself, so its rounding error is relative to the exponent.
+Accuracy. Each exponent b_t - b_s is computed as a sum of g over the tokens between s and t
+(cumulative sums from the reference token: forward ones for queries, reverse ones for keys, running
+sums across sub-chunks and in the explicit diagonal loops), never as a difference of two in-chunk
+cumulative sums: at g = -20 those reach ~1000 and their float32 difference is off by ~1e-4 absolute,
+i.e. a weak decay after strong ones would carry ~1e-5 relative error (as the PyTorch chunk backend
+does). Since g <= 0, every partial sum is bounded by the exponent itself, so its rounding error is
+relative to the exponent.
 
 Backward. dH: gradient of the state leaving the chunk; dA_ts = do_t . v_s for s <= t (0 above):
 
@@ -53,10 +55,11 @@ g = 0, so its b equals the last real token's and dL may sit on any row at or aft
 
 Kernels (each reads g and forms the cumulative gates it needs in registers): the state scan (a
 program per key block, value block and batch-head, looping over chunks); the intra-chunk scores A (a
-program per sub-chunk, chunk and batch-head); the output (a program per value block, chunk and
+program per sub-chunk, chunk and batch-head, block by block); the output (a program per value block, chunk and
 batch-head); the reverse scan of state gradients; the inter-chunk gradients (dv, dA, the inter parts
 of dq and dk, dL; a program per chunk and batch-head, looping over value blocks); the intra-chunk
-gradients (dq, dk and dg; a program per chunk and batch-head, looping over its sub-chunks backwards).
+gradients (dq, dk and dg; a program per chunk and batch-head, looping over its sub-chunks backwards,
+each against the other sub-chunks block by block).
 States and A are recomputed in the backward pass instead of being kept. Block shapes depend on the
 head dims and the chunk size only, never on T (T is not specialised on).
 """
@@ -104,15 +107,6 @@ def _suffix(x):
     return tl.cumsum(x, axis=0, reverse=True) - x
 
 
-@triton.jit
-def _to_ref(ga, o_C, r):
-    """b_r - b_s for every row s of a chunk's gates ga [C, BK] (r chunk-local, -1 = before the chunk),
-    each as a sum of g over the tokens between s and r (never a difference of large cumulative sums)."""
-    before = (o_C <= r)[:, None]
-    after = tl.cumsum(tl.where(before, 0.0, ga), axis=0)  # sum_{r < u <= s} g_u
-    return tl.where(before, _suffix(tl.where(before, ga, 0.0)), -after)
-
-
 @triton.jit(do_not_specialize=["T"])
 def _state_fwd_kernel(k, v, g, h, h0, ht, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                       BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, PREC: tl.constexpr,
@@ -142,35 +136,46 @@ def _state_fwd_kernel(k, v, g, h, h0, ht, T, H: tl.constexpr, K: tl.constexpr, V
 @triton.jit(do_not_specialize=["T"])
 def _scores_kernel(q, k, g, A, scale, T, H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                    SUBC: tl.constexpr, LIMIT: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
-    """Grid (C // SUBC, N, B*H): rows of sub-chunk i of A[t, s] (s, t in one chunk, 0 for s > t)."""
+    """Grid (C // SUBC, N, B*H): the rows of sub-chunk i of A[t, s] (s, t in one chunk; 0 for s > t),
+    one SUBC x SUBC block at a time."""
     i, n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    o_k, o_c, o_C = tl.arange(0, BK), tl.arange(0, SUBC), tl.arange(0, C)
-    start = n * C + i * SUBC
-    row_i, m_i = _rows(i_b, i_h, start + o_c, T, H)
+    o_k, o_c = tl.arange(0, BK), tl.arange(0, SUBC)
+    row_i, m_i = _rows(i_b, i_h, n * C + i * SUBC + o_c, T, H)
     qi = tl.load(q + row_i[:, None] * K + o_k[None, :], mask=m_i[:, None] & (o_k[None, :] < K), other=0.0)
     gi = _load_rows(g, row_i, m_i, o_k, K)
+    ci = tl.cumsum(gi, axis=0)  # b_t - b_r, r = the token before the sub-chunk
     explicit = tl.max(-tl.sum(gi, axis=0), axis=0) > LIMIT  # the sub-chunk's gate spread
-    # keys of earlier sub-chunks (and of this one unless `explicit`), decayed to r, the token before
-    row_a, m_a = _rows(i_b, i_h, n * C + o_C, T, H)
-    m_s = (o_C < tl.where(explicit, i * SUBC, i * SUBC + SUBC)) & m_a
-    ka = tl.load(k + row_a[:, None] * K + o_k[None, :], mask=m_s[:, None] & (o_k[None, :] < K), other=0.0)
-    to_r = _to_ref(_load_rows(g, row_a, m_a, o_k, K), o_C, i * SUBC - 1)
-    kf = ka.to(tl.float32) * tl.exp(tl.where(m_s[:, None], to_r, 0.0))
-    qf = qi.to(tl.float32) * tl.exp(tl.cumsum(gi, axis=0))  # q_t e^{b_t - b_r}
-    acc = mm(qf.to(qi.dtype), tl.trans(kf.to(ka.dtype)), PREC, UP)  # [SUBC, C]
-    acc = tl.where(o_C[None, :] <= i * SUBC + o_c[:, None], acc, 0.0)
-    if explicit:  # the diagonal block one key s at a time, from the last: sum_k q_tk k_sk e^{b_tk - b_sk}
+    qf = (qi.to(tl.float32) * tl.exp(ci)).to(qi.dtype)
+    a_ptr = A + row_i[:, None] * C + o_c[None, :]
+    # diagonal block: factored through r (e^{b_r - b_s} <= e^LIMIT) or one key s at a time
+    ki = _load_rows(k, row_i, m_i, o_k, K)
+    kd = tl.where(explicit, 0.0, ki * tl.exp(tl.where(explicit, 0.0, -ci)))
+    acc = mm(qf, tl.trans(kd.to(qi.dtype)), PREC, UP)
+    if explicit:
         d = tl.zeros([SUBC, BK], dtype=tl.float32)  # b_t - b_s = sum_{s < u <= t} g_u, accumulated
         for jj in range(SUBC):
             j = SUBC - 1 - jj
-            row_s, m_sj = _rows(i_b, i_h, start + j, T, H)
-            ks = _load_row(k, row_s, m_sj, o_k, K)
+            row_s, m_s = _rows(i_b, i_h, n * C + i * SUBC + j, T, H)
             lower = (o_c >= j)[:, None]
-            col = tl.sum(tl.where(lower, qi.to(tl.float32) * ks[None, :] * tl.exp(d), 0.0), axis=1)
-            acc += tl.where(o_C[None, :] == i * SUBC + j, col[:, None], 0.0)
-            d += tl.where(lower, _load_row(g, row_s, m_sj, o_k, K)[None, :], 0.0)
-    tl.store(A + row_i[:, None] * C + o_C[None, :], acc * scale, mask=m_i[:, None])
+            e = tl.where(lower, tl.exp(d), 0.0)
+            col = tl.sum(qi.to(tl.float32) * _load_row(k, row_s, m_s, o_k, K)[None, :] * e, axis=1)
+            acc += tl.where(o_c[None, :] == j, col[:, None], 0.0)
+            d += tl.where(lower, _load_row(g, row_s, m_s, o_k, K)[None, :], 0.0)
+    acc = tl.where(o_c[None, :] <= o_c[:, None], acc, 0.0)
+    tl.store(a_ptr + i * SUBC, acc * scale, mask=m_i[:, None])
+    # earlier sub-chunks, nearest first: both factors e^{b_t - b_r}, e^{b_r - b_s} <= 1
+    to_r = tl.zeros([BK], dtype=tl.float32)  # b_r - (b at the end of sub-chunk j), a sum of g
+    for jj in range(i):
+        j = i - 1 - jj
+        row_j, m_j = _rows(i_b, i_h, n * C + j * SUBC + o_c, T, H)
+        gj = _load_rows(g, row_j, m_j, o_k, K)
+        kj = tl.load(k + row_j[:, None] * K + o_k[None, :], mask=m_j[:, None] & (o_k[None, :] < K), other=0.0)
+        kf = (kj.to(tl.float32) * tl.exp(_suffix(gj) + to_r[None, :])).to(kj.dtype)
+        tl.store(a_ptr + j * SUBC, mm(qf, tl.trans(kf), PREC, UP) * scale, mask=m_i[:, None])
+        to_r += tl.sum(gj, axis=0)
+    for j in range(i + 1, C // SUBC):
+        tl.store(a_ptr + j * SUBC, tl.zeros([SUBC, SUBC], dtype=tl.float32), mask=m_i[:, None])
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -275,56 +280,63 @@ def _intra_bwd_kernel(q, k, g, dA, dq_in, dk_in, dL, dq, dk, dg, scale, T, H: tl
     n, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     N = tl.cdiv(T, C)
-    o_k, o_c, o_C = tl.arange(0, BK), tl.arange(0, SUBC), tl.arange(0, C)
+    M: tl.constexpr = C // SUBC
+    o_k, o_c = tl.arange(0, BK), tl.arange(0, SUBC)
     m_k = o_k < K
-    row_a, m_a = _rows(i_b, i_h, n * C + o_C, T, H)
-    m_ak = m_a[:, None] & m_k[None, :]
     carry = tl.load(dL + (i_bh * N + n) * K + o_k, mask=m_k, other=0.0)
-    for ii in tl.static_range(C // SUBC):
-        i = C // SUBC - 1 - ii
-        start = n * C + i * SUBC
-        row_i, m_i = _rows(i_b, i_h, start + o_c, T, H)
+    for ii in tl.static_range(M):
+        i = M - 1 - ii
+        row_i, m_i = _rows(i_b, i_h, n * C + i * SUBC + o_c, T, H)
+        m_ik = m_i[:, None] & m_k[None, :]
         qi = _load_rows(q, row_i, m_i, o_k, K)
         ki = _load_rows(k, row_i, m_i, o_k, K)
         gi = _load_rows(g, row_i, m_i, o_k, K)
+        ci, si = tl.cumsum(gi, axis=0), _suffix(gi)  # b_t - b_r (r before the sub-chunk), b_e - b_t (e its last)
         explicit = tl.max(-tl.sum(gi, axis=0), axis=0) > LIMIT
-        ga = _load_rows(g, row_a, m_a, o_k, K)  # the whole chunk, (re)loaded per sub-chunk (cache hits)
-        ka = tl.load(k + row_a[:, None] * K + o_k[None, :], mask=m_ak, other=0.0)
-        # dq from the keys of earlier sub-chunks (and of sub-chunk i unless `explicit`), decayed to
-        # r = the token before sub-chunk i
-        m_s = o_C < tl.where(explicit, i * SUBC, i * SUBC + SUBC)
-        kf = tl.where(m_s[:, None], ka.to(tl.float32) * tl.exp(tl.where(m_s[:, None], _to_ref(ga, o_C, i * SUBC - 1),
-                                                                         0.0)), 0.0)
-        dA_r = tl.load(dA + row_i[:, None] * C + o_C[None, :], mask=m_i[:, None], other=0.0)  # [t in i, s]
-        dqi = mm(dA_r.to(ka.dtype), kf.to(ka.dtype), PREC, UP) * tl.exp(tl.cumsum(gi, axis=0))
-        # dk from the queries of later sub-chunks (and of sub-chunk i unless `explicit`), decayed to
-        # e = the last token of sub-chunk i
-        m_t = o_C >= tl.where(explicit, i * SUBC + SUBC, i * SUBC)
-        qa = tl.load(q + row_a[:, None] * K + o_k[None, :], mask=m_ak, other=0.0)
-        qf = tl.where(m_t[:, None], qa.to(tl.float32) * tl.exp(tl.where(m_t[:, None],
-                                                                         -_to_ref(ga, o_C, i * SUBC + SUBC - 1),
-                                                                         0.0)), 0.0)
-        dA_c = tl.load(dA + row_a[None, :] * C + (i * SUBC + o_c)[:, None], mask=m_a[None, :], other=0.0)  # [s, t]
-        dki = mm(dA_c.to(qa.dtype), qf.to(qa.dtype), PREC, UP) * tl.exp(_suffix(gi))
+        dA_ii = tl.load(dA + row_i[:, None] * C + i * SUBC + o_c[None, :], mask=m_i[:, None], other=0.0)
+        # dq_t = e^{b_t - b_r} sum_s dA_ts k_s e^{b_r - b_s}: the diagonal block when factored, then the
+        # keys of earlier sub-chunks, nearest first
+        kd = tl.where(explicit, 0.0, ki * tl.exp(tl.where(explicit, 0.0, -ci)))
+        dqs = mm(dA_ii.to(q.dtype.element_ty), kd.to(q.dtype.element_ty), PREC, UP)
+        to_r = tl.zeros([BK], dtype=tl.float32)
+        for jj in range(i):
+            j = i - 1 - jj
+            row_j, m_j = _rows(i_b, i_h, n * C + j * SUBC + o_c, T, H)
+            gj = _load_rows(g, row_j, m_j, o_k, K)
+            kf = _load_rows(k, row_j, m_j, o_k, K) * tl.exp(_suffix(gj) + to_r[None, :])
+            dA_ij = tl.load(dA + row_i[:, None] * C + j * SUBC + o_c[None, :], mask=m_i[:, None], other=0.0)
+            dqs += mm(dA_ij.to(q.dtype.element_ty), kf.to(q.dtype.element_ty), PREC, UP)
+            to_r += tl.sum(gj, axis=0)
+        dqi = dqs * tl.exp(ci)
+        # dk_s = e^{b_e - b_s} sum_t dA_ts q_t e^{b_t - b_e}: the diagonal block when factored, then the
+        # queries of later sub-chunks, nearest first
+        qd = tl.where(explicit, 0.0, qi * tl.exp(tl.where(explicit, 0.0, -si)))
+        dks = mm(tl.trans(dA_ii).to(q.dtype.element_ty), qd.to(q.dtype.element_ty), PREC, UP)
+        from_e = tl.zeros([BK], dtype=tl.float32)
+        for j in range(i + 1, M):
+            row_j, m_j = _rows(i_b, i_h, n * C + j * SUBC + o_c, T, H)
+            gj = _load_rows(g, row_j, m_j, o_k, K)
+            qf = _load_rows(q, row_j, m_j, o_k, K) * tl.exp(tl.cumsum(gj, axis=0) + from_e[None, :])
+            dA_ji = tl.load(dA + row_j[None, :] * C + i * SUBC + o_c[:, None], mask=m_j[None, :], other=0.0)  # [s, t]
+            dks += mm(dA_ji.to(q.dtype.element_ty), qf.to(q.dtype.element_ty), PREC, UP)
+            from_e += tl.sum(gj, axis=0)
+        dki = dks * tl.exp(si)
         if explicit:  # diagonal block: token SUBC-1-jj as a key (for dq), token jj as a query (for dk)
             d_q = tl.zeros([SUBC, BK], dtype=tl.float32)  # b_t - b_s, s = SUBC-1-jj, as a sum of g
             d_k = tl.zeros([SUBC, BK], dtype=tl.float32)  # b_t - b_s, t = jj, as a sum of g
             for jj in range(SUBC):
                 j = SUBC - 1 - jj
-                row_s, m_s1 = _rows(i_b, i_h, start + j, T, H)
-                row_t, m_t1 = _rows(i_b, i_h, start + jj, T, H)
-                d_k += tl.where((o_c < jj)[:, None], _load_row(g, row_t, m_t1, o_k, K)[None, :], 0.0)
+                row_s, m_s = _rows(i_b, i_h, n * C + i * SUBC + j, T, H)
+                row_t, m_t = _rows(i_b, i_h, n * C + i * SUBC + jj, T, H)
+                d_k += tl.where((o_c < jj)[:, None], _load_row(g, row_t, m_t, o_k, K)[None, :], 0.0)
                 dA_col = tl.load(dA + row_i * C + i * SUBC + j, mask=m_i, other=0.0)  # dA[t in i, s]
-                dA_row = tl.load(dA + row_t * C + i * SUBC + o_c, mask=m_t1, other=0.0)  # dA[t, s in i]
+                dA_row = tl.load(dA + row_t * C + i * SUBC + o_c, mask=m_t, other=0.0)  # dA[t, s in i]
                 lower = (o_c >= j)[:, None]
-                dqi += tl.where(lower, dA_col[:, None] * _load_row(k, row_s, m_s1, o_k, K)[None, :] * tl.exp(d_q),
-                                0.0)
+                dqi += tl.where(lower, dA_col[:, None] * _load_row(k, row_s, m_s, o_k, K)[None, :] * tl.exp(d_q), 0.0)
                 upper = (o_c <= jj)[:, None]
-                dki += tl.where(upper, dA_row[:, None] * _load_row(q, row_t, m_t1, o_k, K)[None, :] * tl.exp(d_k),
-                                0.0)
-                d_q += tl.where(lower, _load_row(g, row_s, m_s1, o_k, K)[None, :], 0.0)
+                dki += tl.where(upper, dA_row[:, None] * _load_row(q, row_t, m_t, o_k, K)[None, :] * tl.exp(d_k), 0.0)
+                d_q += tl.where(lower, _load_row(g, row_s, m_s, o_k, K)[None, :], 0.0)
         ptr = row_i[:, None] * K + o_k[None, :]
-        m_ik = m_i[:, None] & m_k[None, :]
         dqi = dqi * scale + tl.load(dq_in + ptr, mask=m_ik, other=0.0)
         dki = dki * scale + tl.load(dk_in + ptr, mask=m_ik, other=0.0)
         tl.store(dq + ptr, dqi.to(dq.dtype.element_ty), mask=m_ik)
@@ -336,7 +348,7 @@ def _intra_bwd_kernel(q, k, g, dA, dq_in, dk_in, dL, dq, dk, dg, scale, T, H: tl
 
 # Launch settings: fixed per head size (never tuned per sequence length).
 LAUNCH = {"BV": 64, "scan_BK": 64, "scan_warps": 4, "scores_warps": 4, "out_warps": 4, "inter_BV": 64,
-          "inter_warps": 8, "intra_warps": 8}
+          "inter_warps": 8, "intra_warps": 4}
 
 
 def _state_dtype(x: torch.Tensor) -> torch.dtype:
