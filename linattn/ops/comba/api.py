@@ -20,8 +20,14 @@ from ..common.checks import (
     resolve_scale,
 )
 from ..common.registry import OpSpec, register_op
+from ..gated_delta_rule.api import (
+    PURE_TORCH_BACKENDS,
+    check_beta,
+    check_step_beta,
+    check_step_state,
+    delta_example_inputs,
+)
 from ..gated_delta_rule.api import SPEC as GDN_SPEC
-from ..gated_delta_rule.api import check_beta, check_step_beta, check_step_state, delta_example_inputs
 from ..gated_delta_rule.reference import gated_delta_step_reference
 
 
@@ -44,7 +50,7 @@ SPEC = register_op(
         equation="S_t = exp(g_t) S_{t-1} + b_t k_t (v_t - exp(g_t) S_{t-1}^T p_t)^T;  o_t = S_t^T q_t",
         op_args=("p", "g", "beta"),
         state_shape="[B, H, K, V]",
-        implementations={name: _with_read_key(fn) for name, fn in GDN_SPEC.implementations.items()},
+        implementations={name: _with_read_key(GDN_SPEC.implementations[name]) for name in PURE_TORCH_BACKENDS},
         notes="arXiv 2506.02475. p = k gives gated_delta_rule. beta in [0, 1] ([0, 2] with allow_neg_eigval).",
     )
 )

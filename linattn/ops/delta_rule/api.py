@@ -12,8 +12,14 @@ import torch
 
 from ..common.checks import check_chunk_size, check_initial_state, check_qkv, check_step_qkv, resolve_scale
 from ..common.registry import OpSpec, register_op
+from ..gated_delta_rule.api import (
+    PURE_TORCH_BACKENDS,
+    check_beta,
+    check_step_beta,
+    check_step_state,
+    delta_example_inputs,
+)
 from ..gated_delta_rule.api import SPEC as GDN_SPEC
-from ..gated_delta_rule.api import check_beta, check_step_beta, check_step_state, delta_example_inputs
 from ..gated_delta_rule.reference import gated_delta_step_reference
 
 
@@ -35,7 +41,7 @@ SPEC = register_op(
         equation="S_t = (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T;  o_t = S_t^T q_t",
         op_args=("beta",),
         state_shape="[B, H, K, V]",
-        implementations={name: _without_gate(fn) for name, fn in GDN_SPEC.implementations.items()},
+        implementations={name: _without_gate(GDN_SPEC.implementations[name]) for name in PURE_TORCH_BACKENDS},
         notes="beta in [0, 1]; allow_neg_eigval=True accepts beta in [0, 2]. Use L2-normalised keys.",
     )
 )

@@ -19,6 +19,10 @@ from ..common.values import check_bool, check_range
 from .chunk import gated_delta_chunk
 from .reference import gated_delta_parallel, gated_delta_recurrent, gated_delta_step_reference
 
+# the backends written for the general form (optional gate g, optional read key p); delta_rule, comba and
+# gated_delta_product build theirs from these
+PURE_TORCH_BACKENDS = ("recurrent", "parallel", "chunk")
+
 SPEC = register_op(
     OpSpec(
         name="gated_delta_rule",
