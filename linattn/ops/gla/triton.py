@@ -163,7 +163,7 @@ def _scores_kernel(q, k, g, A, scale, T, H: tl.constexpr, K: tl.constexpr, C: tl
             acc += tl.where(o_c[None, :] == j, col[:, None], 0.0)
             d += tl.where(lower, _load_row(g, row_s, m_s, o_k, K)[None, :], 0.0)
     acc = tl.where(o_c[None, :] <= o_c[:, None], acc, 0.0)
-    tl.store(a_ptr + i * SUBC, acc * scale, mask=m_i[:, None])
+    tl.store(a_ptr + i * SUBC, (acc * scale).to(A.dtype.element_ty), mask=m_i[:, None])
     # earlier sub-chunks, nearest first: both factors e^{b_t - b_r}, e^{b_r - b_s} <= 1
     to_r = tl.zeros([BK], dtype=tl.float32)  # b_r - (b at the end of sub-chunk j), a sum of g
     for jj in range(i):
@@ -172,10 +172,11 @@ def _scores_kernel(q, k, g, A, scale, T, H: tl.constexpr, K: tl.constexpr, C: tl
         gj = _load_rows(g, row_j, m_j, o_k, K)
         kj = tl.load(k + row_j[:, None] * K + o_k[None, :], mask=m_j[:, None] & (o_k[None, :] < K), other=0.0)
         kf = (kj.to(tl.float32) * tl.exp(_suffix(gj) + to_r[None, :])).to(kj.dtype)
-        tl.store(a_ptr + j * SUBC, mm(qf, tl.trans(kf), PREC, UP) * scale, mask=m_i[:, None])
+        tl.store(a_ptr + j * SUBC, (mm(qf, tl.trans(kf), PREC, UP) * scale).to(A.dtype.element_ty),
+                 mask=m_i[:, None])
         to_r += tl.sum(gj, axis=0)
     for j in range(i + 1, C // SUBC):
-        tl.store(a_ptr + j * SUBC, tl.zeros([SUBC, SUBC], dtype=tl.float32), mask=m_i[:, None])
+        tl.store(a_ptr + j * SUBC, tl.zeros([SUBC, SUBC], dtype=A.dtype.element_ty), mask=m_i[:, None])
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -376,7 +377,8 @@ def _states(k, v, g, initial_state, C):
 
 def _scores(q, k, g, scale, C):
     B, T, H, K = q.shape
-    A = torch.empty(B, T, H, C, device=q.device, dtype=torch.float32)
+    # every use casts A to the input dtype first, so bf16/fp16 inputs keep it in that dtype (half the traffic)
+    A = torch.empty(B, T, H, C, device=q.device, dtype=q.dtype)
     _scores_kernel[(C // SUB, triton.cdiv(T, C), B * H)](q, k, g, A, scale, T, H, K, C, _block(K), SUB,
                                                           _factor_limit(q), *_prec(q), num_warps=LAUNCH["scores_warps"])
     return A
