@@ -67,14 +67,15 @@ def test_triton_explicit_diagonal_blocks(monkeypatch):
     check_backends_agree(lambda *xs, backend: run(*xs, backend, 32), [q, k, v, g, s0], NAMES, ["triton"], tol=1e-5)
 
 
-def test_triton_bf16():
-    q, k, v, g, s0 = make(1, 45, 1, 16, 32, seed=2)
+@pytest.mark.parametrize("low", [-0.5, -20.0])
+def test_triton_bf16(low):
+    q, k, v, g, s0 = make(1, 45, 1, 16, 32, seed=2, low=low)
     qb, kb, vb = (x.bfloat16() for x in (q, k, v))
 
     def both(q, k, v, g, s0, backend):
         if backend == "recurrent":  # float32 reference on the same bf16-rounded inputs
             q, k, v = q.float(), k.float(), v.float()
-        return run(q, k, v, g, s0, backend, 32)
+        return run(q, k, v, g, s0, backend, 64 if low < -1 else 32)
 
     check_backends_agree(both, [qb, kb, vb, g, s0], NAMES, ["triton"], tol=5e-3, grad_tol=1e-2, metric="rmse")
 
