@@ -67,25 +67,26 @@ def _decay(b, o_c, STRICT: tl.constexpr):
 def _prepare_kernel(k, v, beta, g, w, u, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                     BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
     """Grid (N, B*H): Tm = (I + A)^-1, W = Tm diag(beta gamma) K, U = Tm diag(beta) V of one chunk."""
-    n, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
     t = n * C + o_c
     m_t = t < T
-    row = (i_b * T + t) * H + i_h
+    r0 = (i_b.to(tl.int64) * T + n * C) * H + i_h  # row of the chunk's first token
+    row = o_c * H
     m_ck = m_t[:, None] & (o_k[None, :] < K)
-    b, b_last = _chunk_gate(g, row, m_t, o_c, C, USE_G)
-    bet = tl.load(beta + row, mask=m_t, other=0.0).to(tl.float32)
-    kc = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
+    b, b_last = _chunk_gate(g + r0, row, m_t, o_c, C, USE_G)
+    bet = tl.load(beta + r0 + row, mask=m_t, other=0.0).to(tl.float32)
+    kc = tl.load(k + r0 * K + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
     Tq = unit_lower_inverse(mm(kc, tl.trans(kc), PREC, UP) * _decay(b, o_c, True) * bet[:, None], C, PREC).to(kc.dtype)
     kb = (kc.to(tl.float32) * (bet * tl.exp(b))[:, None]).to(kc.dtype)
-    tl.store(w + row[:, None] * K + o_k[None, :], mm(Tq, kb, PREC, UP).to(w.dtype.element_ty), mask=m_ck)
+    tl.store(w + r0 * K + row[:, None] * K + o_k[None, :], mm(Tq, kb, PREC, UP).to(w.dtype.element_ty), mask=m_ck)
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_cv = m_t[:, None] & (o_v[None, :] < V)
-        vc = tl.load(v + row[:, None] * V + o_v[None, :], mask=m_cv, other=0.0)
+        vc = tl.load(v + r0 * V + row[:, None] * V + o_v[None, :], mask=m_cv, other=0.0)
         vb = (vc.to(tl.float32) * bet[:, None]).to(kc.dtype)
-        tl.store(u + row[:, None] * V + o_v[None, :], mm(Tq, vb, PREC, UP).to(u.dtype.element_ty), mask=m_cv)
+        tl.store(u + r0 * V + row[:, None] * V + o_v[None, :], mm(Tq, vb, PREC, UP).to(u.dtype.element_ty), mask=m_cv)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -93,7 +94,7 @@ def _state_fwd_kernel(k, w, u, g, h, dlt, h0, ht, T, H: tl.constexpr, K: tl.cons
                       C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
                       HAS_H0: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
     """Grid (cdiv(V, BV), B*H): h[b, h, n] = state entering chunk n, delta = U - W S; ht = final state."""
-    i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     N = tl.cdiv(T, C)
     o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
@@ -102,22 +103,24 @@ def _state_fwd_kernel(k, w, u, g, h, dlt, h0, ht, T, H: tl.constexpr, K: tl.cons
     m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_H0:
-        S += tl.load(h0 + i_bh * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
+        S += tl.load(h0 + i_bh.to(tl.int64) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
     for n in range(N):
-        tl.store(h + (i_bh * N + n) * K * V + kv, S.to(h.dtype.element_ty), mask=m_kv)
+        tl.store(h + (i_bh.to(tl.int64) * N + n) * K * V + kv, S.to(h.dtype.element_ty), mask=m_kv)
         t = n * C + o_c
         m_t = t < T
-        row = (i_b * T + t) * H + i_h
+        r0 = (i_b.to(tl.int64) * T + n * C) * H + i_h  # row of the chunk's first token
+        row = o_c * H
         m_cv = m_t[:, None] & (o_v[None, :] < V)
-        b, b_last = _chunk_gate(g, row, m_t, o_c, C, USE_G)
-        wc = tl.load(w + row[:, None] * K + o_k[None, :], mask=m_t[:, None] & (o_k[None, :] < K), other=0.0)
-        uc = tl.load(u + row[:, None] * V + o_v[None, :], mask=m_cv, other=0.0)
-        kt = tl.load(k + row[None, :] * K + o_k[:, None], mask=(o_k[:, None] < K) & m_t[None, :], other=0.0)
+        b, b_last = _chunk_gate(g + r0, row, m_t, o_c, C, USE_G)
+        m_ck = m_t[:, None] & (o_k[None, :] < K)
+        wc = tl.load(w + r0 * K + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
+        uc = tl.load(u + r0 * V + row[:, None] * V + o_v[None, :], mask=m_cv, other=0.0)
+        kt = tl.trans(tl.load(k + r0 * K + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0))
         d = uc.to(tl.float32) - mm(wc, S.to(wc.dtype), PREC, UP)
-        tl.store(dlt + row[:, None] * V + o_v[None, :], d.to(dlt.dtype.element_ty), mask=m_cv)
+        tl.store(dlt + r0 * V + row[:, None] * V + o_v[None, :], d.to(dlt.dtype.element_ty), mask=m_cv)
         dw = (d * tl.exp(b_last - b)[:, None]).to(kt.dtype)
         S = S * tl.exp(b_last) + mm(kt, dw, PREC, UP)
-    tl.store(ht + i_bh * K * V + kv, S, mask=m_kv)
+    tl.store(ht + i_bh.to(tl.int64) * K * V + kv, S, mask=m_kv)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -125,21 +128,22 @@ def _dv_local_kernel(q, k, g, do, dd, scale, T, H: tl.constexpr, K: tl.constexpr
                      C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
                      PREC: tl.constexpr, UP: tl.constexpr):
     """Grid (cdiv(V, BV), N, B*H): dd = P^T do, the in-chunk part of the gradient of delta."""
-    i_v, n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_v, n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
     o_v = i_v * BV + tl.arange(0, BV)
     t = n * C + o_c
     m_t = t < T
-    row = (i_b * T + t) * H + i_h
+    r0 = (i_b.to(tl.int64) * T + n * C) * H + i_h  # row of the chunk's first token
+    row = o_c * H
     m_ck = m_t[:, None] & (o_k[None, :] < K)
     m_cv = m_t[:, None] & (o_v[None, :] < V)
-    b, b_last = _chunk_gate(g, row, m_t, o_c, C, USE_G)
-    qc = tl.load(q + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
-    kc = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
-    doc = tl.load(do + row[:, None] * V + o_v[None, :], mask=m_cv, other=0.0)
+    b, b_last = _chunk_gate(g + r0, row, m_t, o_c, C, USE_G)
+    qc = tl.load(q + r0 * K + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
+    kc = tl.load(k + r0 * K + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
+    doc = tl.load(do + r0 * V + row[:, None] * V + o_v[None, :], mask=m_cv, other=0.0)
     Pt = mm(kc, tl.trans(qc), PREC, UP) * tl.trans(_decay(b, o_c, False)) * scale  # P^T [s, t]
-    tl.store(dd + row[:, None] * V + o_v[None, :], mm(Pt.to(doc.dtype), doc, PREC, UP).to(dd.dtype.element_ty),
+    tl.store(dd + r0 * V + row[:, None] * V + o_v[None, :], mm(Pt.to(doc.dtype), doc, PREC, UP).to(dd.dtype.element_ty),
              mask=m_cv)
 
 
@@ -149,7 +153,7 @@ def _state_bwd_kernel(q, k, w, g, do, dd, dh, dht, dh0, scale, T, H: tl.constexp
                       HAS_DHT: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
     """Grid (cdiv(V, BV), B*H): dh[b, h, n] = gradient of the state leaving chunk n, dd += Khat dh (= ddelta);
     dh0 = gradient of the initial state."""
-    i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     N = tl.cdiv(T, C)
     o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
@@ -158,28 +162,28 @@ def _state_bwd_kernel(q, k, w, g, do, dd, dh, dht, dh0, scale, T, H: tl.constexp
     m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
     dS = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_DHT:
-        dS += tl.load(dht + i_bh * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
+        dS += tl.load(dht + i_bh.to(tl.int64) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
     for i in range(N):
         n = N - 1 - i
-        tl.store(dh + (i_bh * N + n) * K * V + kv, dS.to(dh.dtype.element_ty), mask=m_kv)
+        tl.store(dh + (i_bh.to(tl.int64) * N + n) * K * V + kv, dS.to(dh.dtype.element_ty), mask=m_kv)
         t = n * C + o_c
         m_t = t < T
-        row = (i_b * T + t) * H + i_h
+        r0 = (i_b.to(tl.int64) * T + n * C) * H + i_h  # row of the chunk's first token
+        row = o_c * H
         m_ck = m_t[:, None] & (o_k[None, :] < K)
-        m_kc = (o_k[:, None] < K) & m_t[None, :]
         m_cv = m_t[:, None] & (o_v[None, :] < V)
-        b, b_last = _chunk_gate(g, row, m_t, o_c, C, USE_G)
-        kc = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
-        qt = tl.load(q + row[None, :] * K + o_k[:, None], mask=m_kc, other=0.0)
-        wt = tl.load(w + row[None, :] * K + o_k[:, None], mask=m_kc, other=0.0)
-        doc = tl.load(do + row[:, None] * V + o_v[None, :], mask=m_cv, other=0.0)
-        ddl = tl.load(dd + row[:, None] * V + o_v[None, :], mask=m_cv, other=0.0).to(tl.float32)
+        b, b_last = _chunk_gate(g + r0, row, m_t, o_c, C, USE_G)
+        kc = tl.load(k + r0 * K + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
+        qt = tl.trans(tl.load(q + r0 * K + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0))
+        wt = tl.trans(tl.load(w + r0 * K + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0))
+        doc = tl.load(do + r0 * V + row[:, None] * V + o_v[None, :], mask=m_cv, other=0.0)
+        ddl = tl.load(dd + r0 * V + row[:, None] * V + o_v[None, :], mask=m_cv, other=0.0).to(tl.float32)
         khat = (kc.to(tl.float32) * tl.exp(b_last - b)[:, None]).to(kc.dtype)
         ddl += mm(khat, dS.to(kc.dtype), PREC, UP)
-        tl.store(dd + row[:, None] * V + o_v[None, :], ddl.to(dd.dtype.element_ty), mask=m_cv)
+        tl.store(dd + r0 * V + row[:, None] * V + o_v[None, :], ddl.to(dd.dtype.element_ty), mask=m_cv)
         q_dec = (qt.to(tl.float32) * (scale * tl.exp(b))[None, :]).to(doc.dtype)
         dS = dS * tl.exp(b_last) + mm(q_dec, doc, PREC, UP) - mm(wt, ddl.to(wt.dtype), PREC, UP)
-    tl.store(dh0 + i_bh * K * V + kv, dS, mask=m_kv)
+    tl.store(dh0 + i_bh.to(tl.int64) * K * V + kv, dS, mask=m_kv)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -188,28 +192,29 @@ def _grads_qk_kernel(q, k, g, h, dlt, dd, do, dh, dq, dk, dw, db, scale, T, H: t
                      PREC: tl.constexpr, UP: tl.constexpr):
     """Grid (N, B*H), looping over value blocks: dq, the part of dk from o and S' (written to dk),
     dW = -ddelta S^T and the part of db_t from o and S' (written to db)."""
-    n, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     N = tl.cdiv(T, C)
     o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
     t = n * C + o_c
     m_t = t < T
-    row = (i_b * T + t) * H + i_h
+    r0 = (i_b.to(tl.int64) * T + n * C) * H + i_h  # row of the chunk's first token
+    row = o_c * H
     m_ck = m_t[:, None] & (o_k[None, :] < K)
     dPr = tl.zeros([C, C], dtype=tl.float32)  # do delta^T
     dq_acc = tl.zeros([C, BK], dtype=tl.float32)  # do S^T
     dkh = tl.zeros([C, BK], dtype=tl.float32)  # delta dS'^T (gradient of Khat)
     dW = tl.zeros([C, BK], dtype=tl.float32)  # -ddelta S^T
     sds = tl.zeros([BK], dtype=tl.float32)  # <S, dS'> by key row
-    base = (i_bh * N + n) * K * V
+    base = (i_bh.to(tl.int64) * N + n) * K * V
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_cv = m_t[:, None] & (o_v[None, :] < V)
         m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
         cv = row[:, None] * V + o_v[None, :]
-        doc = tl.load(do + cv, mask=m_cv, other=0.0)
-        dl = tl.load(dlt + cv, mask=m_cv, other=0.0)
-        ddl = tl.load(dd + cv, mask=m_cv, other=0.0)
+        doc = tl.load(do + r0 * V + cv, mask=m_cv, other=0.0)
+        dl = tl.load(dlt + r0 * V + cv, mask=m_cv, other=0.0)
+        ddl = tl.load(dd + r0 * V + cv, mask=m_cv, other=0.0)
         S = tl.load(h + base + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
         dS = tl.load(dh + base + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
         St = tl.trans(S)
@@ -218,27 +223,27 @@ def _grads_qk_kernel(q, k, g, h, dlt, dd, do, dh, dq, dk, dw, db, scale, T, H: t
         dkh += mm(dl.to(dS.dtype), tl.trans(dS), PREC, UP)
         dW -= mm(ddl.to(S.dtype), St, PREC, UP)
         sds += tl.sum(S.to(tl.float32) * dS.to(tl.float32), axis=1)
-    tl.store(dw + row[:, None] * K + o_k[None, :], dW.to(dw.dtype.element_ty), mask=m_ck)
-    b, b_last = _chunk_gate(g, row, m_t, o_c, C, USE_G)
-    qc = tl.load(q + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
-    kc = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
+    tl.store(dw + r0 * K + row[:, None] * K + o_k[None, :], dW.to(dw.dtype.element_ty), mask=m_ck)
+    b, b_last = _chunk_gate(g + r0, row, m_t, o_c, C, USE_G)
+    qc = tl.load(q + r0 * K + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
+    kc = tl.load(k + r0 * K + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
     # o = diag(gamma) (scale Q) S + P delta
     dqv = dq_acc * (scale * tl.exp(b))[:, None]
     dbv = tl.sum(qc.to(tl.float32) * dqv, axis=1)
     dPD = dPr * _decay(b, o_c, False) * scale
     dqv += mm(dPD.to(kc.dtype), kc, PREC, UP)
-    tl.store(dq + row[:, None] * K + o_k[None, :], dqv.to(dq.dtype.element_ty), mask=m_ck)
+    tl.store(dq + r0 * K + row[:, None] * K + o_k[None, :], dqv.to(dq.dtype.element_ty), mask=m_ck)
     # S' = gamma_C S + Khat^T delta
     cc = tl.exp(b_last - b)
     dkv = mm(tl.trans(dPD).to(qc.dtype), qc, PREC, UP) + dkh * cc[:, None]
-    tl.store(dk + row[:, None] * K + o_k[None, :], dkv.to(dk.dtype.element_ty), mask=m_ck)
+    tl.store(dk + r0 * K + row[:, None] * K + o_k[None, :], dkv.to(dk.dtype.element_ty), mask=m_ck)
     if USE_G:
         PP = dPD * mm(qc, tl.trans(kc), PREC, UP)
         x = cc * tl.sum(kc.to(tl.float32) * dkh, axis=1)
         dbv += tl.sum(PP, axis=1) - tl.sum(PP, axis=0) - x
         # the chunk-end terms (through b_C) go to the last token of the chunk that exists
         dbv += tl.where((o_c == C - 1) | (t == T - 1), tl.sum(x, axis=0) + tl.exp(b_last) * tl.sum(sds, axis=0), 0.0)
-        tl.store(db + row, dbv, mask=m_t)
+        tl.store(db + r0 + row, dbv, mask=m_t)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -248,16 +253,17 @@ def _grads_wy_kernel(k, v, beta, g, dd, dw, dk, dv, dbeta, db, dg, T, H: tl.cons
     """Grid (N, B*H), looping over value blocks: the gradients through W = Tm diag(beta gamma) K,
     U = Tm diag(beta) V and Tm = (I + A)^-1 (recomputed): dv, dbeta, the rest of dk (added to dk), and
     dg = reverse cumulative sum within the chunk of db_t (db holds the part from o and S')."""
-    n, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
     t = n * C + o_c
     m_t = t < T
-    row = (i_b * T + t) * H + i_h
+    r0 = (i_b.to(tl.int64) * T + n * C) * H + i_h  # row of the chunk's first token
+    row = o_c * H
     m_ck = m_t[:, None] & (o_k[None, :] < K)
-    bet = tl.load(beta + row, mask=m_t, other=0.0).to(tl.float32)
-    b, b_last = _chunk_gate(g, row, m_t, o_c, C, USE_G)
-    kc = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
+    bet = tl.load(beta + r0 + row, mask=m_t, other=0.0).to(tl.float32)
+    b, b_last = _chunk_gate(g + r0, row, m_t, o_c, C, USE_G)
+    kc = tl.load(k + r0 * K + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
     KK = mm(kc, tl.trans(kc), PREC, UP)
     Tm = unit_lower_inverse(KK * _decay(b, o_c, True) * bet[:, None], C, PREC)
     Tq = Tm.to(kc.dtype)
@@ -267,19 +273,19 @@ def _grads_wy_kernel(k, v, beta, g, dd, dw, dk, dv, dbeta, db, dg, T, H: tl.cons
         o_v = i_v * BV + tl.arange(0, BV)
         m_cv = m_t[:, None] & (o_v[None, :] < V)
         cv = row[:, None] * V + o_v[None, :]
-        vc = tl.load(v + cv, mask=m_cv, other=0.0)
-        ddl = tl.load(dd + cv, mask=m_cv, other=0.0)
+        vc = tl.load(v + r0 * V + cv, mask=m_cv, other=0.0)
+        ddl = tl.load(dd + r0 * V + cv, mask=m_cv, other=0.0)
         dTm += mm(ddl.to(vc.dtype), tl.trans((vc.to(tl.float32) * bet[:, None]).to(vc.dtype)), PREC, UP)
         TdU = mm(tl.trans(Tq), ddl.to(Tq.dtype), PREC, UP)
-        tl.store(dv + cv, (TdU * bet[:, None]).to(dv.dtype.element_ty), mask=m_cv)
+        tl.store(dv + r0 * V + cv, (TdU * bet[:, None]).to(dv.dtype.element_ty), mask=m_cv)
         dbet += tl.sum(vc.to(tl.float32) * TdU, axis=1)
     gam = tl.exp(b)
     kf = kc.to(tl.float32)
-    dW = tl.load(dw + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
+    dW = tl.load(dw + r0 * K + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
     # W = Tm diag(beta gamma) K
     dTm += mm(dW.to(kc.dtype), tl.trans((kf * (bet * gam)[:, None]).to(kc.dtype)), PREC, UP)
     TdW = mm(tl.trans(Tq), dW.to(Tq.dtype), PREC, UP)
-    dkv = tl.load(dk + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0).to(tl.float32)
+    dkv = tl.load(dk + r0 * K + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0).to(tl.float32)
     dkv += TdW * (bet * gam)[:, None]
     y = gam * tl.sum(kf * TdW, axis=1)
     dbet += y
@@ -288,14 +294,14 @@ def _grads_wy_kernel(k, v, beta, g, dd, dw, dk, dv, dbeta, db, dg, T, H: tl.cons
     dAD = dA * _decay(b, o_c, True)
     dkv += mm((dAD * bet[:, None]).to(kc.dtype), kc, PREC, UP)
     dkv += mm(tl.trans(dAD).to(kc.dtype), (kf * bet[:, None]).to(kc.dtype), PREC, UP)
-    tl.store(dk + row[:, None] * K + o_k[None, :], dkv.to(dk.dtype.element_ty), mask=m_ck)
+    tl.store(dk + r0 * K + row[:, None] * K + o_k[None, :], dkv.to(dk.dtype.element_ty), mask=m_ck)
     dAK = dAD * KK
     dbet += tl.sum(dAK, axis=1)
-    tl.store(dbeta + row, dbet, mask=m_t)
+    tl.store(dbeta + r0 + row, dbet, mask=m_t)
     if USE_G:
         AA = dAK * bet[:, None]
-        dbv = tl.load(db + row, mask=m_t, other=0.0) + bet * y + tl.sum(AA, axis=1) - tl.sum(AA, axis=0)
-        tl.store(dg + row, tl.cumsum(dbv, axis=0, reverse=True), mask=m_t)
+        dbv = tl.load(db + r0 + row, mask=m_t, other=0.0) + bet * y + tl.sum(AA, axis=1) - tl.sum(AA, axis=0)
+        tl.store(dg + r0 + row, tl.cumsum(dbv, axis=0, reverse=True), mask=m_t)
 
 
 # Launch settings: fixed per head size (never tuned per sequence length).
