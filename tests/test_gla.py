@@ -58,7 +58,7 @@ def test_step_and_registry():
     o0, s1 = gla_step(q[:, 0], k[:, 0], v[:, 0], gk[:, 0], s0)
     assert_close(o0, o[:, 0], 1e-14, "first step")
     spec = get_op("gla")
-    assert spec.info()["backends"] == ["recurrent", "parallel", "chunk"] and spec.step is gla_step
+    assert {"recurrent", "parallel", "chunk"} <= set(spec.info()["backends"]) and spec.step is gla_step
     inputs = spec.example_inputs(1, 5, 2, 4, 3, g_value=-1.0)
     assert inputs["g"].shape == (1, 5, 2, 4) and (inputs["g"] == -1.0).all()
     assert spec.fn(**inputs)[0].shape == (1, 5, 2, 3)

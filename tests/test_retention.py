@@ -42,7 +42,7 @@ def test_state_decays_by_gamma_per_step():
 
 def test_registry_entry():
     info = get_op("retention").info()
-    assert info["backends"] == ["recurrent", "parallel", "chunk"] and info["has_step"]
+    assert {"recurrent", "parallel", "chunk"} <= set(info["backends"]) and info["has_step"]
     inputs = get_op("retention").example_inputs(1, 5, 2, 4, 3)
     o, _ = get_op("retention").fn(**inputs)
     assert o.shape == (1, 5, 2, 3)
