@@ -148,7 +148,8 @@ def run_study(study: Study, out_root: str | Path = "runs", *, resume: bool = Fal
     devices = _devices(device)
     cpu_threads = max(1, (os.cpu_count() or 1) // max(1, workers))
     threads = threads or (cpu_threads if device == "cpu" else 1)
-    gpu_share = 0.92 / max(1, -(-workers // len(devices))) if workers > 1 else 1.0
+    # ~20% of the memory is left for the processes' CUDA contexts and Triton's own allocations
+    gpu_share = 0.8 / max(1, -(-workers // len(devices))) if workers > 1 else 1.0
     failed: list[str] = []
     bar = tqdm(total=len(specs), initial=len(done), desc=f"{study.name} runs", disable=not progress, leave=True)
     jobs = [(s, str(sdir / "runs" / s.run_id), devices[i % len(devices)], deadline, threads, gpu_share)

@@ -64,7 +64,7 @@ PRESETS: dict[str, dict] = {
     },
     # One H100, ~25 minutes with many worker processes; splits into 10-minute invocations (--resume).
     "full": {
-        "base": _base(vocab=64, seq_len=64, pairs=8, steps=400, batch=64, eval_every=50, eval_examples=512),
+        "base": _base(vocab=64, seq_len=64, pairs=8, steps=300, batch=64, eval_every=50, eval_examples=512),
         "axes": _axes(FULL_MIXERS, list(CONV_PLACEMENTS), ["no", "yes"], [64, 128], [1, 2]),
         "exclude": [{"width": "128", "tie_kv": "yes"}, {"width": "128", "layers": "2"},
                     {"tie_kv": "yes", "layers": "2"}],
