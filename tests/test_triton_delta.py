@@ -51,7 +51,8 @@ def dn(q, k, v, g, beta, s0, backend, chunk_size=16, final=True, neg=False):
 @pytest.mark.parametrize("shape,chunk_size,with_state", [((1, 1, 1, 16, 16), 16, False),
                                                          ((2, 37, 2, 20, 24), 16, True),
                                                          ((1, 70, 1, 32, 48), 32, True),
-                                                         ((1, 130, 1, 16, 16), 64, False)])
+                                                         ((1, 130, 1, 16, 16), 64, False),
+                                                         ((1, 40, 1, 80, 16), 16, True)])  # two key blocks
 def test_gated_delta_triton_matches_recurrent_fp32(shape, chunk_size, with_state):
     q, k, v, g, beta, s0 = make(*shape)
     check_backends_agree(lambda *xs, backend: gdn(*xs, backend, chunk_size),

@@ -190,17 +190,19 @@ def _state_bwd_kernel(q, k, w, g, do, dd, dh, dht, dh0, scale, T, H: tl.constexp
 def _grads_qk_kernel(q, k, g, h, dlt, dd, do, dh, dq, dk, dw, db, scale, T, H: tl.constexpr, K: tl.constexpr,
                      V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
                      PREC: tl.constexpr, UP: tl.constexpr):
-    """Grid (N, B*H), looping over value blocks: dq, the part of dk from o and S' (written to dk),
-    dW = -ddelta S^T and the part of db_t from o and S' (written to db)."""
-    n, i_bh = tl.program_id(0), tl.program_id(1)
+    """Grid (cdiv(K, BK), N, B*H), looping over value blocks: for one key block, dq, the part of dk from
+    o and S' (written to dk), dW = -ddelta S^T, and this key block's share of the part of db_t from o
+    and S' (written to db[i_k]: the shares are linear in sums over keys and add up)."""
+    i_k, n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     N = tl.cdiv(T, C)
-    o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
+    o_k, o_c = i_k * BK + tl.arange(0, BK), tl.arange(0, C)
     t = n * C + o_c
     m_t = t < T
     r0 = (i_b.to(tl.int64) * T + n * C) * H + i_h  # row of the chunk's first token
     row = o_c * H
     m_ck = m_t[:, None] & (o_k[None, :] < K)
+    ck = row[:, None] * K + o_k[None, :]
     dPr = tl.zeros([C, C], dtype=tl.float32)  # do delta^T
     dq_acc = tl.zeros([C, BK], dtype=tl.float32)  # do S^T
     dkh = tl.zeros([C, BK], dtype=tl.float32)  # delta dS'^T (gradient of Khat)
@@ -223,49 +225,53 @@ def _grads_qk_kernel(q, k, g, h, dlt, dd, do, dh, dq, dk, dw, db, scale, T, H: t
         dkh += mm(dl.to(dS.dtype), tl.trans(dS), PREC, UP)
         dW -= mm(ddl.to(S.dtype), St, PREC, UP)
         sds += tl.sum(S.to(tl.float32) * dS.to(tl.float32), axis=1)
-    tl.store(dw + r0 * K + row[:, None] * K + o_k[None, :], dW.to(dw.dtype.element_ty), mask=m_ck)
+    tl.store(dw + r0 * K + ck, dW.to(dw.dtype.element_ty), mask=m_ck)
     b, b_last = _chunk_gate(g + r0, row, m_t, o_c, C, USE_G)
-    qc = tl.load(q + r0 * K + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
-    kc = tl.load(k + r0 * K + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
+    qc = tl.load(q + r0 * K + ck, mask=m_ck, other=0.0)
+    kc = tl.load(k + r0 * K + ck, mask=m_ck, other=0.0)
     # o = diag(gamma) (scale Q) S + P delta
     dqv = dq_acc * (scale * tl.exp(b))[:, None]
     dbv = tl.sum(qc.to(tl.float32) * dqv, axis=1)
     dPD = dPr * _decay(b, o_c, False) * scale
     dqv += mm(dPD.to(kc.dtype), kc, PREC, UP)
-    tl.store(dq + r0 * K + row[:, None] * K + o_k[None, :], dqv.to(dq.dtype.element_ty), mask=m_ck)
+    tl.store(dq + r0 * K + ck, dqv.to(dq.dtype.element_ty), mask=m_ck)
     # S' = gamma_C S + Khat^T delta
     cc = tl.exp(b_last - b)
     dkv = mm(tl.trans(dPD).to(qc.dtype), qc, PREC, UP) + dkh * cc[:, None]
-    tl.store(dk + r0 * K + row[:, None] * K + o_k[None, :], dkv.to(dk.dtype.element_ty), mask=m_ck)
+    tl.store(dk + r0 * K + ck, dkv.to(dk.dtype.element_ty), mask=m_ck)
     if USE_G:
         PP = dPD * mm(qc, tl.trans(kc), PREC, UP)
         x = cc * tl.sum(kc.to(tl.float32) * dkh, axis=1)
         dbv += tl.sum(PP, axis=1) - tl.sum(PP, axis=0) - x
         # the chunk-end terms (through b_C) go to the last token of the chunk that exists
         dbv += tl.where((o_c == C - 1) | (t == T - 1), tl.sum(x, axis=0) + tl.exp(b_last) * tl.sum(sds, axis=0), 0.0)
-        tl.store(db + r0 + row, dbv, mask=m_t)
+        tl.store(db + i_k * (tl.num_programs(2).to(tl.int64) * T) + r0 + row, dbv, mask=m_t)
 
 
 @triton.jit(do_not_specialize=["T"])
 def _grads_wy_kernel(k, v, beta, g, dd, dw, dk, dv, dbeta, db, dg, T, H: tl.constexpr, K: tl.constexpr,
-                     V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
-                     PREC: tl.constexpr, UP: tl.constexpr):
-    """Grid (N, B*H), looping over value blocks: the gradients through W = Tm diag(beta gamma) K,
+                     V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NKQ: tl.constexpr,
+                     USE_G: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+    """Grid (N, B*H), looping over value and key blocks: the gradients through W = Tm diag(beta gamma) K,
     U = Tm diag(beta) V and Tm = (I + A)^-1 (recomputed): dv, dbeta, the rest of dk (added to dk), and
-    dg = reverse cumulative sum within the chunk of db_t (db holds the part from o and S')."""
+    dg = reverse cumulative sum within the chunk of db_t (db: NKQ shares of the part from o and S')."""
     n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
-    o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
+    o_c = tl.arange(0, C)
     t = n * C + o_c
     m_t = t < T
     r0 = (i_b.to(tl.int64) * T + n * C) * H + i_h  # row of the chunk's first token
     row = o_c * H
-    m_ck = m_t[:, None] & (o_k[None, :] < K)
     bet = tl.load(beta + r0 + row, mask=m_t, other=0.0).to(tl.float32)
     b, b_last = _chunk_gate(g + r0, row, m_t, o_c, C, USE_G)
-    kc = tl.load(k + r0 * K + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
-    # only Tm (in the input dtype), dTm and k stay live across the loop: registers, not spills
-    Tq = unit_lower_inverse(mm(kc, tl.trans(kc), PREC, UP) * _decay(b, o_c, True) * bet[:, None], C, PREC).to(kc.dtype)
+    gam = tl.exp(b)
+    bg = bet * gam
+    KK = tl.zeros([C, C], dtype=tl.float32)  # K K^T
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        kc = tl.load(k + r0 * K + row[:, None] * K + o_k[None, :], mask=m_t[:, None] & (o_k[None, :] < K), other=0.0)
+        KK += mm(kc, tl.trans(kc), PREC, UP)
+    Tq = unit_lower_inverse(KK * _decay(b, o_c, True) * bet[:, None], C, PREC).to(k.dtype.element_ty)
     dTm = tl.zeros([C, C], dtype=tl.float32)
     dbet = tl.zeros([C], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):  # U = Tm diag(beta) V
@@ -278,35 +284,47 @@ def _grads_wy_kernel(k, v, beta, g, dd, dw, dk, dv, dbeta, db, dg, T, H: tl.cons
         TdU = mm(tl.trans(Tq), ddl.to(Tq.dtype), PREC, UP)
         tl.store(dv + r0 * V + cv, (TdU * bet[:, None]).to(dv.dtype.element_ty), mask=m_cv)
         dbet += tl.sum(vc.to(tl.float32) * TdU, axis=1)
-    gam = tl.exp(b)
-    bg = bet * gam
-    dW = tl.load(dw + r0 * K + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
-    # W = Tm diag(beta gamma) K
-    dTm += mm(dW.to(kc.dtype), tl.trans((kc.to(tl.float32) * bg[:, None]).to(kc.dtype)), PREC, UP)
-    TdW = mm(tl.trans(Tq), dW.to(Tq.dtype), PREC, UP)
-    y = gam * tl.sum(kc.to(tl.float32) * TdW, axis=1)
+    y = tl.zeros([C], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):  # W = Tm diag(beta gamma) K: dTm and the beta, gate terms
+        o_k = i_k * BK + tl.arange(0, BK)
+        ck = row[:, None] * K + o_k[None, :]
+        m_ck = m_t[:, None] & (o_k[None, :] < K)
+        kc = tl.load(k + r0 * K + ck, mask=m_ck, other=0.0)
+        dW = tl.load(dw + r0 * K + ck, mask=m_ck, other=0.0)
+        dTm += mm(dW.to(kc.dtype), tl.trans((kc.to(tl.float32) * bg[:, None]).to(kc.dtype)), PREC, UP)
+        y += tl.sum(kc.to(tl.float32) * mm(tl.trans(Tq), dW.to(Tq.dtype), PREC, UP), axis=1)
+    y = gam * y
     dbet += y
-    dkv = TdW * bg[:, None]
     # Tm = (I + A)^-1 with A_ts = beta_t (k_t . k_s) D_ts (s < t)
     dA = -mm(mm(tl.trans(Tq), dTm.to(Tq.dtype), PREC, UP).to(Tq.dtype), tl.trans(Tq), PREC, UP)
     dAD = dA * _decay(b, o_c, True)
-    dkv += mm((dAD * bet[:, None]).to(kc.dtype), kc, PREC, UP)
-    dkv += mm(tl.trans(dAD).to(kc.dtype), (kc.to(tl.float32) * bet[:, None]).to(kc.dtype), PREC, UP)
-    dkv += tl.load(dk + r0 * K + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0).to(tl.float32)
-    tl.store(dk + r0 * K + row[:, None] * K + o_k[None, :], dkv.to(dk.dtype.element_ty), mask=m_ck)
-    dAK = dAD * mm(kc, tl.trans(kc), PREC, UP)  # recomputed rather than kept live
+    dAb = (dAD * bet[:, None]).to(Tq.dtype)
+    dAt = tl.trans(dAD).to(Tq.dtype)
+    for i_k in range(tl.cdiv(K, BK)):  # dk: through W (Tm^T dW, recomputed) and through A
+        o_k = i_k * BK + tl.arange(0, BK)
+        ck = row[:, None] * K + o_k[None, :]
+        m_ck = m_t[:, None] & (o_k[None, :] < K)
+        kc = tl.load(k + r0 * K + ck, mask=m_ck, other=0.0)
+        dW = tl.load(dw + r0 * K + ck, mask=m_ck, other=0.0)
+        dkv = mm(tl.trans(Tq), dW.to(Tq.dtype), PREC, UP) * bg[:, None] + mm(dAb, kc, PREC, UP)
+        dkv += mm(dAt, (kc.to(tl.float32) * bet[:, None]).to(kc.dtype), PREC, UP)
+        dkv += tl.load(dk + r0 * K + ck, mask=m_ck, other=0.0).to(tl.float32)
+        tl.store(dk + r0 * K + ck, dkv.to(dk.dtype.element_ty), mask=m_ck)
+    dAK = dAD * KK
     dbet += tl.sum(dAK, axis=1)
     tl.store(dbeta + r0 + row, dbet, mask=m_t)
     if USE_G:
         AA = dAK * bet[:, None]
-        dbv = tl.load(db + r0 + row, mask=m_t, other=0.0) + bet * y + tl.sum(AA, axis=1) - tl.sum(AA, axis=0)
+        dbv = bet * y + tl.sum(AA, axis=1) - tl.sum(AA, axis=0)
+        for i_k in range(NKQ):
+            dbv += tl.load(db + i_k * (tl.num_programs(1).to(tl.int64) * T) + r0 + row, mask=m_t, other=0.0)
         tl.store(dg + r0 + row, tl.cumsum(dbv, axis=0, reverse=True), mask=m_t)
 
 
 # Launch settings: fixed per head size (never tuned per sequence length). Chosen from the register use
 # and spills that ptxas reports for sm_90 at K = V = 128, C = 64 (bf16); not yet timed on a GPU.
 LAUNCH = {"prep_BV": 64, "prep_warps": 8, "scan_BV": 32, "scan_warps": 8, "out_BV": 64, "out_warps": 8,
-          "dv_BV": 64, "dv_warps": 4, "grads_BV": 64, "grads_warps": 8, "wy_warps": 8}
+          "dv_BV": 64, "dv_warps": 4, "grads_BK": 64, "grads_BV": 64, "grads_warps": 8, "wy_BK": 64, "wy_warps": 8}
 
 
 def _launch_args(x: torch.Tensor) -> tuple[str, bool]:
@@ -379,12 +397,16 @@ def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, d
     dq, dk, dv, dw = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(w)
     dbeta = torch.empty_like(beta)
     dg = torch.zeros_like(beta) if g is None else torch.empty_like(g)
-    db = dg if g is None else torch.empty_like(g)  # the part of db_t from o and S' (unused without a gate)
+    BKQ = min(LAUNCH["grads_BK"], BK)
+    NKQ = triton.cdiv(K, BKQ)
+    # shares of the part of db_t from o and S', one per key block (unused without a gate)
+    db = dg if g is None else torch.empty(NKQ, *g.shape, device=g.device, dtype=torch.float32)
     BV = min(LAUNCH["grads_BV"], _block(V))
-    _grads_qk_kernel[(N, B * H)](q, k, gp, h, dlt, dd, do, dh, dq, dk, dw, db, scale, T, H, K, V, C, BK, BV,
-                                 g is not None, *_launch_args(q), num_warps=LAUNCH["grads_warps"])
-    _grads_wy_kernel[(N, B * H)](k, v, beta, gp, dd, dw, dk, dv, dbeta, db, dg, T, H, K, V, C, BK, BV,
-                                 g is not None, *_launch_args(q), num_warps=LAUNCH["wy_warps"])
+    _grads_qk_kernel[(NKQ, N, B * H)](q, k, gp, h, dlt, dd, do, dh, dq, dk, dw, db, scale, T, H, K, V, C, BKQ, BV,
+                                      g is not None, *_launch_args(q), num_warps=LAUNCH["grads_warps"])
+    _grads_wy_kernel[(N, B * H)](k, v, beta, gp, dd, dw, dk, dv, dbeta, db, dg, T, H, K, V, C,
+                                 min(LAUNCH["wy_BK"], BK), BV, NKQ, g is not None, *_launch_args(q),
+                                 num_warps=LAUNCH["wy_warps"])
     return dq, dk, dv, dg, dbeta, dh0
 
 
