@@ -102,5 +102,6 @@ def cli_train(path: str | Path, device: str | None = None, out_dir: str | Path |
     data-parallel. Prints the final eval metrics; returns the exit code."""
     config = yaml.safe_load(Path(path).read_text())
     result = train_from_config(config, out_dir=out_dir, device=device)
-    print(json.dumps({"status": result.status, "step": result.step, **result.metrics}))
+    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+        print(json.dumps({"status": result.status, "step": result.step, **result.metrics}))
     return 0
