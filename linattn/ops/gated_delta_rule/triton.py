@@ -331,6 +331,12 @@ def _launch_args(x: torch.Tensor) -> tuple[str, bool]:
     return dot_precision(x.dtype), upcast_dots(x.dtype)
 
 
+def _options(x: torch.Tensor, warps: str) -> dict[str, int]:
+    """num_warps from LAUNCH; float32 tiles are twice as large, so their loops are not software-pipelined
+    (three stages of the backward scan's float32 tiles would exceed an H100's shared memory at K = V = 128)."""
+    return {"num_warps": LAUNCH[warps], **({"num_stages": 1} if x.dtype == torch.float32 else {})}
+
+
 def _prepare(k, v, beta, g, C):
     """W [B, T, H, K] and U [B, T, H, V] in the input dtype."""
     B, T, H, K = k.shape
@@ -338,7 +344,7 @@ def _prepare(k, v, beta, g, C):
     w, u = torch.empty_like(k), torch.empty_like(v)
     _prepare_kernel[(triton.cdiv(T, C), B * H)](
         k, v, beta, w if g is None else g, w, u, T, H, K, V, C, _block(K), min(LAUNCH["prep_BV"], _block(V)),
-        g is not None, *_launch_args(k), num_warps=LAUNCH["prep_warps"])
+        g is not None, *_launch_args(k), **_options(k, "prep_warps"))
     return w, u
 
 
@@ -353,7 +359,7 @@ def _states(k, w, u, g, initial_state, C):
     BV = min(LAUNCH["scan_BV"], _block(V))
     _state_fwd_kernel[(triton.cdiv(V, BV), B * H)](
         k, w, u, ht if g is None else g, h, dlt, ht if initial_state is None else initial_state, ht, T, H, K, V, C,
-        _block(K), BV, g is not None, initial_state is not None, *_launch_args(k), num_warps=LAUNCH["scan_warps"])
+        _block(K), BV, g is not None, initial_state is not None, *_launch_args(k), **_options(k, "scan_warps"))
     return h, dlt, ht
 
 
@@ -364,7 +370,7 @@ def _output(q, k, dlt, g, h, scale, C):
     o = torch.empty_like(dlt)
     BV = min(LAUNCH["out_BV"], _block(V))
     _output_fwd_kernel[(triton.cdiv(V, BV), triton.cdiv(T, C), B * H)](
-        q, k, dlt, g, h, o, scale, T, H, K, V, C, _block(K), BV, *_launch_args(q), num_warps=LAUNCH["out_warps"])
+        q, k, dlt, g, h, o, scale, T, H, K, V, C, _block(K), BV, *_launch_args(q), **_options(q, "out_warps"))
     return o
 
 
@@ -387,13 +393,13 @@ def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, d
     dd = torch.empty_like(dlt)
     BV = min(LAUNCH["dv_BV"], _block(V))
     _dv_local_kernel[(triton.cdiv(V, BV), N, B * H)](q, k, gp, do, dd, scale, T, H, K, V, C, BK, BV, g is not None,
-                                                     *_launch_args(q), num_warps=LAUNCH["dv_warps"])
+                                                     *_launch_args(q), **_options(q, "dv_warps"))
     dh = torch.empty_like(h)
     dh0 = torch.empty(B, H, K, V, device=q.device, dtype=torch.float32)
     BV = min(LAUNCH["scan_BV"], _block(V))
     _state_bwd_kernel[(triton.cdiv(V, BV), B * H)](
         q, k, w, gp, do, dd, dh, dh0 if dht is None else dht, dh0, scale, T, H, K, V, C, BK, BV, g is not None,
-        dht is not None, *_launch_args(q), num_warps=LAUNCH["scan_warps"])
+        dht is not None, *_launch_args(q), **_options(q, "scan_warps"))
     dq, dk, dv, dw = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(w)
     dbeta = torch.empty_like(beta)
     dg = torch.zeros_like(beta) if g is None else torch.empty_like(g)
@@ -403,10 +409,10 @@ def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, d
     db = dg if g is None else torch.empty(NKQ, *g.shape, device=g.device, dtype=torch.float32)
     BV = min(LAUNCH["grads_BV"], _block(V))
     _grads_qk_kernel[(NKQ, N, B * H)](q, k, gp, h, dlt, dd, do, dh, dq, dk, dw, db, scale, T, H, K, V, C, BKQ, BV,
-                                      g is not None, *_launch_args(q), num_warps=LAUNCH["grads_warps"])
+                                      g is not None, *_launch_args(q), **_options(q, "grads_warps"))
     _grads_wy_kernel[(N, B * H)](k, v, beta, gp, dd, dw, dk, dv, dbeta, db, dg, T, H, K, V, C,
                                  min(LAUNCH["wy_BK"], BK), BV, NKQ, g is not None, *_launch_args(q),
-                                 num_warps=LAUNCH["wy_warps"])
+                                 **_options(q, "wy_warps"))
     return dq, dk, dv, dg, dbeta, dh0
 
 
