@@ -25,10 +25,12 @@ Kernels: "prepare" (a program per chunk and batch-head: A, Tm by common/triton_t
 state scan (a program per value block and batch-head, looping over chunks: stores the state entering
 each chunk and delta), the output (simple_gla's output kernel with v = delta), the local value
 gradient P^T do, the reverse scan of state gradients (stores dS' per chunk and ddelta), and the
-per-chunk input gradients in two kernels (through o and S', then through W, U and Tm). States are
-recomputed in the backward pass instead of being kept.
+per-chunk input gradients in two kernels (through o and S', a program per key block; then through W,
+U and Tm, looping over key blocks). States and Tm are recomputed in the backward pass, not kept.
 Block shapes depend on the head dims and the chunk size only, never on T (T is not specialised on).
-The whole key dimension is one block (K <= 256 is practical).
+Prepare, the scans and the output hold the whole key dimension in one block (K <= 128 intended).
+Pointers are an int64 scalar base per chunk plus int32 tile offsets (64-bit offsets per element cost
+a register pair each; see docs/triton.md for the register budget).
 """
 
 from __future__ import annotations
