@@ -59,11 +59,13 @@ def test_gated_delta_triton_matches_recurrent_fp32(shape, chunk_size, with_state
                          [q, k, v, g, beta, s0 if with_state else None], NAMES, ["triton"], tol=1e-5)
 
 
-@pytest.mark.parametrize("shape,with_state,final", [((1, 1, 1, 16, 16), False, True), ((1, 37, 2, 20, 24), True, True),
-                                                    ((1, 45, 1, 16, 32), True, False)])
-def test_delta_triton_matches_recurrent_fp32(shape, with_state, final):
+@pytest.mark.parametrize("shape,with_state,final,chunk_size", [((1, 1, 1, 16, 16), False, True, 16),
+                                                               ((1, 37, 2, 20, 24), True, True, 16),
+                                                               ((1, 45, 1, 16, 32), True, False, 16),
+                                                               ((1, 150, 1, 16, 16), True, True, 128)])
+def test_delta_triton_matches_recurrent_fp32(shape, with_state, final, chunk_size):
     q, k, v, _, beta, s0 = make(*shape)
-    check_backends_agree(lambda *xs, backend: dn(*xs, backend, final=final),
+    check_backends_agree(lambda *xs, backend: dn(*xs, backend, chunk_size, final=final),
                          [q, k, v, None, beta, s0 if with_state else None], NAMES, ["triton"], tol=1e-5)
 
 
@@ -116,11 +118,11 @@ def test_triton_split_sequence_carries_the_state(op):
 def test_triton_rejects_unsupported_chunk_size():
     q, k, v, g, beta, _ = make(1, 8, 1, 16, 16)
     with pytest.raises(ValueError, match="chunk_size"):
-        gdn(q, k, v, g, beta, None, "triton", chunk_size=128)
+        gdn(q, k, v, g, beta, None, "triton", chunk_size=48)
 
 
 
-@pytest.mark.parametrize("C", [16, 32, 64])
+@pytest.mark.parametrize("C", [16, 32, 64, 128])
 def test_unit_lower_inverse_kernel(C):
     gen = torch.Generator().manual_seed(C)
     A = (0.3 * torch.randn(C, C, generator=gen)).to(DEVICE)  # the upper triangle must be ignored

@@ -478,8 +478,8 @@ def gated_delta_triton(
 
     S_t = exp(g_t) (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T,  o_t = S_t^T (scale q_t).
     """
-    if chunk_size not in (16, 32, 64):
-        raise ValueError(f"chunk_size must be 16, 32 or 64 for backend='triton', got {chunk_size}")
+    if chunk_size not in (16, 32, 64, 128):
+        raise ValueError(f"chunk_size must be 16, 32, 64 or 128 for backend='triton', got {chunk_size}")
     in_dtype = q.dtype  # float64 runs in float32 and returns float64
     dtype = in_dtype if in_dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
     q, k, v = (x.to(dtype).contiguous() for x in (q, k, v))
