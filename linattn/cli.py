@@ -1,4 +1,4 @@
-"""Command line: ``linattn list | run | train | bench``."""
+"""Command line: ``linattn list | run | train | bench ops | bench decode | data``."""
 
 from __future__ import annotations
 
@@ -14,15 +14,26 @@ def _cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"{'op':22s} {'family':10s} {'backends':36s} equation")
+    from linattn.experiments import cli_list
+    from linattn.models import list_mixers
+
+    print(f"{'op':22s} {'family':12s} {'backends':36s} equation")
     for r in rows:
-        print(f"{r['name']:22s} {r['family']:10s} {','.join(r['backends']):36s} {r['equation']}")
-    return 0
+        print(f"{r['name']:22s} {r['family']:12s} {','.join(r['backends']):36s} {r['equation']}")
+    print(f"\nmixers (layers): {', '.join(list_mixers())}\n")
+    return cli_list()
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    print(f"linattn run {args.study}: not available yet (the studies land with issues 5 and 6)")
-    return 2
+    from linattn.experiments import cli_run
+
+    return cli_run(args)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from linattn.train.build import cli_train
+
+    return cli_train(args.config, device=args.device, out_dir=args.out)
 
 
 def _cmd_bench_ops(args: argparse.Namespace) -> int:
@@ -112,10 +123,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("data", help="generate data sets: `linattn data listops|pathfinder --out DIR ...`")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of python -m linattn.data.lra")
     p.set_defaults(func=_cmd_data)
-    p = sub.add_parser("run", help="run a named study (shortconv, lra)")
-    p.add_argument("study")
-    p.add_argument("--preset", default="smoke", choices=["smoke", "full"])
+    from linattn.experiments import add_run_arguments
+
+    p = sub.add_parser("run", help="run a named study (e.g. shortconv) or a study YAML file")
+    add_run_arguments(p)
     p.set_defaults(func=_cmd_run)
+    p = sub.add_parser("train", help="one training run from a YAML config (under torchrun: data parallel)")
+    p.add_argument("config")
+    p.add_argument("--device", default=None)
+    p.add_argument("--out", default=None, help="run folder (checkpoints, metrics.jsonl)")
+    p.set_defaults(func=_cmd_train)
     return parser
 
 

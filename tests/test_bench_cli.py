@@ -39,3 +39,16 @@ def test_cli_list_and_bench(tmp_path, capsys):
     assert main(["bench", "ops", "--ops", "simple_gla", "--lengths", "16", "--impls", "parallel",
                  "--K", "8", "--V", "8", "--repeats", "1", "--no-memory", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["rows"][0]["impl"] == "parallel"
+
+
+def test_auto_backend_choice():
+    from linattn.ops import get_op
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    spec = get_op("softmax_attn")
+    assert spec.resolve("auto", cpu) is spec.implementations["chunk"]
+    assert spec.resolve("auto", cuda) is spec.implementations["parallel"]
+    gdn = get_op("gated_delta_rule")
+    assert gdn.resolve("auto", cpu) is gdn.implementations["chunk"]
+    if "triton" in gdn.implementations:
+        assert gdn.resolve("auto", cuda) is gdn.implementations["triton"]

@@ -38,6 +38,7 @@ class OpSpec:
     step: Callable | None = None
     implementations: dict[str, Callable] = field(default_factory=dict)
     example_inputs: Callable[..., dict] | None = None
+    auto_cuda: str = ""  # the backend "auto" takes on CUDA when there is no triton one ("" = as on CPU)
     no_parallel_reason: str = ""
     notes: str = ""
 
@@ -46,10 +47,13 @@ class OpSpec:
         return tuple(b for b in BACKENDS if b in self.implementations)
 
     def resolve(self, backend: str, device: torch.device) -> Callable:
-        """The implementation for ``backend`` ("auto": triton on CUDA when present, else chunk)."""
+        """The implementation for ``backend`` ("auto": triton on CUDA when present, else ``auto_cuda`` on
+        CUDA when set, else chunk)."""
         if backend == "auto":
             if device.type == "cuda" and "triton" in self.implementations:
                 return self.implementations["triton"]
+            if device.type == "cuda" and self.auto_cuda in self.implementations:
+                return self.implementations[self.auto_cuda]
             for name in AUTO_ORDER_CPU:
                 if name in self.implementations:
                     return self.implementations[name]

@@ -38,8 +38,10 @@ SPEC = register_op(
         op_args=(),
         state_shape="KVCache(k [B, T0, H_kv, K], v [B, T0, H_kv, V])",
         implementations={b: _implementation(b) for b in ("recurrent", "parallel", "chunk")},
+        auto_cuda="parallel",  # SDPA (flash attention) on the GPU; the blockwise PyTorch path is for the CPU
         notes="recurrent = explicit masked softmax; parallel = torch SDPA; chunk = blockwise online softmax "
-              "(memory T x chunk_size). Keywords causal, window_size, rope, alibi; GQA via H_kv | H.",
+              "(memory T x chunk_size). Keywords causal, window_size, rope, alibi; GQA via H_kv | H. "
+              "'auto' is chunk on the CPU and parallel (SDPA) on CUDA.",
     )
 )
 
