@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.triton_ops import gated_rnn_backend
 from ..common.triton_utils import block as _block
 from ..common.triton_utils import dot_precision, mm, upcast_dots
 
@@ -233,68 +234,7 @@ def simple_gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht):
     return dq, dk, dv, dg, dh0
 
 
-@torch.library.custom_op("linattn::simple_gla_triton_fwd", mutates_args=())
-def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, initial_state: torch.Tensor | None,
-            scale: float, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return simple_gla_triton_forward(q, k, v, g, scale, initial_state, chunk_size)
-
-
-@_fwd_op.register_fake
-def _(q, k, v, g, initial_state, scale, chunk_size):
-    B, T, H, K = q.shape
-    return torch.empty_like(v), q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32)
-
-
-@torch.library.custom_op("linattn::simple_gla_triton_bwd", mutates_args=())
-def _bwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, initial_state: torch.Tensor | None,
-            scale: float, chunk_size: int, do: torch.Tensor, dht: torch.Tensor | None
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return simple_gla_triton_backward(q, k, v, g, scale, initial_state, chunk_size, do, dht)
-
-
-@_bwd_op.register_fake
-def _(q, k, v, g, initial_state, scale, chunk_size, do, dht):
-    B, T, H, K = q.shape
-    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g),
-            q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32))
-
-
-def _setup_context(ctx, inputs, output):
-    q, k, v, g, initial_state, scale, chunk_size = inputs
-    ctx.save_for_backward(q, k, v, g, initial_state)
-    ctx.scale, ctx.chunk_size = scale, chunk_size
-
-
-def _backward(ctx, do, dht):
-    q, k, v, g, initial_state = ctx.saved_tensors
-    dq, dk, dv, dg, dh0 = _bwd_op(q, k, v, g, initial_state, ctx.scale, ctx.chunk_size, do.contiguous(),
-                                  None if dht is None else dht.contiguous())
-    return dq, dk, dv, dg, (dh0 if initial_state is not None else None), None, None
-
-
-_fwd_op.register_autograd(_backward, setup_context=_setup_context)
-
-
-def simple_gla_triton(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    *,
-    scale: float,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-    chunk_size: int = 64,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The ``backend="triton"`` implementation (inputs validated by ``simple_gla``)."""
-    if chunk_size not in (16, 32, 64, 128):
-        raise ValueError(f"chunk_size must be 16, 32, 64 or 128 for backend='triton', got {chunk_size}")
-    dtype = q.dtype if q.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
-    q, k, v = (x.to(dtype).contiguous() for x in (q, k, v))
-    g = g.float().contiguous()
-    s0 = None if initial_state is None else initial_state.float().contiguous()
-    o, ht = _fwd_op(q, k, v, g, s0, float(scale), chunk_size)
-    return o, (ht if output_final_state else None)
+simple_gla_triton = gated_rnn_backend("simple_gla_triton", simple_gla_triton_forward, simple_gla_triton_backward)
 
 
 def _derived_backends() -> dict:
