@@ -47,7 +47,7 @@ def _cmd_bench_ops(args: argparse.Namespace) -> int:
     shape = dict(B=args.B or (4 if cuda else 1), H=args.H or (16 if cuda else 4),
                  K=args.K or (128 if cuda else 64), V=args.V or (128 if cuda else 64))
     lengths = [int(t) for t in (args.lengths or ("2048,4096,8192,16384,32768,65536" if cuda else "2048")).split(",")]
-    impls = (args.impls or ("chunk,triton,fla,sdpa" if cuda else "recurrent,parallel,chunk,sdpa")).split(",")
+    impls = (args.impls or ("chunk,triton,fla,sdpa" if cuda else "recurrent,chunk,sdpa")).split(",")
     ops = (args.ops or "simple_gla,gla,delta_rule,gated_delta_rule").split(",")
     header = (f"device={args.device} dtype={str(dtype).replace('torch.', '')} "
               f"B={shape['B']} H={shape['H']} K={shape['K']} V={shape['V']} torch={torch.__version__}")

@@ -1,22 +1,31 @@
 """Peak CPU memory of one op call, measured in a fresh process.
 
 ``python -m linattn.bench.memprobe OP BACKEND B T H K V [fwd|fwdbwd]`` builds the op's example
-inputs, records the process's peak resident set size, runs the op once, and prints the growth of the
-peak in MiB. A fresh process per measurement is the only way to read a CPU peak that earlier work
-has not already raised.
+inputs, resets the kernel's record of the process's peak resident set (writing 5 to
+/proc/self/clear_refs, Linux), runs the op once, and prints the peak minus the resident set before
+the call, in MiB. A fresh process per measurement keeps earlier allocations (and the allocator's
+cache) out of the number.
 """
 
 from __future__ import annotations
 
-import resource
 import subprocess
 import sys
 
 import torch
 
 
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+def _status_mb(key: str) -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024  # kB
+    raise RuntimeError(f"{key} not in /proc/self/status")
+
+
+def _reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM, the peak resident set size
 
 
 def measure(op: str, backend: str, B: int, T: int, H: int, K: int, V: int, mode: str = "fwdbwd") -> float:
@@ -29,11 +38,12 @@ def measure(op: str, backend: str, B: int, T: int, H: int, K: int, V: int, mode:
         for x in inputs.values():
             if isinstance(x, torch.Tensor) and x.is_floating_point():
                 x.requires_grad_(True)
-    base = _peak_rss_mb()
+    _reset_peak()
+    base = _status_mb("VmRSS")
     o, _ = spec.fn(**inputs, backend=backend)
     if mode == "fwdbwd":
         o.float().sum().backward()
-    return _peak_rss_mb() - base
+    return _status_mb("VmHWM") - base
 
 
 def probe(op: str, backend: str, B: int, T: int, H: int, K: int, V: int, mode: str = "fwdbwd") -> float:
