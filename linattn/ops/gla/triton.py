@@ -97,9 +97,16 @@ def _load_rows(x, row, m_t, o_k, K: tl.constexpr):
 
 
 @triton.jit
+def _spread(m, offsets):
+    """A scalar mask as a block shaped like ``offsets`` (Triton 3.9's interpreter rejects scalar masks
+    on block loads, and scalar & block masks)."""
+    return (offsets * 0 + m.to(tl.int32)) > 0
+
+
+@triton.jit
 def _load_row(x, row, m_t, o_k, K: tl.constexpr):
     """x[row, o_k] as float32 [BK] for one token; 0 outside."""
-    return tl.load(x + row * K + o_k, mask=m_t & (o_k < K), other=0.0).to(tl.float32)
+    return tl.load(x + row * K + o_k, mask=_spread(m_t, o_k) & (o_k < K), other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -332,7 +339,7 @@ def _intra_bwd_kernel(q, k, g, dA, dq_in, dk_in, dL, dq, dk, dg, scale, T, H: tl
                 row_t, m_t = _rows(i_b, i_h, n * C + i * SUBC + jj, T, H)
                 d_k += tl.where((o_c < jj)[:, None], _load_row(g, row_t, m_t, o_k, K)[None, :], 0.0)
                 dA_col = tl.load(dA + row_i * C + i * SUBC + j, mask=m_i, other=0.0)  # dA[t in i, s]
-                dA_row = tl.load(dA + row_t * C + i * SUBC + o_c, mask=m_t, other=0.0)  # dA[t, s in i]
+                dA_row = tl.load(dA + row_t * C + i * SUBC + o_c, mask=_spread(m_t, o_c), other=0.0)  # dA[t, s in i]
                 lower = (o_c >= j)[:, None]
                 dqi += tl.where(lower, dA_col[:, None] * _load_row(k, row_s, m_s, o_k, K)[None, :] * tl.exp(d_q), 0.0)
                 upper = (o_c <= jj)[:, None]
