@@ -1,7 +1,9 @@
 """Checks on argument *values* (ranges, flags), complementing the shape/dtype checks of checks.py.
 
 A range check reads the tensor (on CUDA this is one host synchronisation), so ops use it only for
-arguments whose out-of-range values silently break the math (e.g. a delta rule's beta).
+arguments whose out-of-range values silently break the math (e.g. a delta rule's beta). Under
+``torch.compile`` range checks are skipped: a data-dependent branch would break the graph; run the
+function eagerly once to have the values checked.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ def check_bool(name: str, value: object) -> bool:
 
 def check_range(name: str, x: torch.Tensor, low: float, high: float, hint: str = "") -> torch.Tensor:
     """Every entry of ``x`` must lie in [low, high] (NaN fails); ``hint`` is appended to the error."""
-    if x.numel() == 0:
+    if x.numel() == 0 or torch.compiler.is_compiling():
         return x
     lo, hi = torch.aminmax(x.detach())
     lo, hi = float(lo), float(hi)
