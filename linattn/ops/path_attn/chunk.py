@@ -8,29 +8,25 @@ Inside every chunk c (C positions, all chunks batched), with L = tril(diag(b) W 
     P  = I - W^T T_w                  the chunk's Householder product H_{a+C-1} .. H_a  (K x K)
     K^ = K - T_k^T W                  the chunk's keys moved to the frame of the chunk end
 
-Only the cache of past keys (all moved to the frame of the current chunk start) is carried from chunk
-to chunk: scores against the past are Q^ S^T, then S <- [S P^T ; K^] (one [P x K] x [K x K] matmul).
-The forget gate enters as chunk-local cumulative sums plus a per-key log decay carried like the keys,
-so nothing is exponentiated but softmax logits. Working memory per chunk: C x (T0 + T) scores, the
-carried keys (T0 + T) x K and one K x K product per chunk. Cost O(T^2 (K + K^2 / C)).
-Training: the chunk loop runs in segments of ~sqrt(N) chunks under activation checkpointing (only each
-segment's incoming carried keys are kept; a segment is recomputed in the backward), so the memory
-autograd holds is O(T K sqrt(N) + T C sqrt(N)) rather than O(T^2 K / C); not linear (no hand-written
-backward yet). The forward alone (no grad) is linear in T.
+Across chunks (blockwise.py), query block a attends to earlier chunk j through its queries moved back
+chunk by chunk, Q^_a P_{a-1} .. P_{j+1}, against K^_j (and to the cache, keys in the frame of the first
+chunk's start, likewise). The forget gate enters as chunk-local cumulative sums plus sums of chunk
+totals, so nothing is exponentiated but softmax logits. Cost O(T^2 (K + K^2 / C)). Forward and backward
+(hand-written, recomputing each query block's logits from the saved row log-sum-exp) hold O(T (K + C + V)
++ N K^2) memory: linear in T for training too. The final cache moves every key to the frame of the end
+with suffix products of the chunks' K x K products.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
-from torch.utils.checkpoint import checkpoint
 
 from ..common.causal_softmax import causal_mask
 from ..common.checks import compute_dtype
 from ..common.chunking import chunk_local_cumsum, from_chunks, to_chunks
 from ..common.kv_cache import KVCache
 from ..common.triangular import solve_unit_lower
+from .blockwise import PathBlockwise
 from .reference import _past
 
 
@@ -38,23 +34,6 @@ def _heads_first(x: torch.Tensor, C: int) -> torch.Tensor:
     """[B, T, H, ...] -> [B, H, N, C, ...] (zero-padded to a multiple of C)."""
     x = to_chunks(x, C)
     return x.permute(0, 3, 1, 2, *range(4, x.dim()))
-
-
-def _segment(S: torch.Tensor, D: torch.Tensor, V_all: torch.Tensor, *chunks: torch.Tensor,
-             scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A run of consecutive chunks against the carried keys S [B, H, P, K] and log decays D [B, H, P]:
-    ``chunks`` holds 7 tensors per chunk (Q^, intra scores, P^T, K^, total and local log decay, V); returns
-    their outputs [B, H, n, C, V] and the carried (S, D) after them."""
-    outputs = []
-    for i in range(0, len(chunks), 7):
-        Qhat, intra, Pt, Khat, total, Gl, Vc = chunks[i:i + 7]
-        P = S.shape[2]
-        past = scale * Qhat @ S.transpose(-1, -2) + Gl[..., :, None] + D[..., None, :]
-        p = torch.softmax(torch.cat([past, intra], dim=-1), dim=-1)
-        outputs.append(p[..., :P] @ V_all[:, :, :P] + p[..., P:] @ Vc)
-        S = torch.cat([S @ Pt, Khat], dim=2)
-        D = torch.cat([D + total[..., None], total[..., None] - Gl], dim=2)
-    return torch.stack(outputs, dim=2), S, D
 
 
 def path_attn_chunk(
@@ -76,11 +55,10 @@ def path_attn_chunk(
     g = torch.zeros_like(beta) if g is None else g.to(dt)
     k0, v0, d0 = _past(initial_state, k, v.shape[-1], dt)
     B, T, H, K = q.shape
-    T0, C = k0.shape[1], chunk_size
+    C = chunk_size
     Q, Kc, W, Vc = (_heads_first(x, C) for x in (q, k, w, v))  # [B, H, N, C, *]; padding: w = b = 0, H = I
     b = _heads_first(beta, C)[..., None]
     Gl = chunk_local_cumsum(g, C).permute(0, 3, 1, 2)  # [B, H, N, C]
-    N = Q.shape[2]
     M, Ms = causal_mask(C, C, device=q.device), causal_mask(C, C, strict=True, device=q.device)
     tril = lambda x, m: x.masked_fill(~m, 0.0)
     tr = lambda x: x.transpose(-1, -2)
@@ -96,25 +74,29 @@ def path_attn_chunk(
     Khat = Kc - tr(Tk) @ W
     total = Gl[..., -1]  # [B, H, N] log decay across each chunk
 
-    S, D = k0.transpose(1, 2), d0.transpose(1, 2)  # past keys in the current frame [B, H, P, K]; log decays
-    V_all = torch.cat([v0.transpose(1, 2), from_chunks(Vc.permute(0, 2, 3, 1, 4), N * C).transpose(1, 2)], dim=2)
-    per_chunk = (Qhat, intra, Pt, Khat, total, Gl, Vc)
-    train = torch.is_grad_enabled() and any(x.requires_grad for x in (*per_chunk, S, D))
-    # one unbind per tensor (its backward is one stack), not an indexing op per chunk (a full-size
-    # zero tensor per chunk in the backward)
-    chunks = [x for n_chunk in zip(*(x.unbind(2) for x in per_chunk)) for x in n_chunk]
-    m = math.isqrt(N - 1) + 1 if train else N  # segments of ~sqrt(N) chunks, recomputed in the backward
-    outputs = []
-    for lo in range(0, N, m):
-        args = (S, D, V_all, *chunks[7 * lo:7 * min(lo + m, N)])
-        o_seg, S, D = checkpoint(_segment, *args, scale=scale, use_reentrant=False) if train else _segment(*args,
-                                                                                                       scale=scale)
-        outputs.append(o_seg)
-    o = torch.cat(outputs, dim=2).permute(0, 2, 3, 1, 4)  # [B, N, C, H, V]
-    o = from_chunks(o, T)
+    S0, V0, D0 = (x.transpose(1, 2) for x in (k0, v0, d0))  # cache [B, H, T0, *]
+    o = PathBlockwise.apply(Qhat, intra, Pt, Khat, total, Gl, Vc, S0, V0, D0, scale)  # [B, H, N, C, V]
+    o = from_chunks(o.permute(0, 2, 3, 1, 4), T)
     state = None
     if output_final_state:
-        end = T0 + T
-        state = KVCache(S[:, :, :end].transpose(1, 2), V_all[:, :, :end].transpose(1, 2),
-                        {"log_decay": D[:, :, :end].transpose(1, 2)})
+        state = _final_state(S0, V0, D0, Khat, Vc, Pt, total, Gl, T)
     return o.to(in_dtype), state
+
+
+def _final_state(S0: torch.Tensor, V0: torch.Tensor, D0: torch.Tensor, Khat: torch.Tensor, Vc: torch.Tensor,
+                 Pt: torch.Tensor, total: torch.Tensor, Gl: torch.Tensor, T: int) -> KVCache:
+    """Every key moved to the frame of the last position: K^_j P_{j+1}^T .. P_{N-1}^T (suffix products of
+    the chunks' K x K products, N of them), the values, and the log decays G_end - G_s."""
+    B, H, N, C, K = Khat.shape
+    R, suffix = torch.eye(K, dtype=Khat.dtype, device=Khat.device).expand(B, H, K, K), []
+    for j in range(N - 1, -1, -1):  # R_j = P_{j+1}^T .. P_{N-1}^T
+        suffix.append(R)
+        R = Pt[:, :, j] @ R
+    R_all = torch.stack(suffix[::-1], dim=2)  # [B, H, N, K, K]; R is now P_0^T .. P_{N-1}^T
+    after = total.flip(-1).cumsum(-1).flip(-1)  # c_j + .. + c_{N-1}
+    keys = torch.cat([S0 @ R, (Khat @ R_all).reshape(B, H, N * C, K)], dim=2)
+    decay = torch.cat([D0 + total.sum(-1, keepdim=True), (after[..., None] - Gl).reshape(B, H, N * C)], dim=2)
+    values = torch.cat([V0, Vc.reshape(B, H, N * C, -1)], dim=2)
+    end = S0.shape[2] + T
+    keys, values, decay = (x[:, :, :end].transpose(1, 2) for x in (keys, values, decay))
+    return KVCache(keys, values, {"log_decay": decay})
