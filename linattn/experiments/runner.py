@@ -75,8 +75,10 @@ def execute_run(spec: RunSpec, run_dir: str, device: str, deadline: float | None
     "interrupted", "skipped" (deadline passed before it started) or "error"). ``gpu_share``: the
     fraction of the GPU's memory this process may hold (the caching allocator frees its cache
     before exceeding it, so processes sharing a GPU do not starve each other)."""
+    from linattn.experiments.lra_run import is_lra_config, train_lra_from_config
     from linattn.train.build import train_from_config
 
+    train = train_lra_from_config if is_lra_config(spec.config) else train_from_config
     row = {"run_id": spec.run_id, **spec.row()}
     if deadline is not None and time.time() >= deadline:
         return {**row, "status": "skipped"}
@@ -86,7 +88,7 @@ def execute_run(spec: RunSpec, run_dir: str, device: str, deadline: float | None
         torch.cuda.set_per_process_memory_fraction(gpu_share, dev.index if dev.index is not None else 0)
     out = Path(run_dir)
     try:
-        result = train_from_config(spec.config, out, device=device, progress=False, deadline=deadline)
+        result = train(spec.config, out, device=device, progress=False, deadline=deadline)
     except NonFiniteLossError as exc:
         final = {**row, "status": "diverged", "message": str(exc)}
         (out / RESULT_NAME).write_text(json.dumps(final, indent=2))

@@ -1,0 +1,153 @@
+"""The LRA self-pretraining study (issue 6; Amos et al. 2023, "Never Train from Scratch").
+
+Claim under test: pretraining on the task's own training inputs (SPT: causal next-token prediction or
+masked denoising) before fine-tuning beats training from scratch at the SAME total number of steps
+(pretraining + fine-tuning steps of SPT = fine-tuning steps of scratch), for a Transformer (RoPE) and
+for linear-attention and state-space mixers alike. Grid: LRA task x model x spt (none, causal, masked)
+x seeds; one run is :func:`linattn.experiments.lra_run.train_lra_from_config`; the score is test accuracy.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+from linattn.data.lra import list_lra_tasks
+from linattn.data.lra.__main__ import LISTOPS_SMOKE
+from linattn.experiments.lra_run import SPT_MODES, check_lra_config
+from linattn.experiments.report import Cell, write_report
+from linattn.experiments.study import Study
+
+# the paper's Transformer (RoPE) test accuracy (%): trained from scratch -> causal SPT (None: failed)
+PAPER_TRANSFORMER: dict[str, tuple[float | None, float]] = {
+    "listops": (36.4, 59.2), "text": (64.3, 88.8), "retrieval": (57.5, 90.4), "image": (42.4, 76.0),
+    "pathfinder32": (71.4, 88.5), "pathx": (None, 88.1),
+}
+MODELS: dict[str, str] = {  # study label -> mixer
+    "transformer": "softmax_attn", "gated_deltanet": "gated_delta_rule", "deltanet": "delta_rule",
+    "mamba2": "mamba2", "gla": "gla", "lru": "lru",
+}
+TRANSFORMER = "transformer"
+METRIC = "test_accuracy"
+
+PRESETS: dict[str, dict] = {
+    # CPU, 2 cores: a small generated ListOps (trees of 20-200 tokens), 1-layer d=32 models, 400 steps
+    # of which SPT pretrains 200; 3 models x 3 spt x 2 seeds = 18 runs.
+    "smoke": {
+        "task": {"data_dir": None, "pretrain_steps": 200, "generate": LISTOPS_SMOKE},
+        "model": {"d_model": 32, "n_layers": 1, "n_heads": 2},
+        "train": {"max_steps": 400, "batch_size": 32, "warmup_steps": 20, "eval_every": 100,
+                  "eval_batch_size": 200, "log_every": 50},
+        "models": ["transformer", "gla", "gated_deltanet"],
+        "seeds": [0, 1],
+        "lrs": [3e-3],
+    },
+    # GPU: the release data (--data-dir), 4 layers d=128; 10k steps, half of them SPT; 3 seeds.
+    "full": {
+        "task": {"data_dir": "data/lra", "pretrain_steps": 5000, "generate": None},
+        "model": {"d_model": 128, "n_layers": 4, "n_heads": 4},
+        "train": {"max_steps": 10000, "batch_size": 32, "warmup_steps": 500, "eval_every": 1000,
+                  "eval_batch_size": 64, "log_every": 100},
+        "models": list(MODELS),
+        "seeds": [0, 1, 2],
+        "lrs": [1e-3],
+    },
+}
+
+
+def lra_study(preset: str = "smoke", *, tasks: Sequence[str] = ("listops",), models: Sequence[str] | None = None,
+              spt: Sequence[str] | None = None, data_dir: str | Path | None = None,
+              seeds: Sequence[int] | None = None, train: dict | None = None, model: dict | None = None,
+              task_options: dict | None = None) -> Study:
+    """The study at ``preset`` ("smoke" or "full"), restricted to ``tasks``, ``models`` (labels of
+    :data:`MODELS`) and ``spt`` modes; ``data_dir`` replaces the preset's (smoke: None = generate ListOps
+    into the study folder); ``seeds``, ``train``, ``model`` and ``task_options`` (partial dicts; the
+    latter of LRA task keys such as ``pretrain_steps``, ``generate``, ``mask_ratio``) override the preset's."""
+    if preset not in PRESETS:
+        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
+    p = PRESETS[preset]
+    tasks = list(tasks)
+    models = list(p["models"] if models is None else models)
+    spt = list(SPT_MODES if spt is None else spt)
+    for name, values, valid in (("tasks", tasks, list_lra_tasks()), ("models", models, list(MODELS)),
+                                ("spt", spt, list(SPT_MODES))):
+        bad = [v for v in values if v not in valid]
+        if not values or bad:
+            raise ValueError(f"{name} must be a non-empty list from {valid}, got {values}")
+    task = {**p["task"], **(task_options or {}), "name": f"lra/{tasks[0]}"}
+    if data_dir is not None:
+        task["data_dir"] = str(data_dir)
+    study = Study.from_dict({
+        "name": "lra", "description": f"LRA self-pretraining, compute-matched (preset {preset}). "
+        + __doc__.split("\n\n")[1].replace("\n", " "),
+        "base": {"task": task, "model": {"mixer": "softmax_attn", **p["model"], **(model or {})},
+                 "train": {**p["train"], **(train or {})}},
+        "axes": {"task": {t: {"task.name": f"lra/{t}"} for t in tasks},
+                 "model": {m: {"model.mixer": MODELS[m]} for m in models},
+                 "spt": {s: {"task.spt": s} for s in spt}},
+        "seeds": list(p["seeds"] if seeds is None else seeds), "lrs": p["lrs"], "metric": METRIC,
+        "report": {"facet": "task", "rows": ["model"], "cols": "spt"}})
+    for spec in study.runs():
+        check_lra_config(spec.config)
+    return study
+
+
+def _by_spt(cells: list[Cell], task: str, model: str) -> dict[str, Cell]:
+    return {c.labels["spt"]: c for c in cells if c.labels["task"] == task and c.labels["model"] == model}
+
+
+def conclusion(study: Study, cells: list[Cell]) -> str:
+    """Per task: the best SPT mode's mean gain over scratch across models, whether it exceeds the seed
+    noise (2 x pooled std / sqrt(#models)), how many models it helps, and the Transformer's change next
+    to the paper's."""
+    lines = []
+    for task in study.axes["task"]:
+        models = [m for m in study.axes["model"] if "none" in _by_spt(cells, task, m)]
+        for mode in ("causal", "masked"):
+            pairs = [(_by_spt(cells, task, m)["none"], _by_spt(cells, task, m)[mode]) for m in models
+                     if mode in _by_spt(cells, task, m)]
+            if not pairs:
+                continue
+            gains = [b.mean - a.mean for a, b in pairs]
+            gain = statistics.fmean(gains)
+            noise = 2 * statistics.fmean(a.std ** 2 + b.std ** 2 for a, b in pairs) ** 0.5 / len(pairs) ** 0.5
+            verdict = "exceeds" if abs(gain) > noise else "does not exceed"
+            text = (f"- **{task}, {mode} SPT vs scratch**: mean gain {100 * gain:+.1f} points over {len(pairs)} "
+                    f"model(s) ({sum(g > 0 for g in gains)} improved), which {verdict} the seed noise "
+                    f"({100 * noise:.1f})")
+            tr = _by_spt(cells, task, TRANSFORMER)
+            if mode == "causal" and "none" in tr and "causal" in tr and task in PAPER_TRANSFORMER:
+                before, after = PAPER_TRANSFORMER[task]
+                text += (f"; Transformer {100 * tr['none'].mean:.1f} -> {100 * tr['causal'].mean:.1f} here, "
+                         f"{before if before is not None else 'fail'} -> {after} in the paper")
+            lines.append(text + ".")
+    return "\n".join(lines) or "- no model has both a scratch and an SPT result yet."
+
+
+def paper_table(study: Study, cells: list[Cell]) -> str:
+    """Markdown: our Transformer row per task and spt mode next to the paper's (test accuracy, %)."""
+    lines = ["| task | spt | ours (Transformer) | paper (Transformer + RoPE) |", "|---|---|---|---|"]
+    for task in study.axes["task"]:
+        tr = _by_spt(cells, task, TRANSFORMER)
+        before, after = PAPER_TRANSFORMER.get(task, (None, None))
+        paper = {"none": "fail" if before is None else f"{before:.1f}", "causal": f"{after:.1f}", "masked": "-"}
+        for mode in study.axes["spt"]:
+            ours = f"{100 * tr[mode].mean:.1f} ± {100 * tr[mode].std:.1f}" if mode in tr else "-"
+            lines.append(f"| {task} | {mode} | {ours} | {paper[mode]} |")
+    return "\n".join(lines)
+
+
+def lra_report(study: Study, study_dir: Path, rows: list[dict]) -> None:
+    """The standard report (tables of test accuracy per model x spt, mean ± std over seeds) with a
+    computed conclusion, plus the Transformer row beside the paper's numbers."""
+    cells = write_report(study, study_dir, rows, conclusion=conclusion)
+    if TRANSFORMER not in study.axes["model"]:
+        return
+    extra = ["## Against the paper", "",
+             "Test accuracy (%). Paper: Amos et al. 2023, Transformer with RoPE, full-size LRA, trained from "
+             "scratch vs causal SPT. Ours: the preset's model size and steps (the smoke preset's small "
+             "generated ListOps is not the release data, so only the direction compares).", "",
+             paper_table(study, cells), ""]
+    with open(study_dir / "report.md", "a") as f:
+        f.write("\n".join(extra))

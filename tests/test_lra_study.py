@@ -1,0 +1,164 @@
+"""The LRA self-pretraining study: run configs, batches, weight transfer, a tiny study end to end, report."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+
+from linattn.data.lra import get_task, write_listops
+from linattn.experiments import lra_run, run_study
+from linattn.experiments.lra import PAPER_TRANSFORMER, conclusion, lra_report, lra_study, paper_table
+from linattn.experiments.lra_run import LRABatches, build_models, check_lra_config, train_lra_from_config, transfer
+from linattn.experiments.report import Cell
+from linattn.train.checkpoint import load_checkpoint
+
+TINY_LISTOPS = dict(num_train=64, num_val=24, num_test=24, min_length=4, max_length=24, max_depth=4, max_args=3)
+TINY_TRAIN = {"max_steps": 6, "batch_size": 8, "warmup_steps": 2, "eval_every": 3, "log_every": 3,
+              "eval_batch_size": 16}
+TINY_MODEL = {"d_model": 16, "n_layers": 1, "n_heads": 2}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def listops_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lra")
+    write_listops(root, **TINY_LISTOPS)
+    return root
+
+
+def _config(spt: str, data_dir, **task) -> dict:
+    return {"task": {"name": "lra/listops", "data_dir": str(data_dir), "spt": spt, "pretrain_steps": 3, **task},
+            "model": {"mixer": "gla", **TINY_MODEL}, "train": {**TINY_TRAIN, "device": "cpu", "progress": False},
+            "seed": 0}
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"spt": "both"}, "task.spt"),
+    ({"pretrain_steps": 6}, "pretrain_steps"),
+    ({"pretrain_steps": 0}, "pretrain_steps"),
+    ({"colour": 1}, "unknown LRA task key"),
+    ({"name": "lra/chess"}, "name must be one of"),
+    ({"generate": 5}, "task.generate"),
+])
+def test_bad_lra_configs(change, match, tmp_path):
+    cfg = _config("causal", tmp_path)
+    cfg["task"].update(change)
+    with pytest.raises(ValueError, match=match):
+        check_lra_config(cfg)
+
+
+def test_bad_study_arguments():
+    with pytest.raises(ValueError, match="models must be"):
+        lra_study("smoke", models=["rnn"])
+    with pytest.raises(ValueError, match="spt must be"):
+        lra_study("smoke", spt=[])
+    with pytest.raises(ValueError, match="preset"):
+        lra_study("huge")
+
+
+def test_compute_matched_grid():
+    study = lra_study("smoke")
+    runs = study.runs()
+    assert len(runs) == 3 * 3 * 2
+    total = study.base["train"]["max_steps"]
+    for r in runs:
+        cfg = check_lra_config(r.config)
+        assert cfg["train"]["max_steps"] == total
+        assert cfg["task"]["pretrain_steps"] == (0 if cfg["task"]["spt"] == "none" else 200)
+    full = lra_study("full", data_dir="/data/lra")
+    assert {r.config["model"]["mixer"] for r in full.runs()} == {
+        "softmax_attn", "gated_delta_rule", "delta_rule", "mamba2", "gla", "lru"}
+    assert all(r.config["task"]["data_dir"] == "/data/lra" for r in full.runs())
+
+
+def test_batches_are_deterministic_and_cover_an_epoch(listops_dir):
+    train = get_task("listops", listops_dir, "train")
+    a, b = LRABatches(train, 8, seed=3), LRABatches(train, 8, seed=3)
+    x5, y5 = a.batch(5)
+    assert torch.equal(x5, b.batch(5)[0]) and y5.shape == (8, 1)
+    seen = torch.cat([a.batch(i)[1][:, 0] for i in range(8)])  # one epoch = 64 / 8 batches
+    assert sorted(seen.tolist()) == sorted(train.labels.tolist())
+    assert not torch.equal(a.batch(0)[0], a.batch(8)[0]), "a new epoch reshuffles"
+    half = [LRABatches(train, 8, seed=3).batch(2, rank=r, world=2)[0] for r in range(2)]
+    assert sum(h.shape[0] for h in half) == 8
+
+
+def test_transfer_copies_the_encoder_and_keeps_the_head(listops_dir):
+    cfg = check_lra_config(_config("causal", listops_dir))
+    lm, clf = build_models(cfg, num_classes=10, vocab_size=18)
+    head = clf.classifier.head.weight.detach().clone()
+    names = transfer(lm, clf)
+    lm_state, clf_state = lm.state_dict(), clf.classifier.state_dict()
+    assert "embed.weight" in names and any(n.startswith("blocks.0.mixer") for n in names)
+    assert all(torch.equal(clf_state[n], lm_state[n]) for n in names)
+    assert set(clf_state) - set(names) == {"head.weight", "head.bias"}
+    assert torch.equal(clf.classifier.head.weight, head)
+
+
+@pytest.mark.parametrize("spt", ["causal", "masked"])
+def test_fine_tuning_starts_from_the_pretrained_weights(spt, listops_dir, tmp_path, monkeypatch):
+    starts = []
+
+    class Recording(lra_run.Trainer):
+        def fit(self, deadline=None):
+            starts.append({k: v.detach().clone() for k, v in self.model.state_dict().items()})
+            return super().fit(deadline)
+
+    monkeypatch.setattr(lra_run, "Trainer", Recording)
+    result = train_lra_from_config(_config(spt, listops_dir), tmp_path)
+    assert result.status == "completed" and result.step == 6
+    assert result.metrics["pretrain_steps"] == 3 and result.metrics["finetune_steps"] == 3
+    pretrained = load_checkpoint(tmp_path / "pretrain" / "checkpoint.pt")["model"]
+    lm_init, ft_start = starts
+    encoder = [n for n in pretrained if not n.startswith("lm_head")]
+    assert all(torch.equal(ft_start["classifier." + n], pretrained[n]) for n in encoder)
+    assert not torch.equal(pretrained["embed.weight"], lm_init["embed.weight"]), "pretraining changed the weights"
+    final = load_checkpoint(tmp_path / "finetune" / "checkpoint.pt")["model"]
+    assert not torch.equal(final["classifier.embed.weight"], pretrained["embed.weight"]), "fine-tuning trained"
+
+
+def test_tiny_study_end_to_end(tmp_path):
+    study = lra_study("smoke", models=["transformer"], seeds=[0], data_dir=tmp_path / "missing",
+                      train=TINY_TRAIN, model=TINY_MODEL, task_options={"generate": TINY_LISTOPS, "pretrain_steps": 3})
+    outcome = run_study(study, tmp_path / "out", workers=1, progress=False, write_report=lra_report)
+    assert outcome.complete and outcome.finished == 3
+    sdir = outcome.study_dir
+    assert (sdir / "data" / "listops-1000" / "basic_train.tsv").is_file(), "ListOps generated into the study"
+    with open(sdir / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted(r["spt"] for r in rows) == ["causal", "masked", "none"]
+    for r in rows:
+        assert r["status"] == "finished" and r["step"] == "6" and 0.0 <= float(r["test_accuracy"]) <= 1.0
+    report = (sdir / "report.md").read_text()
+    assert "## Conclusion" in report and "causal SPT vs scratch" in report
+    assert "## Against the paper" in report and "59.2" in report and "36.4" in report
+    again = run_study(study, tmp_path / "out", workers=1, progress=False, write_report=lra_report,
+                      study_dir=sdir)
+    assert again.finished == 3, "finished runs are not rerun"
+
+
+def _cell(model: str, spt: str, mean: float, std: float = 0.01) -> Cell:
+    return Cell({"task": "listops", "model": model, "spt": spt}, 3e-3, mean, std, 2, {3e-3: mean})
+
+
+def test_conclusion_and_paper_table_are_computed_from_the_numbers():
+    study = lra_study("smoke")
+    cells = [_cell("transformer", "none", 0.30), _cell("transformer", "causal", 0.50),
+             _cell("transformer", "masked", 0.31), _cell("gla", "none", 0.20), _cell("gla", "causal", 0.40),
+             _cell("gla", "masked", 0.19)]
+    text = conclusion(study, cells)
+    assert "causal SPT vs scratch**: mean gain +20.0 points over 2 model(s) (2 improved), which exceeds" in text
+    assert "masked SPT vs scratch**: mean gain +0.0 points" in text and "does not exceed" in text
+    assert "Transformer 30.0 -> 50.0 here, 36.4 -> 59.2 in the paper" in text
+    table = paper_table(study, cells)
+    assert "| listops | none | 30.0 ± 1.0 | 36.4 |" in table and "| listops | causal | 50.0 ± 1.0 | 59.2 |" in table
+    assert PAPER_TRANSFORMER["pathx"] == (None, 88.1)
