@@ -162,3 +162,18 @@ def test_conclusion_and_paper_table_are_computed_from_the_numbers():
     table = paper_table(study, cells)
     assert "| listops | none | 30.0 ± 1.0 | 36.4 |" in table and "| listops | causal | 50.0 ± 1.0 | 59.2 |" in table
     assert PAPER_TRANSFORMER["pathx"] == (None, 88.1)
+
+
+def test_cli_arguments_select_the_grid():
+    import argparse
+
+    from linattn.experiments.lra import lra_study_from_args
+
+    args = argparse.Namespace(preset="smoke", task="listops", model="transformer,gla", spt=["none", "causal"],
+                              data_dir="/d")
+    study = lra_study_from_args(args)
+    assert list(study.axes["model"]) == ["transformer", "gla"] and list(study.axes["spt"]) == ["none", "causal"]
+    assert study.base["task"]["data_dir"] == "/d"
+    plain = lra_study_from_args(argparse.Namespace(preset="smoke"))
+    assert len(plain.runs()) == 18 and plain.base["task"]["data_dir"] is None
+    assert list(lra_study("smoke", models=["gated_delta_rule"]).axes["model"]) == ["gated_deltanet"], "mixer names"

@@ -9,6 +9,7 @@ x seeds; one run is :func:`linattn.experiments.lra_run.train_lra_from_config`; t
 
 from __future__ import annotations
 
+import argparse
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -61,14 +62,16 @@ def lra_study(preset: str = "smoke", *, tasks: Sequence[str] = ("listops",), mod
               seeds: Sequence[int] | None = None, train: dict | None = None, model: dict | None = None,
               task_options: dict | None = None) -> Study:
     """The study at ``preset`` ("smoke" or "full"), restricted to ``tasks``, ``models`` (labels of
-    :data:`MODELS`) and ``spt`` modes; ``data_dir`` replaces the preset's (smoke: None = generate ListOps
-    into the study folder); ``seeds``, ``train``, ``model`` and ``task_options`` (partial dicts; the
-    latter of LRA task keys such as ``pretrain_steps``, ``generate``, ``mask_ratio``) override the preset's."""
+    :data:`MODELS` or their mixer names) and ``spt`` modes; ``data_dir`` replaces the preset's (smoke:
+    None = generate ListOps into the study folder); ``seeds``, ``train``, ``model`` and ``task_options``
+    (partial dicts; the last of LRA task keys: ``pretrain_steps``, ``generate``, ``mask_ratio``) override
+    the preset's."""
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
     p = PRESETS[preset]
     tasks = list(tasks)
-    models = list(p["models"] if models is None else models)
+    by_mixer = {mixer: label for label, mixer in MODELS.items()}
+    models = [by_mixer.get(m, m) for m in (p["models"] if models is None else models)]
     spt = list(SPT_MODES if spt is None else spt)
     for name, values, valid in (("tasks", tasks, list_lra_tasks()), ("models", models, list(MODELS)),
                                 ("spt", spt, list(SPT_MODES))):
@@ -151,3 +154,18 @@ def lra_report(study: Study, study_dir: Path, rows: list[dict]) -> None:
              paper_table(study, cells), ""]
     with open(study_dir / "report.md", "a") as f:
         f.write("\n".join(extra))
+
+
+def _names(value: str | Sequence[str] | None) -> list[str] | None:
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else [x for v in value for x in str(v).split(",")]
+    return [x.strip() for x in items if x.strip()]
+
+
+def lra_study_from_args(args: argparse.Namespace) -> Study:
+    """The study of ``linattn run lra --preset P [--task T] [--model M] [--spt S] [--data-dir DIR]``; each of
+    --task, --model, --spt takes a comma-separated list (or is repeated) and defaults to the preset's."""
+    tasks = _names(getattr(args, "task", None)) or ["listops"]
+    return lra_study(args.preset, tasks=tasks, models=_names(getattr(args, "model", None)),
+                     spt=_names(getattr(args, "spt", None)), data_dir=getattr(args, "data_dir", None))
