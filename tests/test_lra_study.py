@@ -177,3 +177,17 @@ def test_cli_arguments_select_the_grid():
     plain = lra_study_from_args(argparse.Namespace(preset="smoke"))
     assert len(plain.runs()) == 18 and plain.base["task"]["data_dir"] is None
     assert list(lra_study("smoke", models=["gated_delta_rule"]).axes["model"]) == ["gated_deltanet"], "mixer names"
+
+
+def test_an_interrupted_run_resumes_to_the_same_end(listops_dir, tmp_path):
+    import time
+
+    cfg = _config("causal", listops_dir)
+    first = train_lra_from_config(cfg, tmp_path / "a", deadline=time.time())
+    assert first.status == "interrupted" and not (tmp_path / "a" / "result.json").exists()
+    assert (tmp_path / "a" / "pretrain" / "checkpoint.pt").is_file()
+    resumed = train_lra_from_config(cfg, tmp_path / "a")
+    straight = train_lra_from_config(cfg, tmp_path / "b")
+    assert resumed.step == straight.step == 6 and (tmp_path / "a" / "result.json").is_file()
+    assert resumed.metrics["test_accuracy"] == pytest.approx(straight.metrics["test_accuracy"])
+    assert resumed.metrics["test_loss"] == pytest.approx(straight.metrics["test_loss"], rel=1e-5)
