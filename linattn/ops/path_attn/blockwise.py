@@ -35,10 +35,10 @@ def _chain(Qhat_a: torch.Tensor, Pt: torch.Tensor, a: int) -> tuple[torch.Tensor
     return Qs, cur
 
 
-def _logits(ctx_tensors: tuple[torch.Tensor, ...], a: int, scale: float) -> tuple[torch.Tensor, ...]:
+def _logits(tensors: tuple[torch.Tensor, ...], a: int, scale: float) -> tuple[torch.Tensor, ...]:
     """Logits [B, H, C, T0 + (a + 1) C] of query block a against the cache, the earlier chunks and itself,
     with the chain (Qs, Q_{a,-1}) that produced them."""
-    Qhat, intra, Pt, Khat, total, Gl, S0, D0 = ctx_tensors
+    Qhat, intra, Pt, Khat, total, Gl, S0, D0 = tensors
     B, H, _, C, _ = Qhat.shape
     Qs, Qc = _chain(Qhat[:, :, a], Pt, a)
     tot = total[:, :, :a]
@@ -57,7 +57,9 @@ class PathBlockwise(torch.autograd.Function):
     cache S0 [B, H, T0, K], V0 [B, H, T0, V], D0 [B, H, T0]); differentiable in every tensor."""
 
     @staticmethod
-    def forward(ctx, Qhat, intra, Pt, Khat, total, Gl, Vc, S0, V0, D0, scale):
+    def forward(ctx, Qhat: torch.Tensor, intra: torch.Tensor, Pt: torch.Tensor, Khat: torch.Tensor,
+                total: torch.Tensor, Gl: torch.Tensor, Vc: torch.Tensor, S0: torch.Tensor, V0: torch.Tensor,
+                D0: torch.Tensor, scale: float) -> torch.Tensor:
         B, H, N, C, _ = Qhat.shape
         T0 = S0.shape[2]
         tensors = (Qhat, intra, Pt, Khat, total, Gl, S0, D0)
@@ -72,7 +74,7 @@ class PathBlockwise(torch.autograd.Function):
         return o
 
     @staticmethod
-    def backward(ctx, do):
+    def backward(ctx, do: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         Qhat, intra, Pt, Khat, total, Gl, S0, D0, Vc, V0, o, lse = ctx.saved_tensors
         tensors = (Qhat, intra, Pt, Khat, total, Gl, S0, D0)
         scale = ctx.scale
