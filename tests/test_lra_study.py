@@ -156,8 +156,11 @@ def test_conclusion_and_paper_table_are_computed_from_the_numbers():
              _cell("transformer", "masked", 0.31), _cell("gla", "none", 0.20), _cell("gla", "causal", 0.40),
              _cell("gla", "masked", 0.19)]
     text = conclusion(study, cells)
-    assert "causal SPT vs scratch**: mean gain +20.0 points over 2 model(s) (2 improved), which exceeds" in text
-    assert "masked SPT vs scratch**: mean gain +0.0 points" in text and "does not exceed" in text
+    assert ("causal SPT vs scratch**: mean gain +20.0 points over 2 model(s) (2 improved), beyond the seed noise: "
+            "SPT helps (2.0)") in text
+    assert "masked SPT vs scratch**: mean gain +0.0 points over 2 model(s) (1 improved), within the seed noise" in text
+    worse = conclusion(study, [_cell("gla", "none", 0.40), _cell("gla", "causal", 0.20)])
+    assert "mean gain -20.0 points over 1 model(s) (0 improved), beyond the seed noise: SPT hurts" in worse
     assert "Transformer 30.0 -> 50.0 here, 36.4 -> 59.2 in the paper" in text
     table = paper_table(study, cells)
     assert "| listops | none | 30.0 ± 1.0 | 36.4 |" in table and "| listops | causal | 50.0 ± 1.0 | 59.2 |" in table

@@ -115,10 +115,10 @@ def conclusion(study: Study, cells: list[Cell]) -> str:
             gains = [b.mean - a.mean for a, b in pairs]
             gain = statistics.fmean(gains)
             noise = 2 * statistics.fmean(a.std ** 2 + b.std ** 2 for a, b in pairs) ** 0.5 / len(pairs) ** 0.5
-            verdict = "exceeds" if abs(gain) > noise else "does not exceed"
+            verdict = ("beyond the seed noise: SPT helps" if gain > noise else "beyond the seed noise: SPT hurts"
+                       if gain < -noise else "within the seed noise: no clear effect")
             text = (f"- **{task}, {mode} SPT vs scratch**: mean gain {100 * gain:+.1f} points over {len(pairs)} "
-                    f"model(s) ({sum(g > 0 for g in gains)} improved), which {verdict} the seed noise "
-                    f"({100 * noise:.1f})")
+                    f"model(s) ({sum(g > 0 for g in gains)} improved), {verdict} ({100 * noise:.1f})")
             tr = _by_spt(cells, task, TRANSFORMER)
             if mode == "causal" and "none" in tr and "causal" in tr and task in PAPER_TRANSFORMER:
                 before, after = PAPER_TRANSFORMER[task]
@@ -147,7 +147,7 @@ def lra_report(study: Study, study_dir: Path, rows: list[dict]) -> None:
     cells = write_report(study, study_dir, rows, conclusion=conclusion)
     if TRANSFORMER not in study.axes["model"]:
         return
-    extra = ["## Against the paper", "",
+    extra = ["", "## Against the paper", "",
              "Test accuracy (%). Paper: Amos et al. 2023, Transformer with RoPE, full-size LRA, trained from "
              "scratch vs causal SPT. Ours: the preset's model size and steps (the smoke preset's small "
              "generated ListOps is not the release data, so only the direction compares).", "",
