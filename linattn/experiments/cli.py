@@ -20,6 +20,11 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="parallel run processes (default: 2 on CPU, 16 per GPU up to the CPU count)")
     parser.add_argument("--max-minutes", type=float, default=None,
                         help="stop (checkpointing running runs) after this many minutes; --resume continues")
+    lra = parser.add_argument_group("lra study")
+    lra.add_argument("--task", action="append", help="LRA task(s), comma list (default: the preset's)")
+    lra.add_argument("--model", action="append", help="model label(s) or mixer name(s), comma list")
+    lra.add_argument("--spt", action="append", help="none, causal and/or masked, comma list")
+    lra.add_argument("--data-dir", default=None, help="folder with the LRA release files (smoke: generated if absent)")
 
 
 def cli_run(args: argparse.Namespace) -> int:
@@ -27,7 +32,12 @@ def cli_run(args: argparse.Namespace) -> int:
     (time budget), 1 when some runs failed."""
     import torch
 
-    study, report = get_study(args.study, args.preset)
+    if args.study == "lra":
+        from linattn.experiments.lra import lra_report, lra_study_from_args
+
+        study, report = lra_study_from_args(args), lra_report
+    else:
+        study, report = get_study(args.study, args.preset)
     workers = args.workers
     if workers is None:
         gpus = max(1, torch.cuda.device_count())

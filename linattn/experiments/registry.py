@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from linattn.experiments.lra import lra_report, lra_study
 from linattn.experiments.report import write_report
 from linattn.experiments.shortconv import shortconv_report, shortconv_study
 from linattn.experiments.study import Study
@@ -12,6 +13,7 @@ from linattn.experiments.study import Study
 ReportFn = Callable[[Study, Path, list[dict]], None]
 STUDIES: dict[str, tuple[Callable[[str], Study], ReportFn]] = {
     "shortconv": (shortconv_study, shortconv_report),
+    "lra": (lra_study, lra_report),
 }
 
 
