@@ -7,7 +7,7 @@ import csv
 import pytest
 import torch
 
-from linattn.data.lra import get_task, write_listops
+from linattn.data.lra import BYTE_VOCAB, collate, get_task, write_listops
 from linattn.experiments import lra_run, run_study
 from linattn.experiments.lra import PAPER_TRANSFORMER, conclusion, lra_report, lra_study, paper_table
 from linattn.experiments.lra_run import LRABatches, build_models, check_lra_config, train_lra_from_config, transfer
@@ -194,3 +194,94 @@ def test_an_interrupted_run_resumes_to_the_same_end(listops_dir, tmp_path):
     assert resumed.step == straight.step == 6 and (tmp_path / "a" / "result.json").is_file()
     assert resumed.metrics["test_accuracy"] == pytest.approx(straight.metrics["test_accuracy"])
     assert resumed.metrics["test_loss"] == pytest.approx(straight.metrics["test_loss"], rel=1e-5)
+
+
+# -- retrieval: document pairs ---------------------------------------------------------------------------
+def _write_aan(root, n: int, seed: int, name: str) -> None:
+    """A tiny AAN-format tsv (no header; label, id1, id2, text1, text2): label 1 when the documents share
+    their first word. Some texts are Python bytes literals, as in the release."""
+    g = torch.Generator().manual_seed(seed)
+    words = ["graph", "parse", "tree", "lexicon", "neural", "corpus"]
+    lines = []
+    for i in range(n):
+        a, b, c = (words[int(j)] for j in torch.randint(len(words), (3,), generator=g))
+        label = i % 2
+        second = a if label else next(w for w in words if w != a)
+        t1, t2 = f"{a} {b} model {i}", f"{second} {c} data"
+        if i % 3 == 0:
+            t1 = repr(t1.encode())
+        lines.append(f"{label}\tdoc{i}a\tdoc{i}b\t{t1}\t{t2}")
+    (root / "tsv_data").mkdir(parents=True, exist_ok=True)
+    (root / "tsv_data" / f"new_aan_pairs.{name}.tsv").write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture(scope="module")
+def aan_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("aan")
+    for name, n, seed in (("train", 32, 0), ("eval", 12, 1), ("test", 12, 2)):
+        _write_aan(root, n, seed, name)
+    return root
+
+
+def _retrieval_config(spt: str, data_dir) -> dict:
+    cfg = _config(spt, data_dir)
+    cfg["task"]["name"] = "lra/retrieval"
+    return cfg
+
+
+def test_pair_batches_stack_both_documents(aan_dir):
+    train = get_task("retrieval", aan_dir, "train")
+    x, y = LRABatches(train, 8, seed=0).batch(0)
+    assert x.shape[:2] == (8, 2) and y.shape == (8, 1)
+    x_all, y_all = lra_run.whole_split(train)
+    for i in range(len(train)):
+        for j, key in enumerate(("input_ids", "input_ids2")):
+            doc = train[i][key]
+            assert torch.equal(x_all[i, j, :doc.numel()], doc)
+            assert (x_all[i, j, doc.numel():] == lra_run.PAD_ID).all()
+    assert torch.equal(y_all[:, 0], train.labels)
+
+
+def test_dual_classifier_reads_pairs_like_the_sequence_classifier(aan_dir):
+    cfg = check_lra_config(_retrieval_config("causal", aan_dir))
+    lm, clf = build_models(cfg, num_classes=2, vocab_size=len(BYTE_VOCAB), dual=True)
+    assert clf.classifier.dual
+    train = get_task("retrieval", aan_dir, "train")
+    x, _ = lra_run.whole_split(train)
+    b = collate([train[i] for i in range(3)])
+    want = clf.classifier(b["input_ids"], b["input_ids2"], mask=b["input_ids"] != lra_run.PAD_ID,
+                          mask2=b["input_ids2"] != lra_run.PAD_ID)
+    assert torch.allclose(clf(x[:3])[:, 0], want, atol=1e-5)
+    with pytest.raises(ValueError, match=r"\[B, 2, T\]"):
+        clf(x[:3, 0])
+    names = transfer(lm, clf)
+    assert "embed.weight" in names and not any(n.startswith("head") for n in names)
+
+
+@pytest.mark.parametrize("spt", ["causal", "masked"])
+def test_retrieval_run_pretrains_on_documents_then_fine_tunes_the_dual_encoder(spt, aan_dir, tmp_path,
+                                                                               monkeypatch):
+    starts, data = [], []
+
+    class Recording(lra_run.Trainer):
+        def fit(self, deadline=None):
+            starts.append({k: v.detach().clone() for k, v in self.model.state_dict().items()})
+            data.append(self.train_data.data)
+            return super().fit(deadline)
+
+    monkeypatch.setattr(lra_run, "Trainer", Recording)
+    result = train_lra_from_config(_retrieval_config(spt, aan_dir), tmp_path)
+    assert result.status == "completed" and result.step == 6
+    assert 0.0 <= result.metrics["test_accuracy"] <= 1.0 and result.metrics["pretrain_loss"] is not None
+    view, pairs = data
+    assert len(view) == 2 * len(pairs) == 64, "each document of a pair is a pretraining sequence"
+    if spt == "masked":
+        assert view.mask_ratio == pytest.approx(0.15)
+    pretrained = load_checkpoint(tmp_path / "pretrain" / "checkpoint.pt")["model"]
+    lm_init, ft_start = starts
+    assert ft_start["classifier.head.0.weight"].shape == (16, 4 * 16), "the dual encoder's head"
+    encoder = [n for n in pretrained if not n.startswith("lm_head")]
+    assert encoder and all(torch.equal(ft_start["classifier." + n], pretrained[n]) for n in encoder)
+    assert not torch.equal(pretrained["embed.weight"], lm_init["embed.weight"]), "pretraining changed the weights"
+    final = load_checkpoint(tmp_path / "finetune" / "checkpoint.pt")["model"]
+    assert not torch.equal(final["classifier.embed.weight"], pretrained["embed.weight"]), "fine-tuning trained"

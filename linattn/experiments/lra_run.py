@@ -17,6 +17,12 @@ Compute matching (Amos et al. 2023): ``train.max_steps`` is the total; SPT pretr
 ``lm_head``) initialise a :class:`SequenceClassifier` (mean pooling, same mixer direction) before
 fine-tuning. Accuracy is measured on the val split (during training) and on the test split (at the end).
 
+Retrieval (``lra/retrieval``, two documents per example): SPT trains on every document of the train split
+as its own sequence (2 N sequences; masked ratio 15% by default), and the classifier is the dual encoder
+(``SequenceClassifier(..., dual=True)``: one shared encoder, the head reads [e1, e2, e1 * e2, e1 - e2]);
+the pretrained weights initialise its shared encoder, its head starts fresh. Pairs travel through the
+Trainer as one tensor [B, 2, T] (:func:`inputs_targets`).
+
 ``data_dir: null`` (or a folder without the task's files) with ``generate`` set: the run generates
 ListOps with ``ListOpsConfig(**generate)`` into ``<study folder>/data`` (shared by the study's runs).
 Files: ``<out>/pretrain/`` and ``<out>/finetune/`` (each checkpoint.pt + metrics.jsonl, resumable),
@@ -35,6 +41,7 @@ from pathlib import Path
 import torch
 import yaml
 from torch import nn
+from torch.nn import functional as F
 
 from linattn.data.lra import (
     CausalLMView,
@@ -152,8 +159,16 @@ class LRABatches:
 
 
 def inputs_targets(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input_ids [B, T], targets): ``labels`` [B, T] of an SPT batch or ``label[:, None]`` [B, 1]."""
-    return batch["input_ids"], batch["labels"] if "labels" in batch else batch["label"][:, None]
+    """(inputs, targets): inputs are ``input_ids`` [B, T], or for a document pair both documents stacked
+    as [B, 2, T] (each right-padded with ``PAD_ID`` to the longer one); targets are the per-token
+    ``labels`` [B, T] of an SPT batch or ``label[:, None]`` [B, 1]."""
+    x = batch["input_ids"]
+    if "input_ids2" in batch:
+        x2 = batch["input_ids2"]
+        T = max(x.shape[1], x2.shape[1])
+        x = torch.stack([F.pad(x, (0, T - x.shape[1]), value=PAD_ID), F.pad(x2, (0, T - x2.shape[1]), value=PAD_ID)],
+                        dim=1)
+    return x, batch["labels"] if "labels" in batch else batch["label"][:, None]
 
 
 def whole_split(data: LRADataset) -> tuple[torch.Tensor, torch.Tensor]:
@@ -164,24 +179,41 @@ def whole_split(data: LRADataset) -> tuple[torch.Tensor, torch.Tensor]:
 # -- models ----------------------------------------------------------------------------------------------
 class PaddedClassifier(nn.Module):
     """A SequenceClassifier reading right-padded ids (``PAD_ID`` = padding): logits [B, 1, C], the shape
-    the Trainer's token loss takes with targets [B, 1]."""
+    the Trainer's token loss takes with targets [B, 1]. A dual classifier (retrieval) reads a pair as
+    [B, 2, T] (see :func:`inputs_targets`); each document is cut to its batch's longest real length."""
 
     def __init__(self, classifier: nn.Module) -> None:
         super().__init__()
         self.classifier = classifier
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.classifier(input_ids, mask=input_ids != PAD_ID)[:, None, :]
+        dual = getattr(self.classifier, "dual", False)
+        want = 3 if dual else 2
+        if input_ids.dim() != want or (dual and input_ids.shape[1] != 2):
+            raise ValueError(f"input_ids must be {'[B, 2, T] (a document pair)' if dual else '[B, T]'} for this "
+                             f"{'dual' if dual else 'single-document'} classifier, got shape {list(input_ids.shape)}")
+        if not dual:
+            return self.classifier(input_ids, mask=input_ids != PAD_ID)[:, None, :]
+        docs = [_trim(input_ids[:, j]) for j in range(2)]
+        return self.classifier(docs[0], docs[1], mask=docs[0] != PAD_ID, mask2=docs[1] != PAD_ID)[:, None, :]
 
 
-def build_models(cfg: dict, num_classes: int, vocab_size: int) -> tuple[nn.Module | None, PaddedClassifier]:
-    """(the pretraining CausalLM or None for ``spt: none``, the classifier), initialised from cfg['seed']."""
+def _trim(ids: torch.Tensor) -> torch.Tensor:
+    """Right-padded ids [B, T] without the columns that are padding in every row."""
+    longest = int((ids != PAD_ID).sum(1).max())
+    return ids[:, :max(longest, 1)]
+
+
+def build_models(cfg: dict, num_classes: int, vocab_size: int, dual: bool = False
+                 ) -> tuple[nn.Module | None, PaddedClassifier]:
+    """(the pretraining CausalLM or None for ``spt: none``, the classifier; a dual encoder of document
+    pairs if ``dual``), initialised from cfg['seed']."""
     from linattn.models import CausalLM, ModelConfig, SequenceClassifier
 
     model_cfg = ModelConfig.from_dict({"vocab_size": vocab_size, **cfg["model"]})
     torch.manual_seed(cfg["seed"])
     lm = None if cfg["task"]["spt"] == "none" else CausalLM(model_cfg)
-    return lm, PaddedClassifier(SequenceClassifier(model_cfg, num_classes, pooling="mean"))
+    return lm, PaddedClassifier(SequenceClassifier(model_cfg, num_classes, pooling="mean", dual=dual))
 
 
 def transfer(lm: nn.Module, classifier: PaddedClassifier) -> list[str]:
@@ -215,12 +247,10 @@ def train_lra_from_config(config: dict, out_dir: str | Path | None = None, devic
     t = cfg["task"]
     lra = t["name"][len(PREFIX):]
     info = task_info(lra)
-    if info.pair:
-        raise ValueError(f"LRA task {lra!r} pairs two documents; this runner builds single-document classifiers")
     root = resolve_data_dir(t, out)
     options = {} if t.get("max_len") is None else {"max_len": t["max_len"]}
     splits = {s: get_task(lra, root, s, **options) for s in ("train", "val", "test")}
-    lm, clf = build_models(cfg, info.num_classes, len(info.vocab))
+    lm, clf = build_models(cfg, info.num_classes, len(info.vocab), dual=info.pair)
     total = _train_config(cfg, device, progress).max_steps
     wall, metrics = 0.0, {"pretrain_steps": t["pretrain_steps"]}
     if lm is not None:
