@@ -285,3 +285,16 @@ def test_retrieval_run_pretrains_on_documents_then_fine_tunes_the_dual_encoder(s
     assert not torch.equal(pretrained["embed.weight"], lm_init["embed.weight"]), "pretraining changed the weights"
     final = load_checkpoint(tmp_path / "finetune" / "checkpoint.pt")["model"]
     assert not torch.equal(final["classifier.embed.weight"], pretrained["embed.weight"]), "fine-tuning trained"
+
+
+def test_tiny_retrieval_study_end_to_end(aan_dir, tmp_path):
+    study = lra_study("smoke", tasks=["retrieval"], models=["transformer"], spt=["none", "masked"], seeds=[0],
+                      data_dir=aan_dir, train=TINY_TRAIN, model=TINY_MODEL, task_options={"pretrain_steps": 3})
+    outcome = run_study(study, tmp_path / "out", workers=1, progress=False, write_report=lra_report)
+    assert outcome.complete and outcome.finished == 2
+    with open(outcome.study_dir / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted(r["spt"] for r in rows) == ["masked", "none"]
+    assert all(r["status"] == "finished" and r["step"] == "6" for r in rows)
+    report = (outcome.study_dir / "report.md").read_text()
+    assert "retrieval, masked SPT vs scratch" in report and "| retrieval | none |" in report and "57.5" in report
