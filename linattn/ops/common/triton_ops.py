@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-CHUNK_SIZES = (16, 32, 64, 128)
+from .checks import CHUNK_SIZES
 
 
 def gated_rnn_backend(name: str, forward: Callable, backward: Callable) -> Callable:

@@ -105,7 +105,7 @@ def linear_attn(
     feature_map_weight W [m, K] or [H, m, K] for the random maps (default: drawn from
     feature_map_seed, [num_features (default K), K], N(0, 1)); normalize, eps; initial_state
     [B, H, M, V] ([B, H, M, V + 1] with normalize: z is the last column), M = K, m (performer) or
-    2m (fourier); backend "recurrent", "parallel", "chunk" or "auto" (= "chunk").
+    2m (fourier); backend "recurrent", "parallel", "chunk" or "auto" (triton on CUDA, else chunk).
     Returns (o [B, T, H, V] in q's dtype, final state float32 or None). For the performer map to
     estimate softmax attention exp(q.k / sqrt(K)), pass q and k multiplied by K^-1/4 and scale=1.
     """

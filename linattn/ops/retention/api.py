@@ -75,7 +75,7 @@ def retention(
     S_t = gamma_h S_{t-1} + k_t v_t^T,   o_t = S_t^T (scale q_t),   gamma_h = 1 - 2^(-5-h), h = 0..H-1.
 
     Args: q, k [B, T, H, K]; v [B, T, H, V]; initial_state [B, H, K, V]; backend "recurrent",
-    "parallel", "chunk" or "auto" (= "chunk"); chunk_size (16, 32, 64, 128 are tested).
+    "parallel", "chunk" or "auto" (triton on CUDA, else chunk); chunk_size (16, 32, 64, 128 are tested).
     Returns (o [B, T, H, V] in q's dtype, final state [B, H, K, V] float32 or None).
     """
     d = check_qkv(q, k, v)
