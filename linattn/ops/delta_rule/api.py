@@ -12,6 +12,7 @@ import torch
 
 from ..common.checks import check_chunk_size, check_initial_state, check_qkv, check_step_qkv, resolve_scale
 from ..common.registry import OpSpec, register_op
+from ..common.triton_step import select_step
 from ..gated_delta_rule.api import (
     PURE_TORCH_BACKENDS,
     check_beta,
@@ -100,7 +101,8 @@ def delta_rule_step(
     d = check_step_qkv(q_t, k_t, v_t)
     check_step_beta(beta_t, d, allow_neg_eigval)
     check_step_state(state, d)
-    return gated_delta_step_reference(q_t, k_t, v_t, None, beta_t, state, scale=resolve_scale(scale, d.K))
+    step = select_step("gated_delta_rule", gated_delta_step_reference, q_t, k_t, v_t, beta_t, state)
+    return step(q_t, k_t, v_t, None, beta_t, state, scale=resolve_scale(scale, d.K))  # fused kernel on CUDA
 
 
 def delta_rule_example_inputs(B: int, T: int, H: int, K: int, V: int, **kw) -> dict[str, torch.Tensor]:

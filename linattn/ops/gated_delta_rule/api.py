@@ -15,6 +15,7 @@ from ..common.checks import (
     resolve_scale,
 )
 from ..common.registry import OpSpec, register_op
+from ..common.triton_step import select_step
 from ..common.values import check_bool, check_range
 from .chunk import gated_delta_chunk
 from .reference import gated_delta_parallel, gated_delta_recurrent, gated_delta_step_reference
@@ -117,7 +118,8 @@ def gated_delta_rule_step(
     check_shape("g_t", g_t, (d.B, d.H), "[B, H]")
     check_step_beta(beta_t, d, allow_neg_eigval)
     check_step_state(state, d)
-    return gated_delta_step_reference(q_t, k_t, v_t, g_t, beta_t, state, scale=resolve_scale(scale, d.K))
+    step = select_step("gated_delta_rule", gated_delta_step_reference, q_t, k_t, v_t, g_t, beta_t, state)
+    return step(q_t, k_t, v_t, g_t, beta_t, state, scale=resolve_scale(scale, d.K))  # fused kernel on CUDA
 
 
 def delta_example_inputs(

@@ -14,6 +14,7 @@ from ..common.checks import (
     resolve_scale,
 )
 from ..common.registry import OpSpec, register_op
+from ..common.triton_step import select_step
 from .chunk import simple_gla_chunk
 from .reference import simple_gla_parallel, simple_gla_recurrent, simple_gla_step_reference
 
@@ -82,7 +83,8 @@ def simple_gla_step(
     check_shape("g_t", g_t, (d.B, d.H), "[B, H]")
     if state is not None:
         check_shape("state", state, (d.B, d.H, d.K, d.V), "[B, H, K, V]")
-    return simple_gla_step_reference(q_t, k_t, v_t, g_t, state, scale=resolve_scale(scale, d.K))
+    step = select_step("simple_gla", simple_gla_step_reference, q_t, k_t, v_t, g_t, state)  # fused kernel on CUDA
+    return step(q_t, k_t, v_t, g_t, state, scale=resolve_scale(scale, d.K))
 
 
 def simple_gla_example_inputs(

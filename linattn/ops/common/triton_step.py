@@ -1,0 +1,75 @@
+"""Which implementation runs one decoding step: the fused Triton kernel on CUDA, PyTorch elsewhere.
+
+The ops' public step functions (``simple_gla_step``, ``gla_step``, ``delta_rule_step``,
+``gated_delta_rule_step``) validate their inputs, then ask :func:`select_step` for the function to
+call. The fused kernel (``triton_step_kernel.py``: state tile read once and written once, decay,
+delta correction, rank-1 update and read-out in one launch) is chosen when
+
+- the step backend is "auto" and every tensor is on CUDA, or it is "triton" (also on the CPU under
+  ``TRITON_INTERPRET=1``: how the tests run it),
+- Triton imports, every tensor is float32, bfloat16 or float16 (float64 stays on PyTorch), the key
+  dim fits the kernel's tile, and
+- no autograd graph is being recorded through the inputs (the kernel has no backward; decoding runs
+  under ``torch.no_grad()``).
+
+Otherwise the op's PyTorch step (its reference) runs. Both return (o_t in q_t's dtype, new float32
+state) and agree to float32 rounding.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+
+import torch
+
+from .checks import check_choice
+from .triton_compat import triton_available
+
+STEP_BACKENDS = ("auto", "torch", "triton")
+_FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_backend = check_choice("LINATTN_STEP_BACKEND", os.environ.get("LINATTN_STEP_BACKEND", "auto"), STEP_BACKENDS)
+_triton_available = functools.cache(triton_available)
+
+
+def set_step_backend(name: str) -> str:
+    """Choose the step implementation: "auto" (fused kernel on CUDA, default), "torch" (always PyTorch) or
+    "triton" (fused wherever Triton can run: CUDA, or the CPU under TRITON_INTERPRET=1). Returns the
+    previous setting. The environment variable LINATTN_STEP_BACKEND sets the initial value."""
+    global _backend
+    check_choice("step backend", name, STEP_BACKENDS)
+    previous, _backend = _backend, name
+    return previous
+
+
+def get_step_backend() -> str:
+    """The current step backend setting ("auto", "torch" or "triton")."""
+    return _backend
+
+
+def _fused_ok(q_t: torch.Tensor, tensors: tuple[torch.Tensor, ...]) -> bool:
+    if _backend == "torch" or not _triton_available():
+        return False
+    on_cuda = all(x.is_cuda for x in tensors)
+    if not (on_cuda or (_backend == "triton" and os.environ.get("TRITON_INTERPRET") == "1")):
+        return False
+    if any(x.dtype not in _FUSED_DTYPES for x in tensors):
+        return False
+    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
+        return False
+    from .triton_step_kernel import fits
+
+    return fits(q_t.shape[-1])
+
+
+def select_step(family: str, reference: Callable, *tensors: torch.Tensor | None) -> Callable:
+    """The fused Triton step of ``family`` ("simple_gla", "gla" or "gated_delta_rule"; the latter also serves
+    the delta rule with g_t = None) when it may run on ``tensors`` (q_t first; None entries ignored),
+    else ``reference``. Both take the reference step's arguments."""
+    present = tuple(x for x in tensors if x is not None)
+    if not _fused_ok(present[0], present):
+        return reference
+    from .triton_step_kernel import STEP_KERNELS
+
+    return STEP_KERNELS[family]
