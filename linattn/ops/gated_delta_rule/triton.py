@@ -1,13 +1,14 @@
-"""Triton kernels (forward and backward) for the gated delta rule (and, with no gate, the delta rule).
+"""Triton kernels (forward and backward) for the gated delta rule (and, with no gate, the delta rule),
+in its generalisation with a separate read key p (Comba; p = k is the gated delta rule).
 
-    S_t = exp(g_t) (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T,        o_t = S_t^T (scale q_t)
+    S_t = exp(g_t) (I - b_t k_t p_t^T) S_{t-1} + b_t k_t v_t^T,        o_t = S_t^T (scale q_t)
 
 Chunkwise in the WY / UT form. Per head, a chunk of C tokens entered with state S (b_t: log gate
 summed from the chunk start to t, so every exponent below is <= 0; gamma_t = e^{b_t};
-D_ts = e^{b_t - b_s} for s <= t; beta_t the step size):
+D_ts = e^{b_t - b_s} for s <= t; beta_t the step size; R the read keys p_t, R = K without p):
 
-    A_ts = beta_t (k_t . k_s) D_ts  (s < t),   Tm = (I + A)^-1          (unit lower triangular)
-    W = Tm diag(beta gamma) K,   U = Tm diag(beta) V                      (no dependence on S)
+    A_ts = beta_t (p_t . k_s) D_ts  (s < t),   Tm = (I + A)^-1          (unit lower triangular)
+    W = Tm diag(beta gamma) R,   U = Tm diag(beta) V                      (no dependence on S)
     delta = U - W S                                                       ("new values", [C, V])
     o = diag(gamma) (scale Q) S + P delta,   P = scale Q K^T ⊙ D ⊙ M     (M: causal, diagonal included)
     S' = gamma_C S + Khat^T delta,           Khat = diag(e^{b_C - b_s}) K
@@ -16,17 +17,22 @@ Backward, with dS' the gradient of the state leaving the chunk and do that of th
 
     ddelta = P^T do + Khat dS'
     dS     = scale (diag(gamma) Q)^T do + gamma_C dS' - W^T ddelta       (reverse scan over chunks)
-    dU = ddelta,  dW = -ddelta S^T,  dTm = dU (diag(beta) V)^T + dW (diag(beta gamma) K)^T,
+    dU = ddelta,  dW = -ddelta S^T,  dTm = dU (diag(beta) V)^T + dW (diag(beta gamma) R)^T,
     dA = -(Tm^T dTm Tm^T) on the strict lower triangle,
+    dR = diag(beta gamma) Tm^T dW + diag(beta) (dA ⊙ D) K   (the read keys enter W and A only),
     and A, W, U, P, Khat, gamma give dq, dk, dv, dbeta and db_t; dg is the reverse cumulative sum of
     db within each chunk (b_t = sum of g from the chunk start to t).
+
+The read key is a compile-time flag (HAS_P): without p the kernels read k in its place, so the gated
+delta rule's code is unchanged and does no extra loads; its dR is added to dk.
 
 Kernels: "prepare" (a program per chunk and batch-head: A, Tm by common/triton_tril.py, W, U), the
 state scan (a program per value block and batch-head, looping over chunks: stores the state entering
 each chunk and delta), the output (simple_gla's output kernel with v = delta), the local value
 gradient P^T do, the reverse scan of state gradients (stores dS' per chunk and ddelta), and the
 per-chunk input gradients in two kernels (through o and S', a program per key block; then through W,
-U and Tm, looping over key blocks). States and Tm are recomputed in the backward pass, not kept.
+U and Tm, looping over key blocks; only "prepare" and this kernel read p). States and Tm are recomputed
+in the backward pass, not kept.
 Block shapes depend on the head dims and the chunk size only, never on T (T is not specialised on).
 Prepare, the scans and the output hold the whole key dimension in one block (K <= 128 intended).
 Pointers are an int64 scalar base per chunk plus int32 tile offsets (64-bit offsets per element cost
@@ -65,10 +71,20 @@ def _decay(b, o_c, STRICT: tl.constexpr):
     return tl.where(keep, tl.exp(tl.where(keep, b[:, None] - b[None, :], 0.0)), 0.0)
 
 
+@triton.jit
+def _read_key(p, kc, offs, mask, HAS_P: tl.constexpr):
+    """The read keys of a tile: loaded from p, or the keys kc themselves (gated delta rule)."""
+    if HAS_P:
+        return tl.load(p + offs, mask=mask, other=0.0)
+    else:
+        return kc
+
+
 @triton.jit(do_not_specialize=["T"])
-def _prepare_kernel(k, v, beta, g, w, u, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
-                    BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
-    """Grid (N, B*H): Tm = (I + A)^-1, W = Tm diag(beta gamma) K, U = Tm diag(beta) V of one chunk."""
+def _prepare_kernel(k, p, v, beta, g, w, u, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
+                    BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, HAS_P: tl.constexpr,
+                    PREC: tl.constexpr, UP: tl.constexpr):
+    """Grid (N, B*H): Tm = (I + A)^-1, W = Tm diag(beta gamma) R, U = Tm diag(beta) V of one chunk."""
     n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
@@ -80,8 +96,9 @@ def _prepare_kernel(k, v, beta, g, w, u, T, H: tl.constexpr, K: tl.constexpr, V:
     b, b_last = _chunk_gate(g + r0, row, m_t, o_c, C, USE_G)
     bet = tl.load(beta + r0 + row, mask=m_t, other=0.0).to(tl.float32)
     kc = tl.load(k + r0 * K + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
-    Tq = unit_lower_inverse(mm(kc, tl.trans(kc), PREC, UP) * _decay(b, o_c, True) * bet[:, None], C, PREC).to(kc.dtype)
-    kb = (kc.to(tl.float32) * (bet * tl.exp(b))[:, None]).to(kc.dtype)
+    pc = _read_key(p, kc, r0 * K + row[:, None] * K + o_k[None, :], m_ck, HAS_P)
+    Tq = unit_lower_inverse(mm(pc, tl.trans(kc), PREC, UP) * _decay(b, o_c, True) * bet[:, None], C, PREC).to(kc.dtype)
+    kb = (pc.to(tl.float32) * (bet * tl.exp(b))[:, None]).to(kc.dtype)
     tl.store(w + r0 * K + row[:, None] * K + o_k[None, :], mm(Tq, kb, PREC, UP).to(w.dtype.element_ty), mask=m_ck)
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
@@ -251,12 +268,13 @@ def _grads_qk_kernel(q, k, g, h, dlt, dd, do, dh, dq, dk, dw, db, scale, T, H: t
 
 
 @triton.jit(do_not_specialize=["T"])
-def _grads_wy_kernel(k, v, beta, g, dd, dw, dk, dv, dbeta, db, dg, T, H: tl.constexpr, K: tl.constexpr,
+def _grads_wy_kernel(k, p, v, beta, g, dd, dw, dk, dp, dv, dbeta, db, dg, T, H: tl.constexpr, K: tl.constexpr,
                      V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NKQ: tl.constexpr,
-                     USE_G: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
-    """Grid (N, B*H), looping over value and key blocks: the gradients through W = Tm diag(beta gamma) K,
-    U = Tm diag(beta) V and Tm = (I + A)^-1 (recomputed): dv, dbeta, the rest of dk (added to dk), and
-    dg = reverse cumulative sum within the chunk of db_t (db: NKQ shares of the part from o and S')."""
+                     USE_G: tl.constexpr, HAS_P: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+    """Grid (N, B*H), looping over value and key blocks: the gradients through W = Tm diag(beta gamma) R,
+    U = Tm diag(beta) V and Tm = (I + A)^-1 (recomputed): dv, dbeta, dp (HAS_P; else added to dk), the rest
+    of dk (added to dk), and dg = reverse cumulative sum within the chunk of db_t (db: NKQ shares of the part
+    from o and S')."""
     n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_c = tl.arange(0, C)
@@ -268,11 +286,13 @@ def _grads_wy_kernel(k, v, beta, g, dd, dw, dk, dv, dbeta, db, dg, T, H: tl.cons
     b, b_last = _chunk_gate(g + r0, row, m_t, o_c, C, USE_G)
     gam = tl.exp(b)
     bg = bet * gam
-    KK = tl.zeros([C, C], dtype=tl.float32)  # K K^T
+    KK = tl.zeros([C, C], dtype=tl.float32)  # R K^T
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
-        kc = tl.load(k + r0 * K + row[:, None] * K + o_k[None, :], mask=m_t[:, None] & (o_k[None, :] < K), other=0.0)
-        KK += mm(kc, tl.trans(kc), PREC, UP)
+        ck = row[:, None] * K + o_k[None, :]
+        m_ck = m_t[:, None] & (o_k[None, :] < K)
+        kc = tl.load(k + r0 * K + ck, mask=m_ck, other=0.0)
+        KK += mm(_read_key(p, kc, r0 * K + ck, m_ck, HAS_P), tl.trans(kc), PREC, UP)
     Tq = unit_lower_inverse(KK * _decay(b, o_c, True) * bet[:, None], C, PREC).to(k.dtype.element_ty)
     dTm = tl.zeros([C, C], dtype=tl.float32)
     dbet = tl.zeros([C], dtype=tl.float32)
@@ -287,29 +307,36 @@ def _grads_wy_kernel(k, v, beta, g, dd, dw, dk, dv, dbeta, db, dg, T, H: tl.cons
         tl.store(dv + r0 * V + cv, (TdU * bet[:, None]).to(dv.dtype.element_ty), mask=m_cv)
         dbet += tl.sum(vc.to(tl.float32) * TdU, axis=1)
     y = tl.zeros([C], dtype=tl.float32)
-    for i_k in range(tl.cdiv(K, BK)):  # W = Tm diag(beta gamma) K: dTm and the beta, gate terms
+    for i_k in range(tl.cdiv(K, BK)):  # W = Tm diag(beta gamma) R: dTm and the beta, gate terms
         o_k = i_k * BK + tl.arange(0, BK)
         ck = row[:, None] * K + o_k[None, :]
         m_ck = m_t[:, None] & (o_k[None, :] < K)
-        kc = tl.load(k + r0 * K + ck, mask=m_ck, other=0.0)
+        if HAS_P:
+            pc = tl.load(p + r0 * K + ck, mask=m_ck, other=0.0)
+        else:
+            pc = tl.load(k + r0 * K + ck, mask=m_ck, other=0.0)
         dW = tl.load(dw + r0 * K + ck, mask=m_ck, other=0.0)
-        dTm += mm(dW.to(kc.dtype), tl.trans((kc.to(tl.float32) * bg[:, None]).to(kc.dtype)), PREC, UP)
-        y += tl.sum(kc.to(tl.float32) * mm(tl.trans(Tq), dW.to(Tq.dtype), PREC, UP), axis=1)
+        dTm += mm(dW.to(pc.dtype), tl.trans((pc.to(tl.float32) * bg[:, None]).to(pc.dtype)), PREC, UP)
+        y += tl.sum(pc.to(tl.float32) * mm(tl.trans(Tq), dW.to(Tq.dtype), PREC, UP), axis=1)
     y = gam * y
     dbet += y
-    # Tm = (I + A)^-1 with A_ts = beta_t (k_t . k_s) D_ts (s < t)
+    # Tm = (I + A)^-1 with A_ts = beta_t (p_t . k_s) D_ts (s < t)
     dA = -mm(mm(tl.trans(Tq), dTm.to(Tq.dtype), PREC, UP).to(Tq.dtype), tl.trans(Tq), PREC, UP)
     dAD = dA * _decay(b, o_c, True)
     dAb = (dAD * bet[:, None]).to(Tq.dtype)
     dAt = tl.trans(dAD).to(Tq.dtype)
-    for i_k in range(tl.cdiv(K, BK)):  # dk: through W (Tm^T dW, recomputed) and through A
+    for i_k in range(tl.cdiv(K, BK)):  # dp: through W (Tm^T dW, recomputed) and A; dk: through A
         o_k = i_k * BK + tl.arange(0, BK)
         ck = row[:, None] * K + o_k[None, :]
         m_ck = m_t[:, None] & (o_k[None, :] < K)
         kc = tl.load(k + r0 * K + ck, mask=m_ck, other=0.0)
+        pc = _read_key(p, kc, r0 * K + ck, m_ck, HAS_P)
         dW = tl.load(dw + r0 * K + ck, mask=m_ck, other=0.0)
-        dkv = mm(tl.trans(Tq), dW.to(Tq.dtype), PREC, UP) * bg[:, None] + mm(dAb, kc, PREC, UP)
-        dkv += mm(dAt, (kc.to(tl.float32) * bet[:, None]).to(kc.dtype), PREC, UP)
+        dkv = mm(tl.trans(Tq), dW.to(Tq.dtype), PREC, UP) * bg[:, None] + mm(dAb, kc, PREC, UP)  # dp
+        if HAS_P:
+            tl.store(dp + r0 * K + ck, dkv.to(dp.dtype.element_ty), mask=m_ck)
+            dkv = tl.zeros([C, BK], dtype=tl.float32)
+        dkv += mm(dAt, (pc.to(tl.float32) * bet[:, None]).to(pc.dtype), PREC, UP)
         dkv += tl.load(dk + r0 * K + ck, mask=m_ck, other=0.0).to(tl.float32)
         tl.store(dk + r0 * K + ck, dkv.to(dk.dtype.element_ty), mask=m_ck)
     dAK = dAD * KK
@@ -339,14 +366,14 @@ def _options(x: torch.Tensor, warps: str) -> dict[str, int]:
     return {"num_warps": LAUNCH[warps], **({"num_stages": 1} if x.dtype == torch.float32 else {})}
 
 
-def _prepare(k, v, beta, g, C):
-    """W [B, T, H, K] and U [B, T, H, V] in the input dtype."""
+def _prepare(k, v, beta, g, C, p=None):
+    """W [B, T, H, K] and U [B, T, H, V] in the input dtype (p None: read key = k)."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     w, u = torch.empty_like(k), torch.empty_like(v)
     _prepare_kernel[(triton.cdiv(T, C), B * H)](
-        k, v, beta, w if g is None else g, w, u, T, H, K, V, C, _block(K), min(LAUNCH["prep_BV"], _block(V)),
-        g is not None, *_launch_args(k), **_options(k, "prep_warps"))
+        k, k if p is None else p, v, beta, w if g is None else g, w, u, T, H, K, V, C, _block(K),
+        min(LAUNCH["prep_BV"], _block(V)), g is not None, p is not None, *_launch_args(k), **_options(k, "prep_warps"))
     return w, u
 
 
@@ -376,21 +403,23 @@ def _output(q, k, dlt, g, h, scale, C):
     return o
 
 
-def gated_delta_triton_forward(q, k, v, g, beta, scale, initial_state, C):
-    """Forward pass: (o, final state float32). Inputs contiguous [B, T, H, *]; g (or None), beta float32 [B, T, H]."""
-    w, u = _prepare(k, v, beta, g, C)
+def gated_delta_triton_forward(q, k, v, g, beta, scale, initial_state, C, p=None):
+    """Forward pass: (o, final state float32). Inputs contiguous [B, T, H, *]; g (or None), beta float32 [B, T, H];
+    p (or None: p = k) like k."""
+    w, u = _prepare(k, v, beta, g, C, p)
     h, dlt, ht = _states(k, w, u, g, initial_state, C)
     return _output(q, k, dlt, g, h, scale, C), ht
 
 
-def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, dht):
-    """Backward pass: (dq, dk, dv, dg (zeros when g is None), dbeta, d_initial_state)."""
+def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, dht, p=None):
+    """Backward pass: (dq, dk, dv, dg (zeros when g is None), dbeta, d_initial_state, dp (None when p is None:
+    the read key's gradient is then part of dk))."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     N = triton.cdiv(T, C)
     BK = _block(K)
     gp = beta if g is None else g  # pointer placeholder when there is no gate
-    w, u = _prepare(k, v, beta, g, C)
+    w, u = _prepare(k, v, beta, g, C, p)
     h, dlt, _ = _states(k, w, u, g, initial_state, C)
     dd = torch.empty_like(dlt)
     BV = min(LAUNCH["dv_BV"], _block(V))
@@ -412,20 +441,22 @@ def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, d
     BV = min(LAUNCH["grads_BV"], _block(V))
     _grads_qk_kernel[(NKQ, N, B * H)](q, k, gp, h, dlt, dd, do, dh, dq, dk, dw, db, scale, T, H, K, V, C, BKQ, BV,
                                       g is not None, *_launch_args(q), **_options(q, "grads_warps"))
-    _grads_wy_kernel[(N, B * H)](k, v, beta, gp, dd, dw, dk, dv, dbeta, db, dg, T, H, K, V, C,
-                                 min(LAUNCH["wy_BK"], BK), BV, NKQ, g is not None, *_launch_args(q),
-                                 **_options(q, "wy_warps"))
-    return dq, dk, dv, dg, dbeta, dh0
+    dp = None if p is None else torch.empty_like(p)
+    _grads_wy_kernel[(N, B * H)](k, k if p is None else p, v, beta, gp, dd, dw, dk, dk if p is None else dp, dv,
+                                 dbeta, db, dg, T, H, K, V, C, min(LAUNCH["wy_BK"], BK), BV, NKQ, g is not None,
+                                 p is not None, *_launch_args(q), **_options(q, "wy_warps"))
+    return dq, dk, dv, dg, dbeta, dh0, dp
 
 
 @torch.library.custom_op("linattn::gated_delta_rule_triton_fwd", mutates_args=())
 def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, beta: torch.Tensor,
-            initial_state: torch.Tensor | None, scale: float, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return gated_delta_triton_forward(q, k, v, g, beta, scale, initial_state, chunk_size)
+            initial_state: torch.Tensor | None, scale: float, chunk_size: int, p: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    return gated_delta_triton_forward(q, k, v, g, beta, scale, initial_state, chunk_size, p)
 
 
 @_fwd_op.register_fake
-def _(q, k, v, g, beta, initial_state, scale, chunk_size):
+def _(q, k, v, g, beta, initial_state, scale, chunk_size, p=None):
     B, T, H, K = q.shape
     return torch.empty_like(v), q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32)
 
@@ -433,30 +464,35 @@ def _(q, k, v, g, beta, initial_state, scale, chunk_size):
 @torch.library.custom_op("linattn::gated_delta_rule_triton_bwd", mutates_args=())
 def _bwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, beta: torch.Tensor,
             initial_state: torch.Tensor | None, scale: float, chunk_size: int, do: torch.Tensor,
-            dht: torch.Tensor | None
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, chunk_size, do, dht)
+            dht: torch.Tensor | None, p: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                       torch.Tensor]:
+    """The gradients of _fwd_op's tensors; dp is an empty tensor when p is None (its part is in dk)."""
+    dq, dk, dv, dg, dbeta, dh0, dp = gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, chunk_size,
+                                                                 do, dht, p)
+    return dq, dk, dv, dg, dbeta, dh0, (q.new_empty(0) if dp is None else dp)
 
 
 @_bwd_op.register_fake
-def _(q, k, v, g, beta, initial_state, scale, chunk_size, do, dht):
+def _(q, k, v, g, beta, initial_state, scale, chunk_size, do, dht, p=None):
     B, T, H, K = q.shape
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(beta),
-            torch.empty_like(beta), q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32))
+            torch.empty_like(beta), q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32),
+            q.new_empty(0) if p is None else torch.empty_like(p))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, g, beta, initial_state, scale, chunk_size = inputs
-    ctx.save_for_backward(q, k, v, g, beta, initial_state)
+    q, k, v, g, beta, initial_state, scale, chunk_size, p = inputs
+    ctx.save_for_backward(q, k, v, g, beta, initial_state, p)
     ctx.scale, ctx.chunk_size = scale, chunk_size
 
 
 def _backward(ctx, do, dht):
-    q, k, v, g, beta, initial_state = ctx.saved_tensors
-    dq, dk, dv, dg, dbeta, dh0 = _bwd_op(q, k, v, g, beta, initial_state, ctx.scale, ctx.chunk_size,
-                                         do.contiguous(), None if dht is None else dht.contiguous())
+    q, k, v, g, beta, initial_state, p = ctx.saved_tensors
+    dq, dk, dv, dg, dbeta, dh0, dp = _bwd_op(q, k, v, g, beta, initial_state, ctx.scale, ctx.chunk_size,
+                                             do.contiguous(), None if dht is None else dht.contiguous(), p)
     return (dq, dk, dv, (dg if g is not None else None), dbeta, (dh0 if initial_state is not None else None),
-            None, None)
+            None, None, (dp if p is not None else None))
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -470,23 +506,26 @@ def gated_delta_triton(
     beta: torch.Tensor,
     *,
     scale: float,
+    p: torch.Tensor | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     chunk_size: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The ``backend="triton"`` implementation (inputs validated by ``gated_delta_rule``; g None: no decay).
+    """The ``backend="triton"`` implementation (inputs validated by ``gated_delta_rule`` or ``comba``; g None:
+    no decay; p None: the read key is k).
 
-    S_t = exp(g_t) (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T,  o_t = S_t^T (scale q_t).
+    S_t = exp(g_t) (I - b_t k_t p_t^T) S_{t-1} + b_t k_t v_t^T,  o_t = S_t^T (scale q_t).
     """
     if chunk_size not in (16, 32, 64, 128):
         raise ValueError(f"chunk_size must be 16, 32, 64 or 128 for backend='triton', got {chunk_size}")
     in_dtype = q.dtype  # float64 runs in float32 and returns float64
     dtype = in_dtype if in_dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
     q, k, v = (x.to(dtype).contiguous() for x in (q, k, v))
+    p = None if p is None else p.to(dtype).contiguous()
     g = None if g is None else g.float().contiguous()
     beta = beta.float().contiguous()
     s0 = None if initial_state is None else initial_state.float().contiguous()
-    o, ht = _fwd_op(q, k, v, g, beta, s0, float(scale), chunk_size)
+    o, ht = _fwd_op(q, k, v, g, beta, s0, float(scale), chunk_size, p)
     state_dtype = torch.float64 if in_dtype == torch.float64 else torch.float32
     return o.to(in_dtype), (ht.to(state_dtype) if output_final_state else None)
 
