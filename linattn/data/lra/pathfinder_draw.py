@@ -32,8 +32,8 @@ ORDERS = list(permutations(range(NUM_TURNS)))  # one uniform draw picks the orde
 
 class Canvas:
     """The curves drawn so far (``image``, and ``BLOCK`` around them in ``grid``) and the curve being grown:
-    its pixels per dash (a start marker belongs to dash 0, an end marker to the last dash) and, per dash,
-    the grid cells that dash turned from ``FREE`` into its index (undone by ``truncate``)."""
+    its pixels per dash (a start marker belongs to dash 0, an end marker to the last dash) and, for its first
+    ``len(marked)`` dashes, the grid cells each turned from ``FREE`` into its index (undone by ``truncate``)."""
 
     def __init__(self, cfg: PathfinderConfig) -> None:
         S, L, r = cfg.size, cfg.link, cfg.marker_radius
@@ -64,25 +64,35 @@ class Canvas:
 
     def limit(self, k: int) -> int:
         """Cells holding a value ``<= limit(k)`` are closed to dash ``k``: outside the border, near other curves,
-        or near the current curve's dashes older than ``k - exempt + 1``."""
-        return k - self.exempt if k >= self.exempt else BLOCK
+        or near the current curve's dashes older than ``k - exempt + 1``. Marks those dashes' neighbourhoods
+        first: lazily, as most dashes are dropped or end the curve before any later dash must avoid them."""
+        if k < self.exempt:
+            return BLOCK
+        while len(self.marked) <= k - self.exempt:
+            self.marked.append([])
+            self._mark(self.dashes[len(self.marked) - 1], len(self.marked) - 1)
+        return k - self.exempt
 
     def fits(self, pix: set[int] | list[int], lim: int) -> bool:
         """Is every cell of ``pix`` open (``> lim``, see ``limit``)?"""
         return min(map(self.grid.__getitem__, pix)) > lim
 
-    def put(self, pix: set[int] | list[int], k: int) -> None:
-        """Add ``pix`` to dash ``k`` (the next dash, or the last one); mark the cells within ``link`` with ``k``
-        where no older dash did (every dash present has an index <= ``k``, so this keeps the minimum)."""
-        if k == len(self.dashes):
-            self.dashes.append([])
-            self.marked.append([])
-        self.dashes[k].extend(pix)
+    def _mark(self, pix: set[int] | list[int], k: int) -> None:
+        """Mark the cells within ``link`` of ``pix`` with ``k`` where no older dash did (every marked dash has an
+        index <= ``k``, so this keeps the minimum), and remember them in ``marked[k]``."""
         grid = self.grid
         new = [c for c in {p + o for p in pix for o in self.window} if grid[c] == FREE]
         for c in new:
             grid[c] = k
         self.marked[k].extend(new)
+
+    def put(self, pix: set[int] | list[int], k: int) -> None:
+        """Add ``pix`` to dash ``k`` (the next dash, or the last one)."""
+        if k == len(self.dashes):
+            self.dashes.append([])
+        self.dashes[k].extend(pix)
+        if k < len(self.marked):
+            self._mark(pix, k)
 
     def truncate(self, k: int) -> None:
         """Drop dashes k, k+1, ... of the current curve."""
