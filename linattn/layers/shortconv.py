@@ -6,6 +6,11 @@ Modes (DESIGN §4): "learned" (trainable kernel, default), and two fixed control
 "shift" outputs exactly x_{t-1} (a pure shift, no activation) and "identity" outputs act(x_t)
 (the activation without any mixing over time). The cache holds the last W-1 inputs, so a
 T-token call followed by single-token calls equals one call over the whole sequence.
+
+Backends (``ShortConv.backend``, set on the class, an instance, or a whole model with
+:func:`set_shortconv_backend`): "muladd" (default: W shifted multiply-adds), "conv1d" (``F.conv1d``
+with groups = D on the channels-first view) and "triton" (shortconv_triton.py: fused forward and
+backward kernels; CUDA, or the CPU under TRITON_INTERPRET=1). All compute the same sum.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from torch import nn
 
 CONV_MODES = ("learned", "shift", "identity")
 ACTIVATIONS = ("silu", None)
+CONV_BACKENDS = ("muladd", "conv1d", "triton")
 
 
 class ShortConv(nn.Module):
@@ -23,7 +29,10 @@ class ShortConv(nn.Module):
 
     ``forward(x, cache=None) -> (y, cache)``: ``cache`` is ``None`` (zeros before the start) or the
     ``[B, W-1, D]`` inputs preceding ``x``; the returned cache holds the last W-1 inputs seen.
+    ``backend`` ("muladd", "conv1d", "triton"; module docstring) may be set on the class or an instance.
     """
+
+    backend: str = "muladd"
 
     def __init__(self, dim: int, kernel_size: int = 4, activation: str | None = "silu", bias: bool = False,
                  mode: str = "learned") -> None:
@@ -59,10 +68,12 @@ class ShortConv(nn.Module):
             raise ValueError(f"x must have shape [B, T, D] with D = {self.dim}, got {got}")
         B, T, D = x.shape
         W = self.kernel_size
+        if cache is not None and tuple(cache.shape) != (B, W - 1, D):
+            raise ValueError(f"cache must have shape [B, W-1, D] = [{B}, {W - 1}, {D}], got {list(cache.shape)}")
+        if self.backend != "muladd":
+            return self._forward_backend(x, cache)
         if cache is None:
             cache = x.new_zeros(B, W - 1, D)
-        elif tuple(cache.shape) != (B, W - 1, D):
-            raise ValueError(f"cache must have shape [B, W-1, D] = [{B}, {W - 1}, {D}], got {list(cache.shape)}")
         xp = torch.cat([cache.to(x.dtype), x], dim=1)  # [B, W-1+T, D]
         # W shifted multiply-adds: the same sum as a depthwise conv1d, but without conv1d's fixed cost,
         # which on the CPU is tens of milliseconds per call (measured) and dominated step decoding.
@@ -75,3 +86,34 @@ class ShortConv(nn.Module):
         if self.activation == "silu":
             y = F.silu(y)
         return y, xp[:, xp.shape[1] - (W - 1):]
+
+    def _forward_backend(self, x: torch.Tensor, cache: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The "conv1d" or "triton" backend (same result as the multiply-adds); cache None means zeros."""
+        (B, T, D), W, w = x.shape, self.kernel_size, self.weight[:, 0]
+        if self.backend == "triton":
+            from .shortconv_triton import causal_conv_triton
+
+            y = causal_conv_triton(x, cache, w, self.bias, self.activation == "silu")
+        elif self.backend == "conv1d":  # channels-first view; causal padding, or the cache in front
+            xp = x.transpose(1, 2) if cache is None else torch.cat([cache.to(x.dtype), x], dim=1).transpose(1, 2)
+            b = None if self.bias is None else self.bias.to(x.dtype)
+            y = F.conv1d(xp, w.to(x.dtype)[:, None], b, padding=W - 1 if cache is None else 0, groups=D)
+            y = y[..., :T].transpose(1, 2)
+            y = F.silu(y) if self.activation == "silu" else y
+        else:
+            raise ValueError(f"ShortConv.backend must be one of {', '.join(map(repr, CONV_BACKENDS))}; "
+                             f"got {self.backend!r}")
+        if T >= W - 1:
+            return y, x[:, T - (W - 1):].clone()  # a copy: a view would keep all of x alive in the cache
+        before = x.new_zeros(B, W - 1, D) if cache is None else cache.to(x.dtype)
+        return y, torch.cat([before[:, T:], x], dim=1)
+
+
+def set_shortconv_backend(model: nn.Module, backend: str) -> int:
+    """Set ``backend`` ("muladd", "conv1d", "triton") on every ShortConv in ``model``; returns how many."""
+    if backend not in CONV_BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, CONV_BACKENDS))}; got {backend!r}")
+    convs = [m for m in model.modules() if isinstance(m, ShortConv)]
+    for m in convs:
+        m.backend = backend
+    return len(convs)

@@ -1,0 +1,212 @@
+"""Triton kernels for ShortConv's causal depthwise convolution (``ShortConv.backend = "triton"``).
+
+With xp = [cache; x] the padded input ([B, W-1+T, D]; zeros for a missing cache) and W taps:
+
+    z_s = sum_{i=0}^{W-1} w_i ⊙ xp_{s+i} (+ bias),        y_s = act(z_s)        (s = 0..T-1)
+
+Backward, with dz_s = dy_s ⊙ act'(z_s) (z recomputed from x, never stored; SiLU'(z) = sig(z) (1 + z (1 - sig(z)))):
+
+    dxp_p = sum_i w_i ⊙ dz_{p-i}     (p = 0..W-2+T: rows p < W-1 are the cache's gradient, the rest x's)
+    dw_i  = sum_{b,s} dz_s ⊙ xp_{s+i},        dbias = sum_{b,s} dz_s
+
+Forward: a program per (time block, channel block, batch) sums W shifted [BT, BD] tiles (re-reads hit the
+cache), adds the bias and applies SiLU in registers: x is read once and y written once from memory.
+Backward: one kernel per (padded-time block, channel block, batch) writes dx and the cache's gradient and
+per-program float32 partial sums of dw and dbias, which PyTorch adds (deterministic). Arithmetic is float32
+for every input dtype. Both are torch custom ops (``linattn::short_conv_fwd`` / ``_bwd``) with autograd.
+Runs on CUDA tensors, or on the CPU under TRITON_INTERPRET=1.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ..ops.common.triton_compat import patch_interpreter
+
+patch_interpreter()
+
+# Launch settings (depend on nothing but these; T is not specialised, so a new length reuses the kernels).
+LAUNCH = {"BT": 32, "BD": 128, "fwd_warps": 4, "bwd_warps": 4}
+
+
+@triton.jit
+def _load_xp(x, cache, i_b, p, o_d, m_d, T, D, sx_b, sx_t, W: tl.constexpr, HAS_CACHE: tl.constexpr):
+    """Rows p of the padded input xp = [cache; x] as a float32 [len(p), BD] tile (zeros outside)."""
+    s = p - (W - 1)
+    m_x = (s >= 0) & (s < T)
+    val = tl.load(x + i_b * sx_b + s[:, None] * sx_t + o_d[None, :], mask=m_x[:, None] & m_d[None, :],
+                  other=0.0).to(tl.float32)
+    if HAS_CACHE:
+        m_c = (p >= 0) & (p < W - 1)
+        val += tl.load(cache + (i_b * (W - 1) + p)[:, None] * D + o_d[None, :], mask=m_c[:, None] & m_d[None, :],
+                       other=0.0).to(tl.float32)
+    return val
+
+
+@triton.jit
+def _preact(x, cache, w, bias, i_b, s, o_d, m_d, T, D, sx_b, sx_t, W: tl.constexpr, HAS_CACHE: tl.constexpr,
+            HAS_BIAS: tl.constexpr):
+    """z at output rows s: sum_i w_i xp_{s+i} (+ bias), float32."""
+    z = tl.zeros([s.shape[0], o_d.shape[0]], dtype=tl.float32)
+    for i in tl.static_range(W):
+        w_i = tl.load(w + o_d * W + i, mask=m_d, other=0.0).to(tl.float32)
+        z += _load_xp(x, cache, i_b, s + i, o_d, m_d, T, D, sx_b, sx_t, W, HAS_CACHE) * w_i[None, :]
+    if HAS_BIAS:
+        z += tl.load(bias + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :]
+    return z
+
+
+@triton.jit(do_not_specialize=["T"])
+def _conv_fwd_kernel(x, cache, w, bias, y, T, D, sx_b, sx_t, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+                     HAS_CACHE: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
+    """Grid (cdiv(T, BT), cdiv(D, BD), B): y[b, s] for one block of rows s and channels."""
+    i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    s = i_t * BT + tl.arange(0, BT)
+    o_d = i_d * BD + tl.arange(0, BD)
+    m_d = o_d < D
+    z = _preact(x, cache, w, bias, i_b, s, o_d, m_d, T, D, sx_b, sx_t, W, HAS_CACHE, HAS_BIAS)
+    if SILU:
+        z = z * tl.sigmoid(z)
+    tl.store(y + (i_b * T + s)[:, None] * D + o_d[None, :], z.to(y.dtype.element_ty),
+             mask=(s < T)[:, None] & m_d[None, :])
+
+
+@triton.jit
+def _dz(x, cache, w, bias, dy, i_b, s, o_d, m_d, T, D, sx_b, sx_t, W: tl.constexpr, HAS_CACHE: tl.constexpr,
+        HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
+    """dz at output rows s (zero outside 0 <= s < T): dy, times SiLU'(z) with z recomputed."""
+    m_s = (s >= 0) & (s < T)
+    g = tl.load(dy + (i_b * T + s)[:, None] * D + o_d[None, :], mask=m_s[:, None] & m_d[None, :],
+                other=0.0).to(tl.float32)
+    if SILU:
+        z = _preact(x, cache, w, bias, i_b, s, o_d, m_d, T, D, sx_b, sx_t, W, HAS_CACHE, HAS_BIAS)
+        sig = tl.sigmoid(z)
+        g = g * sig * (1.0 + z * (1.0 - sig))
+    return g
+
+
+@triton.jit(do_not_specialize=["T", "NP"])
+def _conv_bwd_kernel(x, cache, w, bias, dy, dx, dcache, dw_part, db_part, T, D, sx_b, sx_t, NP, W: tl.constexpr,
+                     BT: tl.constexpr, BD: tl.constexpr, HAS_CACHE: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     SILU: tl.constexpr):
+    """Grid (NP = cdiv(T + W - 1, BT), cdiv(D, BD), B): dxp for one block of padded rows p, and this program's
+    partial sums of dw (rows s = p) and dbias."""
+    i_p, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    p = i_p * BT + tl.arange(0, BT)
+    o_d = i_d * BD + tl.arange(0, BD)
+    m_d = o_d < D
+    dz0 = _dz(x, cache, w, bias, dy, i_b, p, o_d, m_d, T, D, sx_b, sx_t, W, HAS_CACHE, HAS_BIAS, SILU)
+    dxp = dz0 * tl.load(w + o_d * W, mask=m_d, other=0.0).to(tl.float32)[None, :]
+    for i in tl.static_range(1, W):
+        w_i = tl.load(w + o_d * W + i, mask=m_d, other=0.0).to(tl.float32)
+        dxp += _dz(x, cache, w, bias, dy, i_b, p - i, o_d, m_d, T, D, sx_b, sx_t, W, HAS_CACHE, HAS_BIAS,
+                   SILU) * w_i[None, :]
+    s = p - (W - 1)
+    tl.store(dx + (i_b * T + s)[:, None] * D + o_d[None, :], dxp.to(dx.dtype.element_ty),
+             mask=((s >= 0) & (s < T))[:, None] & m_d[None, :])
+    if HAS_CACHE:
+        tl.store(dcache + (i_b * (W - 1) + p)[:, None] * D + o_d[None, :], dxp.to(dcache.dtype.element_ty),
+                 mask=(p < W - 1)[:, None] & m_d[None, :])
+    part = (i_b * NP + i_p) * W
+    for i in tl.static_range(W):
+        xp_i = _load_xp(x, cache, i_b, p + i, o_d, m_d, T, D, sx_b, sx_t, W, HAS_CACHE)
+        tl.store(dw_part + (part + i) * D + o_d, tl.sum(dz0 * xp_i, axis=0), mask=m_d)
+    if HAS_BIAS:
+        tl.store(db_part + (i_b * NP + i_p) * D + o_d, tl.sum(dz0, axis=0), mask=m_d)
+
+
+def _rows_contiguous(x: torch.Tensor) -> torch.Tensor:
+    """x [B, T, D] with unit channel stride (batch and time strides are passed to the kernels)."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _has_cache(cache: torch.Tensor | None) -> bool:
+    return cache is not None and cache.shape[1] > 0
+
+
+def _blocks(D: int) -> tuple[int, int]:
+    return LAUNCH["BT"], min(LAUNCH["BD"], max(16, triton.next_power_of_2(D)))
+
+
+@torch.library.custom_op("linattn::short_conv_fwd", mutates_args=())
+def _short_conv_fwd(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
+                    silu: bool) -> torch.Tensor:
+    B, T, D = x.shape
+    W = weight.shape[1]
+    x = _rows_contiguous(x)
+    y = torch.empty(B, T, D, device=x.device, dtype=x.dtype)
+    BT, BD = _blocks(D)
+    _conv_fwd_kernel[(triton.cdiv(T, BT), triton.cdiv(D, BD), B)](
+        x, cache if _has_cache(cache) else x, weight, bias if bias is not None else weight, y, T, D, x.stride(0),
+        x.stride(1), W, BT, BD, _has_cache(cache), bias is not None, silu, num_warps=LAUNCH["fwd_warps"])
+    return y
+
+
+@_short_conv_fwd.register_fake
+def _(x, cache, weight, bias, silu):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("linattn::short_conv_bwd", mutates_args=())
+def _short_conv_bwd(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
+                    silu: bool, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, d_cache ([B, 0, D] without a cache), d_weight [D, W], d_bias ([D] zeros without a bias))."""
+    B, T, D = x.shape
+    W = weight.shape[1]
+    x, dy = _rows_contiguous(x), dy.contiguous()
+    BT, BD = _blocks(D)
+    NP = triton.cdiv(T + W - 1, BT)
+    dx = torch.empty(B, T, D, device=x.device, dtype=x.dtype)
+    dcache = torch.empty(B, W - 1 if _has_cache(cache) else 0, D, device=x.device,
+                         dtype=x.dtype if cache is None else cache.dtype)
+    dw_part = torch.empty(B, NP, W, D, device=x.device, dtype=torch.float32)
+    db_part = torch.empty(B, NP, D if bias is not None else 0, device=x.device, dtype=torch.float32)
+    _conv_bwd_kernel[(NP, triton.cdiv(D, BD), B)](
+        x, cache if _has_cache(cache) else x, weight, bias if bias is not None else weight, dy, dx,
+        dcache if _has_cache(cache) else dx, dw_part, db_part if bias is not None else dw_part, T, D, x.stride(0),
+        x.stride(1), NP, W, BT, BD, _has_cache(cache), bias is not None, silu, num_warps=LAUNCH["bwd_warps"])
+    dw = dw_part.sum((0, 1)).transpose(0, 1).contiguous().to(weight.dtype)  # [W, D] -> [D, W]
+    db = db_part.sum((0, 1)).to(weight.dtype if bias is None else bias.dtype)
+    return dx, dcache, dw, db
+
+
+@_short_conv_bwd.register_fake
+def _(x, cache, weight, bias, silu, dy):
+    B, T, D = x.shape
+    W = weight.shape[1]
+    has_cache = cache is not None and cache.shape[1] > 0
+    dcache = x.new_empty(B, W - 1 if has_cache else 0, D, dtype=x.dtype if cache is None else cache.dtype)
+    db = weight.new_empty(D if bias is not None else 0, dtype=weight.dtype if bias is None else bias.dtype)
+    return x.new_empty(x.shape), dcache, weight.new_empty(weight.shape), db
+
+
+def _setup_context(ctx, inputs, output):
+    x, cache, weight, bias, silu = inputs
+    ctx.save_for_backward(x, cache, weight, bias)
+    ctx.silu = silu
+
+
+def _backward(ctx, dy):
+    x, cache, weight, bias = ctx.saved_tensors
+    dx, dcache, dw, db = _short_conv_bwd(x, cache, weight, bias, ctx.silu, dy)
+    return dx, (dcache if cache is not None else None), dw, (db if bias is not None else None), None
+
+
+_short_conv_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def causal_conv_triton(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
+                       silu: bool) -> torch.Tensor:
+    """y = act(sum_i w_i ⊙ xp_{s+i} + bias), xp = [cache; x] (module docstring), differentiable in x, cache,
+    weight and bias. x [B, T, D] (unit channel stride preferred), cache [B, W-1, D] or None (zeros),
+    weight [D, W], bias [D] or None; silu applies SiLU. Inputs are checked by ShortConv. Returns y [B, T, D]
+    in x's dtype."""
+    if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"ShortConv backend 'triton' needs CUDA tensors, got x on {x.device} "
+                         "(set TRITON_INTERPRET=1 to run the kernels on the CPU)")
+    cache = None if cache is None else cache.contiguous()
+    return _short_conv_fwd(x, cache, weight.contiguous(), bias, bool(silu))
