@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import random
-from itertools import compress, permutations
+from itertools import permutations
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -30,6 +30,14 @@ NUM_TURNS = 7  # headings tried per dash, evenly spread over [-max_turn, max_tur
 ORDERS = list(permutations(range(NUM_TURNS)))  # one uniform draw picks the order the turns are tried in
 
 
+def _dilate(mask: np.ndarray, r: int, axis: int) -> np.ndarray:
+    """``mask`` OR its shifts by 1 .. ``r`` both ways along ``axis`` (the edge cells of ``mask`` must be False)."""
+    out = mask.copy()
+    for d in range(1, r + 1):
+        out |= np.roll(mask, d, axis) | np.roll(mask, -d, axis)
+    return out
+
+
 class Canvas:
     """The curves drawn so far (``image``, and ``BLOCK`` around them in ``grid``) and the curve being grown:
     its pixels per dash (a start marker belongs to dash 0, an end marker to the last dash) and, for its first
@@ -41,12 +49,11 @@ class Canvas:
         m = L + cfg.thickness + math.ceil(cfg.gap + cfg.dash_length + r) + 2  # > any excursion past the image
         W = S + 2 * m
         self.margin, self.width = m, W
-        self.grid = [BLOCK] * (W * W)
-        lo, hi = m + cfg.border, m + S - cfg.border
-        for y in range(lo, hi):
-            self.grid[y * W + lo: y * W + hi] = [FREE] * (hi - lo)
+        self.blocked = np.ones((W, W), dtype=bool)
+        self.blocked[m + cfg.border: m + S - cfg.border, m + cfg.border: m + S - cfg.border] = False
+        self.grid = np.where(self.blocked, BLOCK, FREE).ravel().tolist()
         self.image = np.zeros((S, S), np.uint8)
-        self.window = [dy * W + dx for dy in range(-L, L + 1) for dx in range(-L, L + 1)]
+        self.span = range(-L, L + 1)
         R = math.ceil(r)
         self.disc = [dy * W + dx for dy in range(-R, R + 1) for dx in range(-R, R + 1) if dx * dx + dy * dy <= r * r]
         self.brush = [0, 1, W, W + 1] if cfg.thickness == 2 else None
@@ -81,7 +88,7 @@ class Canvas:
         """Mark the cells within ``link`` of ``pix`` with ``k`` where no older dash did (every marked dash has an
         index <= ``k``, so this keeps the minimum), and remember them in ``marked[k]``."""
         grid = self.grid
-        new = [c for c in {p + o for p in pix for o in self.window} if grid[c] == FREE]
+        new = [c for c in self.near(pix) if grid[c] == FREE]
         for c in new:
             grid[c] = k
         self.marked[k].extend(new)
@@ -102,16 +109,23 @@ class Canvas:
                 grid[c] = FREE
         del self.dashes[k:], self.marked[k:]
 
+    def near(self, pix: set[int] | list[int]) -> set[int]:
+        """The cells within ``link`` (Chebyshev) of ``pix``: the square window, applied along x, then along y."""
+        W, span = self.width, self.span
+        row = {p + d for p in pix for d in span}
+        return {p + d * W for p in row for d in span}
+
     def commit(self) -> None:
         """Draw the current curve and block every cell within ``link`` of it."""
-        pix = {p for d in self.dashes for p in d}
+        cells = np.fromiter({p for d in self.dashes for p in d}, np.int64)
         self.truncate(0)
-        grid, W, m = self.grid, self.width, self.margin
-        for p in pix:
-            y, x = divmod(p, W)
-            self.image[y - m, x - m] = INK
-            for o in self.window:
-                grid[p + o] = BLOCK
+        y, x = np.divmod(cells, self.width)
+        m, L = self.margin, self.cfg.link
+        self.image[y - m, x - m] = INK
+        lit = np.zeros_like(self.blocked)
+        lit[y, x] = True
+        self.blocked |= _dilate(_dilate(lit, L, 0), L, 1)
+        self.grid[:] = np.where(self.blocked, BLOCK, FREE).ravel().tolist()
 
     def grow(self, n: int, rnd: random.Random, start_marker: bool = False, end_marker: bool = False) -> bool:
         """Draw a curve of ``n`` dashes, with markers at its start / end if asked; False if it does not fit.
@@ -121,7 +135,7 @@ class Canvas:
         uniform headings that fits); when none fits the curve backs up one or two dashes; after ``3 n`` rounds
         it starts afresh elsewhere (``max_tries`` times)."""
         cfg, W, disc, grid = self.cfg, self.width, self.disc, self.grid
-        free = list(compress(range(len(self.grid)), map(FREE.__eq__, self.grid)))
+        free = np.flatnonzero(~self.blocked).tolist()
         if not free:
             return False
         turn = math.radians(cfg.max_turn)
