@@ -49,9 +49,12 @@ class Canvas:
         m = L + cfg.thickness + math.ceil(cfg.gap + cfg.dash_length + r) + 2  # > any excursion past the image
         W = S + 2 * m
         self.margin, self.width = m, W
+        lo, hi = m + cfg.border, m + S - cfg.border
         self.blocked = np.ones((W, W), dtype=bool)
-        self.blocked[m + cfg.border: m + S - cfg.border, m + cfg.border: m + S - cfg.border] = False
-        self.grid = np.where(self.blocked, BLOCK, FREE).ravel().tolist()
+        self.blocked[lo:hi, lo:hi] = False
+        self.grid = [BLOCK] * (W * W)
+        for y in range(lo, hi):
+            self.grid[y * W + lo: y * W + hi] = [FREE] * (hi - lo)
         self.image = np.zeros((S, S), np.uint8)
         self.span = range(-L, L + 1)
         R = math.ceil(r)
@@ -124,8 +127,11 @@ class Canvas:
         self.image[y - m, x - m] = INK
         lit = np.zeros_like(self.blocked)
         lit[y, x] = True
-        self.blocked |= _dilate(_dilate(lit, L, 0), L, 1)
-        self.grid[:] = np.where(self.blocked, BLOCK, FREE).ravel().tolist()
+        grown = _dilate(_dilate(lit, L, 0), L, 1) & ~self.blocked
+        self.blocked |= grown
+        grid = self.grid
+        for c in np.flatnonzero(grown).tolist():
+            grid[c] = BLOCK
 
     def grow(self, n: int, rnd: random.Random, start_marker: bool = False, end_marker: bool = False) -> bool:
         """Draw a curve of ``n`` dashes, with markers at its start / end if asked; False if it does not fit.
