@@ -3,11 +3,12 @@
 The grid is the image padded by ``margin`` cells on every side and flattened row-major (cell
 ``(y + margin) * W + x + margin``, ``W = size + 2 margin``); coordinates are kept in that padded frame, so
 they stay positive and every pixel is one list index. A cell holds ``BLOCK`` (outside the border, or within
-``link`` pixels, Chebyshev, of a drawn curve), ``FREE``, or the index of the first dash of the curve being
-grown that came within ``link`` of it. A candidate pixel set fits dash ``k`` when no cell under it holds a
-value ``<= k - exempt`` (``BLOCK`` when ``k < exempt``): one lookup per pixel tests the border, the other
-curves and the curve's own older dashes at once. The scalar arithmetic avoids numpy's per-call cost on
-arrays of a few elements, which dominated the first version of the generator.
+``link`` pixels, Chebyshev, of a drawn curve; mirrored in the numpy mask ``blocked``), ``FREE``, or the
+index of the first dash of the curve being grown that came within ``link`` of it (dashes are marked so
+lazily, once a later dash must keep away from them). A candidate pixel set fits dash ``k`` when no cell
+under it holds a value ``<= k - exempt`` (``BLOCK`` when ``k < exempt``): one lookup per pixel tests the
+border, the other curves and the curve's own older dashes at once. Scalar arithmetic on Python ints and
+floats avoids numpy's per-call cost on arrays of a few elements, which dominated the first version.
 """
 
 from __future__ import annotations
@@ -163,14 +164,14 @@ class Canvas:
                 x, y, heading = states[k]
                 order = ORDERS[int(rnd.random() * len(ORDERS))] if k else None
                 lim = self.limit(k)
-                marked_end = end_marker and k == n - 1
+                with_marker = end_marker and k == n - 1
                 for i in range(NUM_TURNS):
                     a = heading + turns[order[i]] if k else rnd.uniform(0.0, 2 * math.pi)
                     ux, uy = math.cos(a), math.sin(a)
                     if grid[int(y + last * uy + 0.5) * W + int(x + last * ux + 0.5)] <= lim:
                         continue  # the cheap test first: the dash's last sample hits something
                     pix = self.dash(x, y, ux, uy)
-                    if marked_end:
+                    if with_marker:
                         centre = int(y + length * uy + 0.5) * W + int(x + length * ux + 0.5)
                         pix.update(centre + o for o in disc)
                     if self.fits(pix, lim):
