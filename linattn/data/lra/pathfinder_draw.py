@@ -98,12 +98,11 @@ class Canvas:
         self.marked[k].extend(new)
 
     def put(self, pix: set[int] | list[int], k: int) -> None:
-        """Add ``pix`` to dash ``k`` (the next dash, or the last one)."""
+        """Add ``pix`` to dash ``k`` (the next dash, or the last one). Dash ``k`` is not marked yet: ``limit(k)``
+        marks dashes up to ``k - exempt`` only."""
         if k == len(self.dashes):
             self.dashes.append([])
         self.dashes[k].extend(pix)
-        if k < len(self.marked):
-            self._mark(pix, k)
 
     def truncate(self, k: int) -> None:
         """Drop dashes k, k+1, ... of the current curve."""
