@@ -199,3 +199,34 @@ def test_canvas_grid_restored_after_each_curve(size):
     assert grown[0] and grown[1] and (size == 128 or not all(grown))  # at 32 px the failure path is taken too
     m = canvas.margin
     assert canvas.blocked[m: m + size, m: m + size][canvas.image > 0].all()
+
+
+@pytest.mark.parametrize("size", [32, 128])
+def test_curve_keeps_away_from_its_old_dashes(size, monkeypatch):
+    """A dash stays more than ``link`` pixels (Chebyshev) from its curve's dashes ``exempt`` or more back."""
+    import random
+
+    from linattn.data.lra.pathfinder_draw import Canvas
+
+    curves = []
+    commit = Canvas.commit
+
+    def record(self):
+        W = self.width
+        curves.append([np.array([divmod(p, W) for p in d]) for d in self.dashes])
+        commit(self)
+
+    monkeypatch.setattr(Canvas, "commit", record)
+    cfg = pathfinder_config(size, "curv_contour_length_14")
+    rnd = random.Random(1)
+    for _ in range(2):
+        canvas = Canvas(cfg)
+        assert canvas.grow(cfg.contour_length, rnd, start_marker=True, end_marker=True)
+        assert canvas.grow(cfg.contour_length, rnd, start_marker=True)
+    assert len(curves) == 4
+    for dashes in curves:
+        assert len(dashes) == cfg.contour_length
+        for i in range(len(dashes)):
+            for j in range(i + cfg.exempt, len(dashes)):
+                gap = np.abs(dashes[i][:, None, :] - dashes[j][None, :, :]).max(-1).min()
+                assert gap > cfg.link, (i, j, gap)
