@@ -126,3 +126,15 @@ def test_backend_selection_and_errors(monkeypatch):
         conv.backend = "triton"
         with pytest.raises(ValueError, match="needs CUDA tensors"):
             conv(torch.randn(1, 5, 8))
+
+
+def test_shortconv_bench_runs(tmp_path):
+    """The benchmark runs (small, CPU interpreter or CUDA), writes JSON, and every backend agrees with muladd."""
+    import json
+
+    from linattn.bench.shortconv import main
+
+    out = tmp_path / "shortconv.json"
+    rows = main(["--B", "1", "--T", "20", "--D", "16", "--repeats", "1", "--dtype", "float32", "--out", str(out)])
+    assert json.loads(out.read_text())["rows"] == rows and len(rows) == 1
+    assert rows[0]["triton_err"] < 1e-5 and rows[0]["conv1d_err"] < 1e-5 and rows[0]["triton_fwdbwd_ms"] > 0

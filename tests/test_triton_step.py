@@ -200,3 +200,18 @@ def test_layer_decoding_with_fused_steps(fused_backend):
             ys.append(yt)
     assert fused_backend["gated_delta_rule"] == 5
     assert_close(torch.cat(ys, 1), y, 1e-5, "gated_delta_rule layer: prefill 4 + 5 fused steps vs full")
+
+
+def test_decode_step_bench_runs(tmp_path):
+    """The benchmark runs (small, CPU interpreter or CUDA), writes JSON, and its fused rows agree with torch."""
+    import json
+
+    from linattn.bench.decode_step import main
+
+    out = tmp_path / "decode_step.json"
+    rows = main(["--families", "simple_gla,delta_rule", "--B", "1", "--H", "2", "--K", "16", "--steps", "1",
+                 "--repeats", "1", "--out", str(out)])
+    assert [r["family"] for r in rows] == ["simple_gla", "delta_rule"]
+    assert json.loads(out.read_text())["rows"] == rows
+    for r in rows:
+        assert r["fused_err_o"] < 1e-5 and r["fused_err_state"] < 1e-5 and r["fused_us"] > 0
