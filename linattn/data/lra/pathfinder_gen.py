@@ -8,7 +8,7 @@ than ``link`` pixels (Chebyshev) away from every other curve, and a curve never 
 ``link`` of its own earlier dashes, where ``link = floor(gap + 1/4) + 1`` is the largest pixel step across
 the gap between two consecutive dashes. So two marked pixels are connected in the image, linking
 lit pixels at most ``link`` apart, exactly when they are on one curve: the label can be read off the
-drawn image (the tests do so).
+drawn image (the tests do so). The drawing core (``Canvas``) is in ``pathfinder_draw``.
 
 ``write_pathfinder`` writes the release layout: ``<root>/pathfinder<size>/<difficulty>/imgs/<b>/
 sample_<i>.png`` and ``metadata/<b>.npy``, a text file with one line per image: ``imgs/<b> sample_<i>.png
