@@ -31,11 +31,16 @@ NUM_TURNS = 7  # headings tried per dash, evenly spread over [-max_turn, max_tur
 ORDERS = list(permutations(range(NUM_TURNS)))  # one uniform draw picks the order the turns are tried in
 
 
-def _dilate(mask: np.ndarray, r: int, axis: int) -> np.ndarray:
-    """``mask`` OR its shifts by 1 .. ``r`` both ways along ``axis`` (the edge cells of ``mask`` must be False)."""
-    out = mask.copy()
+def _dilate(mask: np.ndarray, r: int) -> np.ndarray:
+    """The cells of ``[H, W]`` ``mask`` within ``r`` (Chebyshev) of a True cell: the square, along y then x."""
+    rows = mask.copy()
     for d in range(1, r + 1):
-        out |= np.roll(mask, d, axis) | np.roll(mask, -d, axis)
+        rows[d:] |= mask[:-d]
+        rows[:-d] |= mask[d:]
+    out = rows.copy()
+    for d in range(1, r + 1):
+        out[:, d:] |= rows[:, :-d]
+        out[:, :-d] |= rows[:, d:]
     return out
 
 
@@ -127,7 +132,7 @@ class Canvas:
         self.image[y - m, x - m] = INK
         lit = np.zeros_like(self.blocked)
         lit[y, x] = True
-        grown = _dilate(_dilate(lit, L, 0), L, 1) & ~self.blocked
+        grown = _dilate(lit, L) & ~self.blocked
         self.blocked |= grown
         grid = self.grid
         for c in np.flatnonzero(grown).tolist():
