@@ -64,6 +64,18 @@ def test_matches_muladd_fp32(T, with_cache):
     compare(m, x, cache)
 
 
+@pytest.mark.parametrize("programs", [1, 3])
+def test_backward_programs_walking_several_row_blocks(programs, monkeypatch):
+    """Few programs: each walks several row blocks (2 of 3 per program with 3, the last one half empty)."""
+    from linattn.layers import shortconv_triton
+
+    monkeypatch.setitem(shortconv_triton.LAUNCH, "bwd_programs", programs)
+    m = conv_module(40, 4, bias=True)
+    gen = torch.Generator().manual_seed(11)
+    compare(m, randn(2, 70, 40, generator=gen).to(DEVICE), randn(2, 3, 40, generator=gen).to(DEVICE),
+            backends=("triton",))
+
+
 @pytest.mark.parametrize("W,activation,mode", [(3, None, "learned"), (1, "silu", "learned"), (4, "silu", "shift"),
                                                (4, "silu", "identity"), (2, "silu", "learned")])
 def test_kernel_sizes_activations_and_modes(W, activation, mode):

@@ -11,10 +11,10 @@ Backward, with dz_s = dy_s ⊙ act'(z_s) (z recomputed from x, never stored; SiL
 
 Forward: a program per (time block, channel block, batch) sums W shifted [BT, BD] tiles (re-reads hit the
 cache), adds the bias and applies SiLU in registers: x is read once and y written once from memory.
-Backward: one kernel per (padded-time block, channel block, batch) writes dx and the cache's gradient and
-per-program float32 partial sums of dw and dbias, which PyTorch adds (deterministic). Arithmetic is float32
-for every input dtype. Both are torch custom ops (``linattn::short_conv_fwd`` / ``_bwd``) with autograd.
-Runs on CUDA tensors, or on the CPU under TRITON_INTERPRET=1.
+Backward: one kernel, a program per (run of padded-time blocks, channel block, batch), writes dx and the
+cache's gradient and per-program float32 partial sums of dw and dbias, which PyTorch adds (deterministic).
+Arithmetic is float32 for every input dtype. Both are torch custom ops (``linattn::short_conv_fwd`` /
+``_bwd``) with autograd. Runs on CUDA tensors, or on the CPU under TRITON_INTERPRET=1.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from ..ops.common.triton_compat import patch_interpreter
 patch_interpreter()
 
 # Launch settings (depend on nothing but these; T is not specialised, so a new length reuses the kernels).
-LAUNCH = {"BT": 32, "BD": 128, "fwd_warps": 4, "bwd_warps": 4}
+LAUNCH = {"BT": 32, "BD": 128, "fwd_warps": 4, "bwd_warps": 4, "bwd_programs": 1024, "bwd_max_blocks": 16}
 
 
 @triton.jit
@@ -89,34 +89,40 @@ def _dz(x, cache, w, bias, dy, i_b, s, o_d, m_d, T, D, sx_b, sx_t, W: tl.constex
     return g
 
 
-@triton.jit(do_not_specialize=["T", "NP"])
-def _conv_bwd_kernel(x, cache, w, bias, dy, dx, dcache, dw_part, db_part, T, D, sx_b, sx_t, NP, W: tl.constexpr,
-                     BT: tl.constexpr, BD: tl.constexpr, HAS_CACHE: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     SILU: tl.constexpr):
-    """Grid (NP = cdiv(T + W - 1, BT), cdiv(D, BD), B): dxp for one block of padded rows p, and this program's
-    partial sums of dw (rows s = p) and dbias."""
+@triton.jit(do_not_specialize=["T", "NP", "NB"])
+def _conv_bwd_kernel(x, cache, w, bias, dy, dx, dcache, dw_part, db_part, T, D, sx_b, sx_t, NP, NB, W: tl.constexpr,
+                     BW: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, HAS_CACHE: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
+    """Grid (NP = cdiv(T + W - 1, NB * BT), cdiv(D, BD), B): dxp for NB consecutive blocks of BT padded rows p,
+    and this program's partial sums of dw (over rows s = p) and dbias, accumulated in registers."""
     i_p, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    p = i_p * BT + tl.arange(0, BT)
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
-    dz0 = _dz(x, cache, w, bias, dy, i_b, p, o_d, m_d, T, D, sx_b, sx_t, W, HAS_CACHE, HAS_BIAS, SILU)
-    dxp = dz0 * tl.load(w + o_d * W, mask=m_d, other=0.0).to(tl.float32)[None, :]
-    for i in tl.static_range(1, W):
-        w_i = tl.load(w + o_d * W + i, mask=m_d, other=0.0).to(tl.float32)
-        dxp += _dz(x, cache, w, bias, dy, i_b, p - i, o_d, m_d, T, D, sx_b, sx_t, W, HAS_CACHE, HAS_BIAS,
-                   SILU) * w_i[None, :]
-    s = p - (W - 1)
-    tl.store(dx + (i_b * T + s)[:, None] * D + o_d[None, :], dxp.to(dx.dtype.element_ty),
-             mask=((s >= 0) & (s < T))[:, None] & m_d[None, :])
-    if HAS_CACHE:
-        tl.store(dcache + (i_b * (W - 1) + p)[:, None] * D + o_d[None, :], dxp.to(dcache.dtype.element_ty),
-                 mask=(p < W - 1)[:, None] & m_d[None, :])
-    part = (i_b * NP + i_p) * W
-    for i in tl.static_range(W):
-        xp_i = _load_xp(x, cache, i_b, p + i, o_d, m_d, T, D, sx_b, sx_t, W, HAS_CACHE)
-        tl.store(dw_part + (part + i) * D + o_d, tl.sum(dz0 * xp_i, axis=0), mask=m_d)
+    o_w = tl.arange(0, BW)
+    dw_acc = tl.zeros([BW, BD], dtype=tl.float32)
+    db_acc = tl.zeros([BD], dtype=tl.float32)
+    for j in range(NB):
+        p = (i_p * NB + j) * BT + tl.arange(0, BT)
+        dz0 = _dz(x, cache, w, bias, dy, i_b, p, o_d, m_d, T, D, sx_b, sx_t, W, HAS_CACHE, HAS_BIAS, SILU)
+        dxp = dz0 * tl.load(w + o_d * W, mask=m_d, other=0.0).to(tl.float32)[None, :]
+        for i in tl.static_range(1, W):
+            w_i = tl.load(w + o_d * W + i, mask=m_d, other=0.0).to(tl.float32)
+            dxp += _dz(x, cache, w, bias, dy, i_b, p - i, o_d, m_d, T, D, sx_b, sx_t, W, HAS_CACHE, HAS_BIAS,
+                       SILU) * w_i[None, :]
+        s = p - (W - 1)
+        tl.store(dx + (i_b * T + s)[:, None] * D + o_d[None, :], dxp.to(dx.dtype.element_ty),
+                 mask=((s >= 0) & (s < T))[:, None] & m_d[None, :])
+        if HAS_CACHE:
+            tl.store(dcache + (i_b * (W - 1) + p)[:, None] * D + o_d[None, :], dxp.to(dcache.dtype.element_ty),
+                     mask=(p < W - 1)[:, None] & m_d[None, :])
+        for i in tl.static_range(W):
+            xp_i = _load_xp(x, cache, i_b, p + i, o_d, m_d, T, D, sx_b, sx_t, W, HAS_CACHE)
+            dw_acc += tl.where(o_w[:, None] == i, tl.sum(dz0 * xp_i, axis=0)[None, :], 0.0)
+        db_acc += tl.sum(dz0, axis=0)
+    part = i_b * NP + i_p
+    tl.store(dw_part + (part * W + o_w[:, None]) * D + o_d[None, :], dw_acc, mask=(o_w[:, None] < W) & m_d[None, :])
     if HAS_BIAS:
-        tl.store(db_part + (i_b * NP + i_p) * D + o_d, tl.sum(dz0, axis=0), mask=m_d)
+        tl.store(db_part + part * D + o_d, db_acc, mask=m_d)
 
 
 def _rows_contiguous(x: torch.Tensor) -> torch.Tensor:
@@ -159,7 +165,11 @@ def _short_conv_bwd(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.T
     W = weight.shape[1]
     x, dy = _rows_contiguous(x), dy.contiguous()
     BT, BD = _blocks(D)
-    NP = triton.cdiv(T + W - 1, BT)
+    # each program walks NB row blocks, so the float32 partial sums of dw stay small next to x (<= 1/16 of the
+    # blocks for long inputs) while about LAUNCH["bwd_programs"] programs keep the GPU busy
+    blocks = triton.cdiv(T + W - 1, BT)
+    NB = max(1, min(LAUNCH["bwd_max_blocks"], blocks * triton.cdiv(D, BD) * B // LAUNCH["bwd_programs"]))
+    NP = triton.cdiv(blocks, NB)
     dx = torch.empty(B, T, D, device=x.device, dtype=x.dtype)
     dcache = torch.empty(B, W - 1 if _has_cache(cache) else 0, D, device=x.device,
                          dtype=x.dtype if cache is None else cache.dtype)
@@ -168,7 +178,8 @@ def _short_conv_bwd(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.T
     _conv_bwd_kernel[(NP, triton.cdiv(D, BD), B)](
         x, cache if _has_cache(cache) else x, weight, bias if bias is not None else weight, dy, dx,
         dcache if _has_cache(cache) else dx, dw_part, db_part if bias is not None else dw_part, T, D, x.stride(0),
-        x.stride(1), NP, W, BT, BD, _has_cache(cache), bias is not None, silu, num_warps=LAUNCH["bwd_warps"])
+        x.stride(1), NP, NB, W, triton.next_power_of_2(W), BT, BD, _has_cache(cache), bias is not None, silu,
+        num_warps=LAUNCH["bwd_warps"])
     dw = dw_part.sum((0, 1)).transpose(0, 1).contiguous().to(weight.dtype)  # [W, D] -> [D, W]
     db = db_part.sum((0, 1)).to(weight.dtype if bias is None else bias.dtype)
     return dx, dcache, dw, db
