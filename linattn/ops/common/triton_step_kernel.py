@@ -29,8 +29,9 @@ patch_interpreter()
 
 GATES = {"none": 0, "scalar": 1, "vector": 2}
 # Launch settings (one compiled kernel per family, head dims and value block; batch size and heads are not
-# specialised). BV = 32 gives B*H*V/32 programs (512 for B=1, H=16, V=128 on an H100's 132 SMs).
-LAUNCH = {"BV": 32, "num_warps": 4, "max_tile": 8192}
+# specialised). BV = 16 gives B*H*V/16 programs: 128 for B=1, H=16, V=128, about one per SM of an H100, where
+# one step is latency-bound; `python -m linattn.bench.decode_step --sweep` times the alternatives.
+LAUNCH = {"BV": 16, "num_warps": 4, "max_tile": 8192}
 
 
 @triton.jit
