@@ -150,3 +150,14 @@ def test_shortconv_bench_runs(tmp_path):
     rows = main(["--B", "1", "--T", "20", "--D", "16", "--repeats", "1", "--dtype", "float32", "--out", str(out)])
     assert json.loads(out.read_text())["rows"] == rows and len(rows) == 1
     assert rows[0]["triton_err"] < 1e-5 and rows[0]["conv1d_err"] < 1e-5 and rows[0]["triton_fwdbwd_ms"] > 0
+
+
+def test_custom_op_registration():
+    """torch.library.opcheck: schema, fake (meta) kernel, autograd registration, AOT dispatch (torch.compile)."""
+    import linattn.layers.shortconv_triton  # noqa: F401  (registers linattn::short_conv_fwd / _bwd)
+
+    gen = torch.Generator().manual_seed(12)
+    x, cache, w, b = (randn(*s, generator=gen).to(DEVICE).requires_grad_(True) for s in ((2, 9, 16), (2, 3, 16),
+                                                                                         (16, 4), (16,)))
+    result = torch.library.opcheck(torch.ops.linattn.short_conv_fwd.default, (x, cache, w, b, True))
+    assert all(v == "SUCCESS" for v in result.values()), result
