@@ -12,7 +12,8 @@ from linattn.experiments.runner import run_study
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``linattn run``."""
     parser.add_argument("study", help=f"a named study ({', '.join(list_studies())}) or a study YAML file")
-    parser.add_argument("--preset", default="smoke", choices=["smoke", "full"], help="size of the grid")
+    parser.add_argument("--preset", default="smoke", choices=["smoke", "full", "h100"],
+                        help="size of the grid (h100: lra only, one H100, every run at once)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (cuda uses every visible GPU)")
     parser.add_argument("--out", default="runs", help="root folder: results go to OUT/<study>/<stamp>/")
     parser.add_argument("--resume", action="store_true", help="continue the newest folder of this study")
@@ -25,6 +26,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     lra.add_argument("--model", action="append", help="model label(s) or mixer name(s), comma list")
     lra.add_argument("--spt", action="append", help="none, causal and/or masked, comma list")
     lra.add_argument("--data-dir", default=None, help="folder with the LRA release files (smoke: generated if absent)")
+    lra.add_argument("--seeds", default=None, help="comma list of seeds (default: the preset's)")
+    lra.add_argument("--steps", type=int, default=None,
+                     help="total steps of every run (SPT pretrains for half), instead of the preset's")
+    lra.add_argument("--run-minutes", type=float, default=None,
+                     help="fit the steps to this wall-clock budget per run, measured by a short probe of "
+                          "every run at the same concurrency (saved beside the study; --resume reuses it)")
 
 
 def cli_run(args: argparse.Namespace) -> int:
@@ -32,16 +39,20 @@ def cli_run(args: argparse.Namespace) -> int:
     (time budget), 1 when some runs failed."""
     import torch
 
-    if args.study == "lra":
-        from linattn.experiments.lra import lra_report, lra_study_from_args
-
-        study, report = lra_study_from_args(args), lra_report
-    else:
-        study, report = get_study(args.study, args.preset)
     workers = args.workers
     if workers is None:
         gpus = max(1, torch.cuda.device_count())
         workers = 2 if args.device == "cpu" else min(os.cpu_count() or 16, 16 * gpus)
+    if args.study == "lra":
+        from linattn.experiments.lra import lra_report, lra_study_from_args, lra_study_within_budget
+
+        if getattr(args, "run_minutes", None) is not None:
+            study = lra_study_within_budget(args, workers=workers)
+        else:
+            study = lra_study_from_args(args)
+        report = lra_report
+    else:
+        study, report = get_study(args.study, args.preset)
     budget = None if args.max_minutes is None else 60.0 * args.max_minutes
     outcome = run_study(study, args.out, resume=args.resume, workers=workers, device=args.device,
                         time_budget_s=budget, write_report=report)

@@ -54,18 +54,31 @@ PRESETS: dict[str, dict] = {
         "seeds": [0, 1, 2],
         "lrs": [1e-3],
     },
+    # One H100, every run at once: generated ListOps and Pathfinder (--data-dir), 2 layers d=128, the
+    # Transformer and two linear mixers x 3 spt x 2 seeds. The steps are not fixed here: pass --steps, or
+    # --run-minutes to calibrate them (see linattn.experiments.lra_budget) so that a run fits the budget.
+    "h100": {
+        "task": {"data_dir": "data/lra", "pretrain_steps": 500, "generate": None},
+        "model": {"d_model": 128, "n_layers": 2, "n_heads": 4},
+        "train": {"max_steps": 1000, "batch_size": 32, "warmup_steps": 50, "eval_every": 500,
+                  "eval_batch_size": 100, "log_every": 25},
+        "models": ["transformer", "gla", "gated_deltanet"],
+        "seeds": [0, 1],
+        "lrs": [1e-3],
+    },
 }
 
 
 def lra_study(preset: str = "smoke", *, tasks: Sequence[str] = ("listops",), models: Sequence[str] | None = None,
               spt: Sequence[str] | None = None, data_dir: str | Path | None = None,
               seeds: Sequence[int] | None = None, train: dict | None = None, model: dict | None = None,
-              task_options: dict | None = None) -> Study:
+              task_options: dict | None = None, steps: dict[str, int] | None = None) -> Study:
     """The study at ``preset`` ("smoke" or "full"), restricted to ``tasks``, ``models`` (labels of
     :data:`MODELS` or their mixer names) and ``spt`` modes; ``data_dir`` replaces the preset's (smoke:
     None = generate ListOps into the study folder); ``seeds``, ``train``, ``model`` and ``task_options``
     (partial dicts; the last of LRA task keys: ``pretrain_steps``, ``generate``, ``mask_ratio``) override
-    the preset's."""
+    the preset's. ``steps`` maps a task to its total steps (SPT pretrains for half of them, evaluation
+    twice), overriding the preset's per task."""
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
     p = PRESETS[preset]
@@ -86,7 +99,7 @@ def lra_study(preset: str = "smoke", *, tasks: Sequence[str] = ("listops",), mod
         + __doc__.split("\n\n")[1].replace("\n", " "),
         "base": {"task": task, "model": {"mixer": "softmax_attn", **p["model"], **(model or {})},
                  "train": {**p["train"], **(train or {})}},
-        "axes": {"task": {t: {"task.name": f"lra/{t}"} for t in tasks},
+        "axes": {"task": {t: {"task.name": f"lra/{t}", **_steps_overrides((steps or {}).get(t))} for t in tasks},
                  "model": {m: {"model.mixer": MODELS[m]} for m in models},
                  "spt": {s: {"task.spt": s} for s in spt}},
         "seeds": list(p["seeds"] if seeds is None else seeds), "lrs": p["lrs"], "metric": METRIC,
@@ -94,6 +107,16 @@ def lra_study(preset: str = "smoke", *, tasks: Sequence[str] = ("listops",), mod
     for spec in study.runs():
         check_lra_config(spec.config)
     return study
+
+
+def _steps_overrides(total: int | None) -> dict:
+    """The dotted overrides that give a task ``total`` steps: half pretraining (SPT), evaluation twice."""
+    if total is None:
+        return {}
+    if isinstance(total, bool) or not isinstance(total, int) or total < 2:
+        raise ValueError(f"steps per task must be an int >= 2, got {total!r}")
+    return {"train.max_steps": total, "task.pretrain_steps": total // 2, "train.eval_every": max(1, total // 2),
+            "train.warmup_steps": max(1, total // 20)}
 
 
 def _by_spt(cells: list[Cell], task: str, model: str) -> dict[str, Cell]:
@@ -117,6 +140,8 @@ def conclusion(study: Study, cells: list[Cell]) -> str:
             noise = 2 * statistics.fmean(a.std ** 2 + b.std ** 2 for a, b in pairs) ** 0.5 / len(pairs) ** 0.5
             verdict = ("beyond the seed noise: SPT helps" if gain > noise else "beyond the seed noise: SPT hurts"
                        if gain < -noise else "within the seed noise: no clear effect")
+            if min(c.n for pair in pairs for c in pair) < 2:
+                verdict = "one seed only: no estimate of the seed noise, so no verdict"
             text = (f"- **{task}, {mode} SPT vs scratch**: mean gain {100 * gain:+.1f} points over {len(pairs)} "
                     f"model(s) ({sum(g > 0 for g in gains)} improved), {verdict} ({100 * noise:.1f})")
             tr = _by_spt(cells, task, TRANSFORMER)
@@ -163,9 +188,47 @@ def _names(value: str | Sequence[str] | None) -> list[str] | None:
     return [x.strip() for x in items if x.strip()]
 
 
-def lra_study_from_args(args: argparse.Namespace) -> Study:
-    """The study of ``linattn run lra --preset P [--task T] [--model M] [--spt S] [--data-dir DIR]``; each of
-    --task, --model, --spt takes a comma-separated list (or is repeated) and defaults to the preset's."""
+def lra_study_from_args(args: argparse.Namespace, steps: dict[str, int] | None = None,
+                        train: dict | None = None) -> Study:
+    """The study of ``linattn run lra --preset P [--task T] [--model M] [--spt S] [--data-dir DIR] [--seeds S]
+    [--steps N]``; each of --task, --model, --spt, --seeds takes a comma-separated list (or is repeated)
+    and defaults to the preset's. ``steps`` (per task) overrides --steps."""
     tasks = _names(getattr(args, "task", None)) or ["listops"]
+    seeds = _names(getattr(args, "seeds", None))
+    if seeds is not None:
+        try:
+            seeds = [int(s) for s in seeds]
+        except ValueError:
+            raise ValueError(f"--seeds must be a comma list of integers, got {args.seeds!r}") from None
+    if steps is None and getattr(args, "steps", None) is not None:
+        steps = {t: args.steps for t in tasks}
     return lra_study(args.preset, tasks=tasks, models=_names(getattr(args, "model", None)),
-                     spt=_names(getattr(args, "spt", None)), data_dir=getattr(args, "data_dir", None))
+                     spt=_names(getattr(args, "spt", None)), data_dir=getattr(args, "data_dir", None),
+                     seeds=seeds, steps=steps, train=train)
+
+
+PROBE_STEPS = 40
+
+
+def lra_study_within_budget(args: argparse.Namespace, workers: int) -> Study:
+    """The study of ``args`` with each task's steps fitted to ``args.run_minutes`` per run
+    (:mod:`linattn.experiments.lra_budget`): a probe of every run at ``PROBE_STEPS`` steps in ``workers``
+    processes measures the speed; the result is saved as ``<out>/lra-budget.json`` and reused by --resume."""
+    from linattn.experiments.lra_budget import BUDGET_FILE, load_budget, measure, save_budget, steps_for_budget
+
+    if args.run_minutes <= 0:
+        raise ValueError(f"--run-minutes must be > 0, got {args.run_minutes}")
+    budget_s = 60.0 * args.run_minutes
+    path = Path(args.out) / BUDGET_FILE
+    steps = load_budget(path, budget_s) if args.resume else None
+    if steps is None:
+        tasks = _names(getattr(args, "task", None)) or ["listops"]
+        probe = lra_study_from_args(args, steps={t: PROBE_STEPS for t in tasks}, train={"log_every": 5})
+        timings = measure(probe, Path(args.out) / "probe", workers=workers, device=args.device,
+                          probe_steps=PROBE_STEPS)
+        steps = steps_for_budget(timings, budget_s)
+        save_budget(path, budget_s, steps, timings)
+        for t in timings:
+            print(f"probe {t.task} {t.model} {t.spt}: {t.seconds_per_step:.3f} s/step, {t.fixed_s:.1f} s fixed")
+    print(f"steps per run for {args.run_minutes} min: {steps}")
+    return lra_study_from_args(args, steps=steps)

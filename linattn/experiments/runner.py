@@ -78,6 +78,7 @@ def execute_run(spec: RunSpec, run_dir: str, device: str, deadline: float | None
     from linattn.experiments.lra_run import is_lra_config, train_lra_from_config
     from linattn.train.build import train_from_config
 
+    start = time.time()
     train = train_lra_from_config if is_lra_config(spec.config) else train_from_config
     row = {"run_id": spec.run_id, **spec.row()}
     if deadline is not None and time.time() >= deadline:
@@ -100,7 +101,8 @@ def execute_run(spec: RunSpec, run_dir: str, device: str, deadline: float | None
         return {**row, "status": "interrupted", "step": result.step}
     saved = json.loads((out / RESULT_NAME).read_text())
     final = {**row, "status": "finished", "stop": result.status, "step": result.step, **result.metrics,
-             "best": result.best, "wall_s": result.wall_s, "num_params": saved["num_params"]}
+             "best": result.best, "wall_s": result.wall_s, "run_wall_s": round(time.time() - start, 3),
+             "num_params": saved["num_params"]}
     final.pop("message", None)
     (out / RESULT_NAME).write_text(json.dumps(final, indent=2))
     return final
@@ -127,6 +129,22 @@ def _devices(device: str) -> list[str]:
     return [device]
 
 
+# what a process holds on the GPU outside PyTorch's caching allocator (CUDA context, cuBLAS workspace,
+# Triton modules); measured ~1.5 GiB per process on the H100 with 16 processes (the full shortconv study
+# ran out of memory when the shares ignored it)
+PROCESS_OVERHEAD_BYTES = 1.6 * 2**30
+
+
+def gpu_memory_share(workers: int, num_devices: int, device: str) -> float:
+    """The fraction of a GPU's memory one of ``workers`` processes (spread over ``num_devices`` GPUs) may
+    cache: 90% of the memory, less each process's overhead outside the allocator, split evenly."""
+    per_gpu = -(-workers // max(1, num_devices))
+    if per_gpu <= 1 or not device.startswith("cuda") or not torch.cuda.is_available():
+        return 1.0
+    total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    return max(0.01, (0.9 * total - per_gpu * PROCESS_OVERHEAD_BYTES) / (per_gpu * total))
+
+
 def run_study(study: Study, out_root: str | Path = "runs", *, resume: bool = False, workers: int = 1,
               device: str = "cpu", time_budget_s: float | None = None, progress: bool = True,
               study_dir: str | Path | None = None, threads: int | None = None,
@@ -150,8 +168,7 @@ def run_study(study: Study, out_root: str | Path = "runs", *, resume: bool = Fal
     devices = _devices(device)
     cpu_threads = max(1, (os.cpu_count() or 1) // max(1, workers))
     threads = threads or (cpu_threads if device == "cpu" else 1)
-    # ~20% of the memory is left for the processes' CUDA contexts and Triton's own allocations
-    gpu_share = 0.8 / max(1, -(-workers // len(devices))) if workers > 1 else 1.0
+    gpu_share = gpu_memory_share(workers, len(devices), device)
     failed: list[str] = []
     bar = tqdm(total=len(specs), initial=len(done), desc=f"{study.name} runs", disable=not progress, leave=True)
     jobs = [(s, str(sdir / "runs" / s.run_id), devices[i % len(devices)], deadline, threads, gpu_share)

@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> None:
     lo.add_argument("--out", type=Path, required=True)
     lo.add_argument("--smoke", action="store_true", help=f"small set: {LISTOPS_SMOKE}")
     lo.add_argument("--seed", type=int, default=0)
+    for split, default in (("train", 96000), ("val", 2000), ("test", 2000)):
+        lo.add_argument(f"--num-{split}", type=int, default=None,
+                        help=f"trees in the {split} split (release: {default})")
     pf = sub.add_parser("pathfinder", help="write <out>/pathfinder<size>/<difficulty>/{imgs,metadata}")
     pf.add_argument("--out", type=Path, required=True)
     pf.add_argument("--size", type=int, choices=(32, 128), default=32)
@@ -41,7 +44,9 @@ def main(argv: list[str] | None = None) -> None:
     pf.add_argument("--workers", type=int, default=1)
     a = p.parse_args(argv)
     if a.task == "listops":
-        cfg = ListOpsConfig(seed=a.seed, **(LISTOPS_SMOKE if a.smoke else {}))
+        sizes = {f"num_{s}": getattr(a, f"num_{s}") for s in ("train", "val", "test")
+                 if getattr(a, f"num_{s}") is not None}
+        cfg = ListOpsConfig(seed=a.seed, **{**(LISTOPS_SMOKE if a.smoke else {}), **sizes})
         print(write_listops(a.out, cfg))
         return
     jobs = [(str(a.out), a.size, a.difficulty, b, a.batch_size, a.seed) for b in range(a.batches)]
