@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from linattn.ops.common.values import value_checks
 from linattn.train.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from linattn.train.config import TrainConfig
 from linattn.train.distributed import DistInfo, all_reduce_sum, barrier, init_distributed
@@ -90,6 +91,7 @@ class Trainer:
         use_bf16 = config.precision == "bf16" or (config.precision == "auto" and self.dist.device.type == "cuda")
         self.autocast_dtype = torch.bfloat16 if use_bf16 else None
         self.step, self.best, self.last_eval, self.elapsed = 0, None, {}, 0.0
+        self._check_values = True
         self.checkpoint_step: int | None = None
 
     # -- files -------------------------------------------------------------------------------------------
@@ -128,27 +130,36 @@ class Trainer:
 
     def _train_step(self) -> tuple[float, float]:
         x, y = self.train_data.batch(self.step, self.dist.rank, self.dist.world)
-        x, y = x.to(self.dist.device), y.to(self.dist.device)
+        x, y = to_device(x, self.dist.device), to_device(y, self.dist.device)
         self.ddp.train()
-        with self._autocast():
+        # on CUDA the inputs' range checks (host synchronisations) run on the first step of a fit only
+        with value_checks(self._check_values), self._autocast():
             ce, count, _ = token_stats(logits_of(self.ddp(x)), y)
+        self._check_values = self.dist.device.type != "cuda"
         totals = all_reduce_sum(torch.stack([ce.detach(), count.to(ce.dtype)]), self.dist)
         total_count = totals[1].clamp_min(1.0)
         # DDP averages gradients over ranks, so scale by world: the gradient is that of the global mean.
         loss = ce / total_count * self.dist.world
-        loss_value = float(totals[0] / total_count)
-        if not math.isfinite(loss_value):
-            self._non_finite("loss", loss_value)
+        if not loss.requires_grad:  # e.g. a forward that returned a constant: nothing to differentiate
+            value = float(totals[0] / total_count)
+            if not math.isfinite(value):
+                self._non_finite("loss", value)
+            raise RuntimeError("the loss does not depend on any trainable parameter (no grad_fn); "
+                               "check the model's forward")
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         clip = self.config.grad_clip if self.config.grad_clip > 0 else float("inf")
-        grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), clip))
-        if not math.isfinite(grad_norm):
-            self._non_finite("gradient norm", grad_norm)
+        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        # one host synchronisation per step reads both; a non-finite loss stops before the update
+        loss_value, grad_value = torch.stack([(totals[0] / total_count).float(), grad_norm.float()]).tolist()
+        if not math.isfinite(loss_value):
+            self._non_finite("loss", loss_value)
+        if not math.isfinite(grad_value):
+            self._non_finite("gradient norm", grad_value)
         self.optimizer.step()
         self.scheduler.step()
         self.step += 1
-        return loss_value, grad_norm
+        return loss_value, grad_value
 
     def _non_finite(self, what: str, value: float) -> None:
         where = "no checkpoint was written"
@@ -218,6 +229,7 @@ class Trainer:
         bar = tqdm(total=cfg.max_steps, initial=self.step, disable=not (cfg.progress and self.dist.is_main),
                    dynamic_ncols=True, leave=False)
         t0 = time.time() - self.elapsed
+        self._check_values = True
         while status == "running":
             loss, grad_norm = self._train_step()
             self.elapsed = time.time() - t0
@@ -245,6 +257,14 @@ class Trainer:
         bar.close()
         log.close()
         return TrainResult(status, self.step, dict(self.last_eval), self.best, round(self.elapsed, 3))
+
+
+def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``x`` on ``device``; a CPU tensor goes to CUDA through pinned memory without blocking, so the
+    copy does not wait for the GPU work queued before it."""
+    if device.type == "cuda" and x.device.type == "cpu":
+        return x.pin_memory().to(device, non_blocking=True)
+    return x.to(device)
 
 
 def read_metrics(out_dir: str | Path) -> list[dict]:
