@@ -130,6 +130,9 @@ class MixerLayer(nn.Module):
         k = s["k"].view(B, T, -1, self.head_dim)
         v = s["v"].view(B, T, -1, self.head_dim_v)
         q, k, v, args, kwargs = self.mix_inputs(x, q, k, v, offset, s)
+        # the op runs in the value stream's dtype (bf16 under autocast): feature maps or norms that came
+        # out in float32 would otherwise put the kernels on their exact-float32 (slow) path
+        q, k = q.to(v.dtype), k.to(v.dtype)
         # the layer makes its gates and strengths in range by construction: no host-syncing range checks
         with value_checks(False):
             o, state = self.run_op(q, k, v, args, kwargs, None if cache is None else cache.state, use_cache)

@@ -16,7 +16,9 @@ from .gates import MambaDecay
 
 
 def l2norm(x: torch.Tensor) -> torch.Tensor:
-    return F.normalize(x, p=2.0, dim=-1, eps=1e-6)
+    """x / ||x|| over the last dim, computed in float32 and returned in x's dtype (under autocast the
+    norm is float32, and a float32 q/k would send the kernels down their slow exact-float32 path)."""
+    return F.normalize(x.float(), p=2.0, dim=-1, eps=1e-6).to(x.dtype)
 
 
 class _BetaLayer(MixerLayer):
