@@ -11,12 +11,15 @@ Backends (``ShortConv.backend``, set on the class, an instance, or a whole model
 :func:`set_shortconv_backend`): "auto" (default: "triton" for CUDA inputs of more than one token when
 Triton is importable, else "muladd"), "muladd" (W shifted multiply-adds), "conv1d" (``F.conv1d`` with
 groups = D on the channels-first view) and "triton" (shortconv_triton.py: fused forward and backward
-kernels; CUDA, or the CPU under TRITON_INTERPRET=1). All compute the same sum. Measured on the H100
+kernels; CUDA, or the CPU under TRITON_INTERPRET=1). All compute the same sum. The environment variable
+``LINATTN_SHORTCONV_BACKEND`` sets the class default. Measured on the H100
 (bf16, B=4, T=16384, D=2048-4096, W=4; docs/benchmarks.md): the Triton kernels are 7.9-9.2x faster than
 the multiply-adds forward and 3.9-4.3x forward+backward; conv1d is as slow as the multiply-adds.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +46,7 @@ class ShortConv(nn.Module):
     ``backend`` ("muladd", "conv1d", "triton"; module docstring) may be set on the class or an instance.
     """
 
-    backend: str = "auto"
+    backend: str = os.environ.get("LINATTN_SHORTCONV_BACKEND", "auto")
 
     def __init__(self, dim: int, kernel_size: int = 4, activation: str | None = "silu", bias: bool = False,
                  mode: str = "learned") -> None:
