@@ -30,6 +30,26 @@ def upcast_dots(dtype: torch.dtype) -> bool:
     return interpreting() and dtype == torch.bfloat16
 
 
+def launch_overrides(family: str, launch: dict) -> dict:
+    """``launch`` updated from the environment variable ``LINATTN_TRITON_LAUNCH`` (JSON
+    ``{"<family>": {"<key>": value}}``), for tuning and for working around compiler faults without
+    editing the code; unknown keys are an error naming the valid ones."""
+    import json
+
+    raw = os.environ.get("LINATTN_TRITON_LAUNCH")
+    if not raw:
+        return launch
+    try:
+        changes = json.loads(raw).get(family, {})
+    except (ValueError, AttributeError) as exc:
+        raise ValueError(f"LINATTN_TRITON_LAUNCH must be a JSON object of families, got {raw!r}") from exc
+    unknown = sorted(set(changes) - set(launch))
+    if unknown:
+        raise ValueError(f"LINATTN_TRITON_LAUNCH: unknown {family} launch key(s) {unknown}; valid: {sorted(launch)}")
+    launch.update(changes)
+    return launch
+
+
 def block(n: int) -> int:
     """Power-of-two block covering n (at least 16, the smallest tl.dot size)."""
     return max(16, triton.next_power_of_2(n))

@@ -47,7 +47,7 @@ import triton.language as tl
 
 from ..common.triton_tril import unit_lower_inverse
 from ..common.triton_utils import block as _block
-from ..common.triton_utils import dot_precision, mm, upcast_dots
+from ..common.triton_utils import dot_precision, launch_overrides, mm, upcast_dots
 from ..simple_gla.triton import _output_fwd_kernel, _state_dtype
 
 
@@ -354,6 +354,7 @@ def _grads_wy_kernel(k, p, v, beta, g, dd, dw, dk, dp, dv, dbeta, db, dg, T, H: 
 # and spills that ptxas reports for sm_90 at K = V = 128, C = 64 (bf16); not yet timed on a GPU.
 LAUNCH = {"prep_BV": 64, "prep_warps": 8, "scan_BV": 32, "scan_warps": 8, "out_BV": 64, "out_warps": 8,
           "dv_BV": 64, "dv_warps": 4, "grads_BK": 64, "grads_BV": 64, "grads_warps": 8, "wy_BK": 64, "wy_warps": 8}
+launch_overrides("gated_delta_rule", LAUNCH)
 
 
 def _launch_args(x: torch.Tensor) -> tuple[str, bool]:

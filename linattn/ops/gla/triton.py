@@ -72,7 +72,7 @@ import triton.language as tl
 
 from ..common.triton_ops import gated_rnn_backend
 from ..common.triton_utils import block as _block
-from ..common.triton_utils import dot_precision, mm, upcast_dots
+from ..common.triton_utils import dot_precision, launch_overrides, mm, upcast_dots
 
 SUB = 16  # sub-chunk length of the intra-chunk scores
 FACTOR_LIMIT = 30.0  # largest in-sub-chunk gate spread for which the diagonal blocks are factored
@@ -358,6 +358,7 @@ def _intra_bwd_kernel(q, k, g, dA, dq_in, dk_in, dL, dq, dk, dg, scale, T, H: tl
 # Launch settings: fixed per head size (never tuned per sequence length).
 LAUNCH = {"BV": 64, "scan_BK": 64, "scan_warps": 4, "scores_warps": 4, "out_warps": 4, "inter_BV": 64,
           "inter_warps": 8, "intra_warps": 4}
+launch_overrides("gla", LAUNCH)
 
 
 def _state_dtype(x: torch.Tensor) -> torch.dtype:

@@ -34,7 +34,7 @@ import triton.language as tl
 
 from ..common.triton_ops import gated_rnn_backend
 from ..common.triton_utils import block as _block
-from ..common.triton_utils import dot_precision, mm, upcast_dots
+from ..common.triton_utils import dot_precision, launch_overrides, mm, upcast_dots
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -177,6 +177,7 @@ def _grads_bwd_kernel(q, k, v, g, h, do, dh, dq, dk, dv, dG, scale, T, H: tl.con
 # Launch settings: fixed per head size (never tuned per sequence length). ``tune_simple_gla`` in
 # linattn/bench/triton_tune.py measures alternatives on a GPU.
 LAUNCH = {"BV": 64, "scan_warps": 4, "out_warps": 4, "grads_BV": 64, "grads_warps": 8}
+launch_overrides("simple_gla", LAUNCH)
 
 
 def _state_dtype(x: torch.Tensor) -> torch.dtype:
