@@ -21,6 +21,7 @@ import torch
 
 from ..common.checks import check_chunk_size, check_qkv, check_shape, check_step_qkv, compute_dtype, resolve_scale
 from ..common.registry import OpSpec, register_op
+from ..common.triton_step import select_step
 from ..simple_gla.api import SPEC as SIMPLE_GLA_SPEC
 from ..simple_gla.reference import simple_gla_step_reference
 from .feature_maps import apply_feature_map, resolve_feature_map
@@ -157,7 +158,9 @@ def linear_attn_step(
         check_shape("state", state, (d.B, d.H, M, d.V + int(normalize)),
                     "[B, H, M, V + 1]" if normalize else "[B, H, M, V]")
     fq, fk, fv = _features(q_t, k_t, v_t, feature_map, W, normalize)
-    o_t, S = simple_gla_step_reference(fq, fk, fv, fq.new_zeros(d.B, d.H), state, scale=resolve_scale(scale, d.K))
+    g_t = fq.new_zeros(d.B, d.H)
+    step = select_step("simple_gla", simple_gla_step_reference, fq, fk, fv, g_t, state)  # fused kernel on CUDA
+    o_t, S = step(fq, fk, fv, g_t, state, scale=resolve_scale(scale, d.K))
     return _read(o_t, normalize, float(eps)).to(q_t.dtype), S
 
 

@@ -22,6 +22,7 @@ from ..common.checks import (
     resolve_scale,
 )
 from ..common.registry import OpSpec, register_op
+from ..common.triton_step import select_step
 from ..simple_gla.api import SPEC as SIMPLE_GLA_SPEC
 from ..simple_gla.reference import simple_gla_step_reference
 
@@ -107,7 +108,8 @@ def retention_step(
     if state is not None:
         check_shape("state", state, (d.B, d.H, d.K, d.V), "[B, H, K, V]")
     g_t = retention_log_decay(d.H, dtype=compute_dtype(q_t), device=q_t.device).expand(d.B, d.H)
-    return simple_gla_step_reference(q_t, k_t, v_t, g_t, state, scale=resolve_scale(scale, d.K))
+    step = select_step("simple_gla", simple_gla_step_reference, q_t, k_t, v_t, g_t, state)  # fused kernel on CUDA
+    return step(q_t, k_t, v_t, g_t, state, scale=resolve_scale(scale, d.K))
 
 
 def retention_example_inputs(
