@@ -13,7 +13,7 @@ from .delta import CombaLayer, DeltaNetLayer, GatedDeltaNetLayer, MesaNetLayer
 from .delta_product import GatedDeltaProductLayer
 from .mamba2 import Mamba2Layer
 from .registry import build_mixer, list_mixers, mixer_class, register_mixer
-from .shortconv import CONV_MODES, ShortConv
+from .shortconv import CONV_BACKENDS, CONV_MODES, ShortConv, set_shortconv_backend
 from .ttt import TitansLayer, TTTLinearLayer
 
 for _name, _cls in {
@@ -26,9 +26,9 @@ for _name, _cls in {
     register_mixer(_name, _cls)
 
 __all__ = [
-    "LRULayer", "MambaLayer",
-    "DeltaFormerLayer", "ForgettingAttentionLayer", "GatedDeltaProductLayer", "PaTHLayer", "SoftmaxAttentionLayer",
-    "CONV_MODES", "build_mixer", "list_mixers", "mixer_class", "register_mixer", "CombaLayer", "DeltaNetLayer",
-    "GLALayer", "GatedDeltaNetLayer", "LayerCache", "LinearAttentionLayer", "Mamba2Layer", "MesaNetLayer",
-    "MixerLayer", "RetNetLayer", "ShortConv", "TTTLinearLayer", "TitansLayer",
+    "build_mixer", "CombaLayer", "CONV_BACKENDS", "CONV_MODES", "DeltaFormerLayer", "DeltaNetLayer",
+    "ForgettingAttentionLayer", "GatedDeltaNetLayer", "GatedDeltaProductLayer", "GLALayer", "LayerCache",
+    "LinearAttentionLayer", "list_mixers", "LRULayer", "Mamba2Layer", "MambaLayer", "MesaNetLayer", "mixer_class",
+    "MixerLayer", "PaTHLayer", "register_mixer", "RetNetLayer", "set_shortconv_backend", "ShortConv",
+    "SoftmaxAttentionLayer", "TitansLayer", "TTTLinearLayer",
 ]

@@ -8,6 +8,8 @@ state) -> (o_t, state)``. See DESIGN §2 and ``list_ops()`` / ``op_info(name)``.
 from .comba import comba, comba_step
 from .common.kv_cache import KVCache
 from .common.registry import get_op, list_ops
+from .common.triton_step import get_step_backend, set_step_backend
+from .common.values import set_value_checks, value_checks
 from .delta_rule import delta_rule, delta_rule_step
 from .deltaformer import deltaformer, deltaformer_step
 from .forgetting_attn import forgetting_attn, forgetting_attn_step
@@ -32,10 +34,11 @@ def op_info(name: str) -> dict:
 
 
 __all__ = [
-    "FEATURE_MAPS", "KVCache", "MiniBatchState", "comba", "comba_step", "delta_rule", "delta_rule_step",
-    "deltaformer", "deltaformer_step", "draw_feature_map_weight", "forgetting_attn", "forgetting_attn_step",
-    "gated_delta_product", "gated_delta_product_step", "gated_delta_rule", "gated_delta_rule_step", "get_op", "gla",
-    "gla_step", "linear_attn", "linear_attn_step", "list_ops", "mesa_net", "mesa_net_step", "op_info", "path_attn",
-    "path_attn_step", "retention", "retention_log_decay", "retention_step", "simple_gla", "simple_gla_step",
-    "softmax_attn", "softmax_attn_step", "titans", "titans_step", "ttt_linear", "ttt_linear_step",
+    "comba", "comba_step", "delta_rule", "delta_rule_step", "deltaformer", "deltaformer_step",
+    "draw_feature_map_weight", "FEATURE_MAPS", "forgetting_attn", "forgetting_attn_step", "gated_delta_product",
+    "gated_delta_product_step", "gated_delta_rule", "gated_delta_rule_step", "get_op", "get_step_backend", "gla",
+    "gla_step", "KVCache", "linear_attn", "linear_attn_step", "list_ops", "mesa_net", "mesa_net_step", "MiniBatchState",
+    "op_info", "path_attn", "path_attn_step", "retention", "retention_log_decay", "retention_step", "set_step_backend",
+    "set_value_checks", "simple_gla", "simple_gla_step", "softmax_attn", "softmax_attn_step", "titans", "titans_step",
+    "ttt_linear", "ttt_linear_step", "value_checks",
 ]
