@@ -43,6 +43,9 @@ def launch_overrides(family: str, launch: dict) -> dict:
         changes = json.loads(raw).get(family, {})
     except (ValueError, AttributeError) as exc:
         raise ValueError(f"LINATTN_TRITON_LAUNCH must be a JSON object of families, got {raw!r}") from exc
+    if not isinstance(changes, dict):
+        raise ValueError(f"LINATTN_TRITON_LAUNCH: the {family} entry must be a JSON object of launch keys, "
+                         f"got {changes!r}")
     unknown = sorted(set(changes) - set(launch))
     if unknown:
         raise ValueError(f"LINATTN_TRITON_LAUNCH: unknown {family} launch key(s) {unknown}; valid: {sorted(launch)}")

@@ -1,0 +1,100 @@
+"""The value-check switch: value_checks(False), set_value_checks and LINATTN_CHECK_VALUES=0 turn range
+checks off (a delta rule's beta outside [0, 1] then passes); the switch is restored after the block."""
+
+from __future__ import annotations
+
+import contextvars
+import importlib
+
+import pytest
+import torch
+
+from linattn.ops.common import values
+from linattn.ops.gated_delta_rule import gated_delta_rule
+from linattn.testing import l2norm, log_gate, randn
+
+B, T, H, K = 1, 6, 2, 4
+
+
+def _call(beta_value: float) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    q, k, v = randn(B, T, H, K, generator=g), l2norm(randn(B, T, H, K, generator=g)), randn(B, T, H, K, generator=g)
+    o, _ = gated_delta_rule(q, k, v, log_gate(B, T, H, generator=g), torch.full((B, T, H), beta_value),
+                            backend="recurrent")
+    return o
+
+
+def test_checks_are_on_by_default_and_reject_beta_out_of_range():
+    assert values.value_checks_enabled()
+    with pytest.raises(ValueError, match=r"beta must have values in \[0, 1\], got values in \[1.5, 1.5\]"):
+        _call(1.5)
+
+
+def test_value_checks_false_lets_the_call_through_and_restores_the_switch():
+    with values.value_checks(False):
+        assert not values.value_checks_enabled()
+        o = _call(1.5)
+    assert o.shape == (B, T, H, K) and torch.isfinite(o).all()
+    assert values.value_checks_enabled(), "the switch is back on after the block"
+    with pytest.raises(ValueError, match="beta must have values"):
+        _call(1.5)
+
+
+def test_the_switch_is_restored_after_an_exception_and_blocks_nest():
+    with pytest.raises(RuntimeError, match="inside"):
+        with values.value_checks(False):
+            raise RuntimeError("inside")
+    assert values.value_checks_enabled()
+    with values.value_checks(False):
+        with values.value_checks(True):
+            assert values.value_checks_enabled()
+            with pytest.raises(ValueError, match="beta must have values"):
+                _call(1.5)
+        assert not values.value_checks_enabled(), "the outer block's setting is back"
+    assert values.value_checks_enabled()
+
+
+def test_set_value_checks_turns_them_off_for_this_context_only():
+    def off_then_call() -> torch.Tensor:
+        values.set_value_checks(False)
+        return _call(1.5)
+
+    o = contextvars.copy_context().run(off_then_call)  # a copy: this test's context keeps checks on
+    assert torch.isfinite(o).all()
+    assert values.value_checks_enabled()
+    values.set_value_checks(False)
+    try:
+        assert torch.isfinite(_call(1.5)).all()
+    finally:
+        values.set_value_checks(True)
+    with pytest.raises(ValueError, match="beta must have values"):
+        _call(1.5)
+
+
+def test_switch_arguments_must_be_bools():
+    with pytest.raises(TypeError, match="enabled must be a bool, got int 0"):
+        values.set_value_checks(0)
+    with pytest.raises(TypeError, match="enabled must be a bool"):
+        with values.value_checks("no"):
+            pass
+    assert values.value_checks_enabled()
+
+
+@pytest.mark.parametrize("setting, enabled", [("0", False), ("1", True)])
+def test_environment_variable_sets_the_default(setting, enabled, monkeypatch):
+    monkeypatch.setenv("LINATTN_CHECK_VALUES", setting)
+    try:
+        importlib.reload(values)  # the default is read at import; the op's checks look it up in the module
+        assert values.value_checks_enabled() is enabled
+        if enabled:
+            with pytest.raises(ValueError, match="beta must have values"):
+                _call(1.5)
+        else:
+            assert torch.isfinite(_call(1.5)).all()
+            with values.value_checks(True):
+                with pytest.raises(ValueError, match="beta must have values"):
+                    _call(1.5)
+    finally:
+        monkeypatch.delenv("LINATTN_CHECK_VALUES")
+        importlib.reload(values)
+    assert values.value_checks_enabled()
