@@ -62,3 +62,37 @@ def test_bad_arguments():
         conv(torch.randn(2, 3, 5))
     with pytest.raises(ValueError, match="cache must have shape"):
         conv(torch.randn(2, 3, 4), torch.zeros(2, 2, 4))
+
+
+@pytest.mark.skipif("LINATTN_SHORTCONV_BACKEND" in __import__("os").environ,
+                    reason="LINATTN_SHORTCONV_BACKEND sets another class default")
+def test_auto_is_the_default_and_uses_the_multiply_adds_on_cpu(monkeypatch):
+    assert ShortConv.backend == "auto" and ShortConv(4).backend == "auto"
+    reference = ShortConv(4)
+    reference.backend = "muladd"
+    x = torch.randn(2, 6, 4)
+    want, want_cache = reference(x)
+
+    def other_backend(self, x, cache, backend):
+        raise AssertionError(f"the {backend!r} backend ran")
+
+    monkeypatch.setattr(ShortConv, "_forward_backend", other_backend)
+    conv = ShortConv(4)
+    conv.load_state_dict(reference.state_dict())
+    y, cache = conv(x)
+    assert torch.equal(y, want) and torch.equal(cache, want_cache)
+    conv.backend = "conv1d"  # the patched method is the one a non-muladd backend goes through
+    with pytest.raises(AssertionError, match="the 'conv1d' backend ran"):
+        conv(x)
+
+
+def test_invalid_backend_name_raises():
+    from linattn.layers import set_shortconv_backend
+
+    conv = ShortConv(4)
+    conv.backend = "fft"
+    with pytest.raises(ValueError, match="ShortConv.backend must be one of 'auto', 'muladd', 'conv1d', 'triton'; "
+                                         "got 'fft'"):
+        conv(torch.randn(1, 3, 4))
+    with pytest.raises(ValueError, match="backend must be one of .* got 'fft'"):
+        set_shortconv_backend(torch.nn.Sequential(ShortConv(4)), "fft")
