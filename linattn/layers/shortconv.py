@@ -8,13 +8,14 @@ Modes (DESIGN §4): "learned" (trainable kernel, default), and two fixed control
 T-token call followed by single-token calls equals one call over the whole sequence.
 
 Backends (``ShortConv.backend``, set on the class, an instance, or a whole model with
-:func:`set_shortconv_backend`): "auto" (default: "triton" for CUDA inputs of more than one token when
-Triton is importable, else "muladd"), "muladd" (W shifted multiply-adds), "conv1d" (``F.conv1d`` with
-groups = D on the channels-first view) and "triton" (shortconv_triton.py: fused forward and backward
-kernels; CUDA, or the CPU under TRITON_INTERPRET=1). All compute the same sum. The environment variable
-``LINATTN_SHORTCONV_BACKEND`` sets the class default. Measured on the H100
-(bf16, B=4, T=16384, D=2048-4096, W=4; docs/benchmarks.md): the Triton kernels are 7.9-9.2x faster than
-the multiply-adds forward and 3.9-4.3x forward+backward; conv1d is as slow as the multiply-adds.
+:func:`set_shortconv_backend`): "auto" (default; :func:`auto_backend`: the multiply-adds on the CPU,
+on CUDA conv1d for small inputs that need gradients and the Triton kernels otherwise), "muladd" (W
+shifted multiply-adds), "conv1d" (``F.conv1d`` with groups = D on the channels-first view) and "triton"
+(shortconv_triton.py: fused forward and backward kernels; CUDA, or the CPU under TRITON_INTERPRET=1).
+All compute the same sum. The environment variable ``LINATTN_SHORTCONV_BACKEND`` sets the class
+default. Measured on the H100 (bf16, B=4, W=4; docs/benchmarks.md): the Triton kernels are 2.0-9.2x
+faster than the multiply-adds forward, and forward+backward 3.9-4.3x at T=16384 (D=2048-4096); at
+T=2048, D=1024 conv1d was faster forward+backward (0.80 vs 1.25 ms).
 """
 
 from __future__ import annotations
@@ -28,6 +29,22 @@ from torch import nn
 CONV_MODES = ("learned", "shift", "identity")
 ACTIVATIONS = ("silu", None)
 CONV_BACKENDS = ("auto", "muladd", "conv1d", "triton")
+
+
+# On the H100 (bf16, W=4; docs/benchmarks.md) F.conv1d beat the Triton kernels forward+backward only for
+# the smallest measured input (B*T*D = 8.4M: 0.80 vs 1.25 ms); from 16.8M on, Triton was 1.2-4.3x faster,
+# and forward-only always (2.0-9.2x).
+CONV1D_MAX_TRAINING_NUMEL = 4 * 2048 * 1024
+
+
+def auto_backend(x: torch.Tensor) -> str:
+    """The backend "auto" picks for input x: multiply-adds on the CPU and for single tokens; on CUDA
+    conv1d for small inputs that need gradients, the Triton kernels otherwise (when importable)."""
+    if not x.is_cuda or x.shape[1] == 1:
+        return "muladd"
+    if torch.is_grad_enabled() and x.requires_grad and x.numel() <= CONV1D_MAX_TRAINING_NUMEL:
+        return "conv1d"
+    return "triton" if _triton_available() else "conv1d"
 
 
 def _triton_available() -> bool:
@@ -86,7 +103,7 @@ class ShortConv(nn.Module):
             raise ValueError(f"cache must have shape [B, W-1, D] = [{B}, {W - 1}, {D}], got {list(cache.shape)}")
         backend = self.backend
         if backend == "auto":
-            backend = "triton" if x.is_cuda and T > 1 and _triton_available() else "muladd"
+            backend = auto_backend(x)
         if backend != "muladd":
             return self._forward_backend(x, cache, backend)
         if cache is None:
