@@ -127,3 +127,19 @@ def test_command_line_smoke_set(tmp_path):
     assert len(ds) == LISTOPS_SMOKE["num_val"]
     assert all(LISTOPS_SMOKE["min_length"] < ds[i]["input_ids"].numel() < LISTOPS_SMOKE["max_length"]
                for i in range(len(ds)))
+
+
+def test_command_line_split_sizes(tmp_path, capsys):
+    from linattn.data.lra.__main__ import main
+
+    main(["listops", "--out", str(tmp_path), "--smoke", "--num-train", "50", "--num-val", "10", "--num-test", "10"])
+    folder = tmp_path / "listops-1000"
+    assert str(folder) in capsys.readouterr().out
+    for split, n in (("train", 50), ("val", 10), ("test", 10)):
+        with open(folder / f"basic_{split}.tsv", newline="") as f:
+            rows = list(csv.reader(f, delimiter="\t"))
+        assert rows[0] == ["Source", "Target"] and len(rows) - 1 == n, (split, len(rows) - 1)
+        assert len(get_task("listops", tmp_path, split)) == n
+    main(["listops", "--out", str(tmp_path / "one"), "--smoke", "--num-val", "3"])
+    assert len(get_task("listops", tmp_path / "one", "val")) == 3
+    assert len(get_task("listops", tmp_path / "one", "test")) == 200, "an unset split keeps the --smoke size"
