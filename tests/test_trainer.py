@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -256,3 +257,37 @@ def test_two_process_gloo_matches_one_process(tmp_path):
     assert [(r["split"], r["step"]) for r in two] == [(r["split"], r["step"]) for r in one]
     for a, b in zip(two, one):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-6), (a, b)
+
+
+class NaNGradientLM(TinyLM):
+    """TinyLM whose training forward number ``nan_at`` (0-based) makes the gradient of its logits NaN in
+    backward; the loss of that step stays finite."""
+
+    def __init__(self, nan_at: int) -> None:
+        super().__init__()
+        self.nan_at, self.train_calls = nan_at, 0
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
+        logits, _ = super().forward(x)
+        if self.training:
+            if self.train_calls == self.nan_at:
+                logits.register_hook(lambda g: torch.full_like(g, float("nan")))
+            self.train_calls += 1
+        return logits, None
+
+
+def test_non_finite_gradient_with_a_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
+    torch.manual_seed(0)
+    model = NaNGradientLM(nan_at=12)
+    data = ShiftSum()
+    trainer = Trainer(model, data, _config(), eval_data=data.make(64, torch.Generator().manual_seed(99)),
+                      out_dir=tmp_path)
+    with pytest.raises(NonFiniteLossError, match=r"non-finite gradient norm \(nan\) at step 13.*step 10\) is kept"):
+        trainer.fit()
+    assert trainer.step == 12, "the bad step did not count"
+    assert all(torch.isfinite(p).all() for p in model.parameters()), "the NaN gradient was not applied"
+    ckpt = load_checkpoint(tmp_path / "checkpoint.pt")
+    assert ckpt["step"] == 10
+    assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
+    train_rows = [r for r in read_metrics(tmp_path) if r["split"] == "train"]
+    assert [r["step"] for r in train_rows] == [5, 10] and all(math.isfinite(r["loss"]) for r in train_rows)
