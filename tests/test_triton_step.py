@@ -215,3 +215,26 @@ def test_decode_step_bench_runs(tmp_path):
     assert json.loads(out.read_text())["rows"] == rows
     for r in rows:
         assert r["fused_err_o"] < 1e-5 and r["fused_err_state"] < 1e-5 and r["fused_us"] > 0
+
+
+@pytest.mark.parametrize("name", ["retention", "linear_attn"])
+def test_retention_and_linear_attn_steps_use_the_fused_kernel(name, fused_backend):
+    """retention and linear_attn decode through the simple_gla step kernel: 30 fused steps == the
+    recurrent op (linear attention with its normaliser, which rides along as an extra value column)."""
+    from linattn.ops.linear_attn import linear_attn, linear_attn_step
+    from linattn.ops.retention import retention, retention_step
+
+    op, op_step = (retention, retention_step) if name == "retention" else (linear_attn, linear_attn_step)
+    kwargs = {} if name == "retention" else {"feature_map": "elu", "normalize": True}
+    T = 30
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, T, 2, 16, generator=gen).to(DEVICE) for _ in range(3))
+    o_ref, S_ref = op(q, k, v, output_final_state=True, backend="recurrent", **kwargs)
+    S, outs = None, []
+    with torch.no_grad():
+        for t in range(T):
+            o_t, S = op_step(q[:, t], k[:, t], v[:, t], state=S, **kwargs)
+            outs.append(o_t)
+    assert fused_backend["simple_gla"] == T  # every step ran on the fused kernel
+    assert_close(torch.stack(outs, 1), o_ref, 1e-5, f"{name}: {T} fused steps vs recurrent, outputs")
+    assert_close(S, S_ref, 1e-5, f"{name}: {T} fused steps vs recurrent, final state")
