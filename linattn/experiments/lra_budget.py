@@ -43,16 +43,22 @@ class StepTiming:
 
 def seconds_per_step(run_dir: Path) -> float:
     """Mean seconds per training step of a finished run, from the logged times of each phase (the
-    first logged row of a phase is its start: compilation and warm-up excluded)."""
-    spans = []
+    first logged row of a phase is its start: compilation and warm-up excluded). A span between two train
+    rows with an evaluation in it is left out: the trainer's clock runs on through evaluations, which
+    belong to the fixed cost."""
+    steps, secs = 0, 0.0
     for phase in ("pretrain", "finetune"):
         path = run_dir / phase
         if not (path / "metrics.jsonl").is_file():
             continue
-        rows = [(r["step"], r["time"]) for r in read_metrics(path) if r.get("split") == "train" and "time" in r]
-        if len(rows) >= 2:
-            spans.append((rows[-1][0] - rows[0][0], rows[-1][1] - rows[0][1]))
-    steps, secs = sum(s for s, _ in spans), sum(t for _, t in spans)
+        last = None  # (step, time) of the previous train row, None after an evaluation
+        for r in read_metrics(path):
+            if r.get("split") == "eval":
+                last = None
+            elif r.get("split") == "train" and "time" in r:
+                if last is not None:
+                    steps, secs = steps + r["step"] - last[0], secs + r["time"] - last[1]
+                last = (r["step"], r["time"])
     if steps <= 0:
         raise ValueError(f"{run_dir}: fewer than two logged train rows in a phase; lower train.log_every "
                          f"or raise the probe's steps")
