@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 from collections.abc import Callable
 
@@ -38,7 +37,7 @@ from linattn.ops.simple_gla import simple_gla_step
 from linattn.ops.simple_gla.reference import simple_gla_step_reference
 from linattn.testing import l2norm, rel_err
 
-from .timing import median_ms
+from .timing import format_row, median_ms, write_rows
 
 FAMILIES = ("simple_gla", "gla", "delta_rule", "gated_delta_rule")
 KERNEL_OF = {"simple_gla": "simple_gla", "gla": "gla", "delta_rule": "gated_delta_rule",
@@ -182,14 +181,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for B in _ints(a.B or ("1,16" if cuda else "1,2")):
             for row in bench_family(family, B, H, K, V, dtype, device, steps, repeats, fused_ok, a.sweep):
                 rows.append(row)
-                print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
-                      flush=True)
+                print(format_row(row), flush=True)
     if a.out:
         meta = {"device": torch.cuda.get_device_name(device) if cuda else "cpu", "torch": torch.__version__,
                 "step_launch": _launch()}
-        with open(a.out, "w") as f:
-            json.dump({"bench": "decode_step", **meta, "rows": rows}, f, indent=1)
-        print(f"wrote {a.out}", flush=True)
+        write_rows(a.out, "decode_step", meta, rows)
     return rows
 
 

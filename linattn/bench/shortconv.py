@@ -13,7 +13,6 @@ Rows are printed as they are measured; --out writes them all as JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
 import torch
@@ -21,7 +20,7 @@ import torch
 from linattn.layers.shortconv import ShortConv
 from linattn.testing import rel_err
 
-from .timing import median_ms
+from .timing import format_row, median_ms, write_rows
 
 BACKENDS = ("muladd", "conv1d", "triton")
 
@@ -97,13 +96,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for D in Ds:
             row = bench_shape(B, T, D, a.W, dtype, device, repeats, backends)
             rows.append(row)
-            print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+            print(format_row(row), flush=True)
     if a.out:
         meta = {"device": torch.cuda.get_device_name(device) if cuda else "cpu", "torch": torch.__version__,
                 "triton": _triton_version()}
-        with open(a.out, "w") as f:
-            json.dump({"bench": "shortconv", **meta, "rows": rows}, f, indent=1)
-        print(f"wrote {a.out}", flush=True)
+        write_rows(a.out, "shortconv", meta, rows)
     return rows
 
 

@@ -45,3 +45,17 @@ def cuda_peak_mb(fn: Callable[[], object], device: torch.device) -> float:
     fn()
     torch.cuda.synchronize(device)
     return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+
+
+def format_row(row: dict) -> str:
+    """One benchmark row as ``key=value`` pairs (floats to 4 significant digits), for progressive printing."""
+    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items())
+
+
+def write_rows(path: str, bench: str, meta: dict, rows: list[dict]) -> None:
+    """Write ``{"bench": bench, **meta, "rows": rows}`` as JSON to ``path`` and say so."""
+    import json
+
+    with open(path, "w") as f:
+        json.dump({"bench": bench, **meta, "rows": rows}, f, indent=1)
+    print(f"wrote {path}", flush=True)
