@@ -73,7 +73,7 @@ def lra_study(preset: str = "smoke", *, tasks: Sequence[str] = ("listops",), mod
               spt: Sequence[str] | None = None, data_dir: str | Path | None = None,
               seeds: Sequence[int] | None = None, train: dict | None = None, model: dict | None = None,
               task_options: dict | None = None, steps: dict[str, int] | None = None) -> Study:
-    """The study at ``preset`` ("smoke" or "full"), restricted to ``tasks``, ``models`` (labels of
+    """The study at ``preset`` ("smoke", "full" or "h100"), restricted to ``tasks``, ``models`` (labels of
     :data:`MODELS` or their mixer names) and ``spt`` modes; ``data_dir`` replaces the preset's (smoke:
     None = generate ListOps into the study folder); ``seeds``, ``train``, ``model`` and ``task_options``
     (partial dicts; the last of LRA task keys: ``pretrain_steps``, ``generate``, ``mask_ratio``) override
