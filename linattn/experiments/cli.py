@@ -19,6 +19,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", help="continue the newest folder of this study")
     parser.add_argument("--workers", type=int, default=None,
                         help="parallel run processes (default: 2 on CPU, 16 per GPU up to the CPU count)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads per run process (default: CPU count / workers on CPU, 1 on GPU)")
     parser.add_argument("--max-minutes", type=float, default=None,
                         help="stop (checkpointing running runs) after this many minutes; --resume continues")
     lra = parser.add_argument_group("lra study")
@@ -39,6 +41,8 @@ def cli_run(args: argparse.Namespace) -> int:
     (time budget), 1 when some runs failed."""
     import torch
 
+    if getattr(args, "threads", None) is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
     workers = args.workers
     if workers is None:
         gpus = max(1, torch.cuda.device_count())
@@ -55,6 +59,7 @@ def cli_run(args: argparse.Namespace) -> int:
         study, report = get_study(args.study, args.preset)
     budget = None if args.max_minutes is None else 60.0 * args.max_minutes
     outcome = run_study(study, args.out, resume=args.resume, workers=workers, device=args.device,
+                        threads=getattr(args, "threads", None),
                         time_budget_s=budget, write_report=report)
     print(f"{study.name}: {outcome.finished} runs finished, {outcome.pending} left; "
           f"report: {outcome.study_dir / 'report.md'}")

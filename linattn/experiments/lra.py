@@ -225,7 +225,7 @@ def lra_study_within_budget(args: argparse.Namespace, workers: int) -> Study:
         tasks = _names(getattr(args, "task", None)) or ["listops"]
         probe = lra_study_from_args(args, steps={t: PROBE_STEPS for t in tasks}, train={"log_every": 5})
         timings = measure(probe, Path(args.out) / "probe", workers=workers, device=args.device,
-                          probe_steps=PROBE_STEPS)
+                          probe_steps=PROBE_STEPS, threads=getattr(args, "threads", None))
         steps = steps_for_budget(timings, budget_s)
         save_budget(path, budget_s, steps, timings)
         for t in timings:

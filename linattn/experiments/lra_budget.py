@@ -65,10 +65,11 @@ def seconds_per_step(run_dir: Path) -> float:
     return secs / steps
 
 
-def measure(probe: Study, out_root: str | Path, *, workers: int, device: str, probe_steps: int) -> list[StepTiming]:
+def measure(probe: Study, out_root: str | Path, *, workers: int, device: str, probe_steps: int,
+            threads: int | None = None) -> list[StepTiming]:
     """Run ``probe`` (every run of the grid at ``probe_steps`` steps) in ``workers`` processes on
-    ``device`` and time each run."""
-    outcome = run_study(probe, out_root, workers=workers, device=device, progress=True,
+    ``device`` (``threads`` per process, as the real study will) and time each run."""
+    outcome = run_study(probe, out_root, workers=workers, device=device, progress=True, threads=threads,
                         write_report=lambda *args: None)
     if outcome.failed or outcome.pending:
         raise RuntimeError(f"the timing probe did not finish: {outcome.failed or f'{outcome.pending} runs left'}")
