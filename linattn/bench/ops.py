@@ -76,10 +76,12 @@ def _timed(call, inputs: dict, device: torch.device, repeats: int, budget_s: flo
 
 def bench_op(op: str, T: int, impl: str, *, B: int, H: int, K: int, V: int, dtype: torch.dtype,
              device: torch.device, repeats: int = 5, budget_s: float = 30.0, memory: bool = True,
-             fwdbwd: bool = True) -> BenchRow | None:
-    """Time one implementation ("recurrent", "parallel", "chunk", "triton", "fla", "sdpa") of ``op``."""
+             fwdbwd: bool = True, inputs: dict | None = None) -> BenchRow | None:
+    """Time one implementation ("recurrent", "parallel", "chunk", "triton", "fla", "sdpa") of ``op``
+    (``inputs``: the op's ``example_inputs`` at this shape, made here when None)."""
     spec = get_op(op)
-    inputs = spec.example_inputs(B, T, H, K, V, dtype=dtype, device=device)
+    if inputs is None:
+        inputs = spec.example_inputs(B, T, H, K, V, dtype=dtype, device=device)
     if impl == "sdpa":
         q, k, v = (inputs[n].transpose(1, 2) for n in ("q", "k", "v"))
         call = lambda x: F.scaled_dot_product_attention(x["q"], x["k"], x["v"], is_causal=True)
@@ -114,6 +116,16 @@ def run_ops_bench(ops: list[str], lengths: list[int], impls: list[str], *, B: in
     jobs = [(op, T, impl) for op in ops for T in lengths for impl in impls]
     rows: list[BenchRow] = []
     sdpa_done: set[int] = set()
+    cached: tuple[str, int, dict] | None = None  # one shape's inputs, shared by its impls (made on the CPU,
+    # for identical numbers on every device, which takes seconds at T = 65536)
+
+    def inputs_for(name: str, T: int) -> dict:
+        nonlocal cached
+        if cached is None or cached[:2] != (name, T):
+            cached = None  # free the previous shape first
+            cached = (name, T, get_op(name).example_inputs(B, T, H, K, V, dtype=dtype, device=device))
+        return cached[2]
+
     for op, T, impl in tqdm(jobs, disable=not progress, desc="bench ops"):
         if (impl == "recurrent" and T > max_recurrent_T) or (impl == "parallel" and T > max_parallel_T):
             continue
@@ -122,11 +134,11 @@ def run_ops_bench(ops: list[str], lengths: list[int], impls: list[str], *, B: in
                 continue
             sdpa_done.add(T)
             row = bench_op(ops[0], T, "sdpa", B=B, H=H, K=K, V=V, dtype=dtype, device=device, repeats=repeats,
-                           budget_s=budget_s, memory=memory)
+                           budget_s=budget_s, memory=memory, inputs=inputs_for(ops[0], T))
             row.op = "(sdpa causal)"
         else:
             row = bench_op(op, T, impl, B=B, H=H, K=K, V=V, dtype=dtype, device=device, repeats=repeats,
-                           budget_s=budget_s, memory=memory)
+                           budget_s=budget_s, memory=memory, inputs=inputs_for(op, T))
         if row is not None:
             rows.append(row)
             if on_row is not None:
