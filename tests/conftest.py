@@ -6,7 +6,18 @@ kernel is defined), so it is set here, before the test modules load.
 
 import os
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models: one torch thread is fastest and keeps a shared machine usable (restored afterwards).
+    Modules use it with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -7,20 +7,13 @@ import csv
 import json
 
 import pytest
-import torch
 import yaml
 
 from linattn.experiments import Study, aggregate, cli_run, run_study, shortconv_study
 from linattn.experiments.report import Cell
 from linattn.experiments.shortconv import CONV_PLACEMENTS, FULL_MIXERS, conclusion
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _tiny_study(**kw) -> dict:

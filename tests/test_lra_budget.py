@@ -7,7 +7,6 @@ import argparse
 import json
 
 import pytest
-import torch
 
 from linattn.experiments import lra, runner
 from linattn.experiments.lra import conclusion, lra_study, lra_study_from_args
@@ -24,13 +23,7 @@ from linattn.experiments.report import Cell
 from linattn.experiments.runner import RESULT_NAME
 from linattn.train.metrics import MetricsLog
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # -- seconds per step from the logged times ---------------------------------------------------------------

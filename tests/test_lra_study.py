@@ -20,12 +20,7 @@ TINY_TRAIN = {"max_steps": 6, "batch_size": 8, "warmup_steps": 2, "eval_every": 
 TINY_MODEL = {"d_model": 16, "n_layers": 1, "n_heads": 2}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

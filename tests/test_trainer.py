@@ -27,13 +27,7 @@ from linattn.train.schedule import warmup_cosine
 VOCAB = 8
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models: one thread is fastest and keeps a shared machine usable."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class TinyLM(nn.Module):

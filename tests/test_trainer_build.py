@@ -20,12 +20,7 @@ CONFIG = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_cli_train_writes_results_and_resumes(tmp_path, capsys):

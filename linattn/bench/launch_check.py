@@ -30,11 +30,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from linattn.bench.timing import median_ms
+from linattn.testing import rel_rmse
 
 FAMILIES = ("gated_delta_rule", "gla", "simple_gla")
 TOLERANCE = {torch.float32: 2e-4, torch.bfloat16: 3e-2}
@@ -96,37 +98,23 @@ def forward_backward(family: str, inputs: dict[str, torch.Tensor], do: torch.Ten
     return {"o": o.detach().float(), **{f"d{n}": t.grad.float() for n, t in leaves.items()}}
 
 
-def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    """||a - b|| / ||b|| (b the reference), in float64."""
-    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
-
-
 def check_case(family: str, case: Case, device: torch.device) -> dict:
     """Errors of the Triton op vs the float32 recurrence for one case, finiteness and pass/fail."""
     inputs = case_inputs(family, case, device)
     do = torch.randn(inputs["v"].shape, generator=torch.Generator().manual_seed(1)).to(device)
     ref = forward_backward(family, inputs, do, torch.float32, "recurrent")
     out = forward_backward(family, inputs, do, case.dtype, "triton")
-    errors = {n: relative_error(out[n], ref[n]) for n in ref}
+    errors = {n: rel_rmse(out[n], ref[n]) for n in ref}
     finite = all(bool(torch.isfinite(t).all()) for t in out.values())
     worst = max(errors.values())
     return dict(finite=finite, max_rel=worst, ok=finite and worst <= TOLERANCE[case.dtype], errors=errors)
 
 
 def time_case(family: str, case: Case, device: torch.device, warmup: int, repeats: int) -> float:
-    """Milliseconds per Triton forward+backward of ``case`` (mean over ``repeats`` after ``warmup``)."""
+    """Median milliseconds per Triton forward+backward of ``case`` after ``warmup`` calls."""
     inputs = case_inputs(family, case, device)
     do = torch.randn(inputs["v"].shape, generator=torch.Generator().manual_seed(1)).to(device)
-    for _ in range(warmup):
-        forward_backward(family, inputs, do, case.dtype, "triton")
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        forward_backward(family, inputs, do, case.dtype, "triton")
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return 1e3 * (time.perf_counter() - start) / repeats
+    return median_ms(lambda: forward_backward(family, inputs, do, case.dtype, "triton"), device, repeats, warmup)
 
 
 def worker(family: str, small: bool, device: torch.device) -> dict:

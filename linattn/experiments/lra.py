@@ -188,12 +188,17 @@ def _names(value: str | Sequence[str] | None) -> list[str] | None:
     return [x.strip() for x in items if x.strip()]
 
 
+def _tasks(args: argparse.Namespace) -> list[str]:
+    """The tasks of ``--task`` (default ListOps)."""
+    return _names(getattr(args, "task", None)) or ["listops"]
+
+
 def lra_study_from_args(args: argparse.Namespace, steps: dict[str, int] | None = None,
                         train: dict | None = None) -> Study:
     """The study of ``linattn run lra --preset P [--task T] [--model M] [--spt S] [--data-dir DIR] [--seeds S]
     [--steps N]``; each of --task, --model, --spt, --seeds takes a comma-separated list (or is repeated)
     and defaults to the preset's. ``steps`` (per task) overrides --steps."""
-    tasks = _names(getattr(args, "task", None)) or ["listops"]
+    tasks = _tasks(args)
     seeds = _names(getattr(args, "seeds", None))
     if seeds is not None:
         try:
@@ -222,8 +227,7 @@ def lra_study_within_budget(args: argparse.Namespace, workers: int) -> Study:
     path = Path(args.out) / BUDGET_FILE
     steps = load_budget(path, budget_s) if args.resume else None
     if steps is None:
-        tasks = _names(getattr(args, "task", None)) or ["listops"]
-        probe = lra_study_from_args(args, steps={t: PROBE_STEPS for t in tasks}, train={"log_every": 5})
+        probe = lra_study_from_args(args, steps={t: PROBE_STEPS for t in _tasks(args)}, train={"log_every": 5})
         timings = measure(probe, Path(args.out) / "probe", workers=workers, device=args.device,
                           probe_steps=PROBE_STEPS, threads=getattr(args, "threads", None))
         steps = steps_for_budget(timings, budget_s)

@@ -20,11 +20,14 @@ T=2048, D=1024 conv1d was faster forward+backward (0.80 vs 1.25 ms).
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from linattn.ops.common.triton_compat import triton_available
 
 CONV_MODES = ("learned", "shift", "identity")
 ACTIVATIONS = ("silu", None)
@@ -47,12 +50,7 @@ def auto_backend(x: torch.Tensor) -> str:
     return "triton" if _triton_available() else "conv1d"
 
 
-def _triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+_triton_available = functools.cache(triton_available)  # an import attempt, once per process
 
 
 class ShortConv(nn.Module):
@@ -60,7 +58,7 @@ class ShortConv(nn.Module):
 
     ``forward(x, cache=None) -> (y, cache)``: ``cache`` is ``None`` (zeros before the start) or the
     ``[B, W-1, D]`` inputs preceding ``x``; the returned cache holds the last W-1 inputs seen.
-    ``backend`` ("muladd", "conv1d", "triton"; module docstring) may be set on the class or an instance.
+    ``backend`` ("auto", "muladd", "conv1d", "triton"; module docstring) may be set on the class or an instance.
     """
 
     backend: str = os.environ.get("LINATTN_SHORTCONV_BACKEND", "auto")

@@ -53,8 +53,8 @@ def matrix_state_scan(
     """Run S_{n+1} = M_n S_n + R_n over n = 0..N-1 from S_0 = initial_state (None: zeros).
 
     ``M`` [N, *batch, K, K], ``R`` [N, *batch, K, V], ``initial_state`` [*batch, K, V] (all cast to the
-    promoted dtype of M and R). Returns (the states entering every chunk [N, *batch, K, V], the state after the last one
-    [*batch, K, V]). Differentiable in M, R and initial_state (first order).
+    promoted dtype of M and R). Returns (the states entering every chunk [N, *batch, K, V], the state
+    after the last one [*batch, K, V]). Differentiable in M, R and initial_state (first order).
     """
     N, *batch, K, V = R.shape
     # under autocast M and R can come out in different dtypes (matmul products in bf16, the rest float32)

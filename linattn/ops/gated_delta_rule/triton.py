@@ -352,11 +352,12 @@ def _grads_wy_kernel(k, p, v, beta, g, dd, dw, dk, dp, dv, dbeta, db, dg, T, H: 
 
 # Launch settings: fixed per head size (never tuned per sequence length). Chosen from the register use
 # and spills that ptxas reports for sm_90 at K = V = 128, C = 64 (bf16); not yet timed on a GPU.
-# wy_warps = 2: on the H100 with Triton 3.6, _grads_wy_kernel compiled with 4 or 8 warps made an illegal memory
-# access (bf16, K = 32, T = 1024) and NaN gradients in training, and missed the float32 strong-decay tolerance
-# (dg 6.6e-5 vs the recurrence); with 2 warps every case agrees (bf16 <= 5e-3, float32 strong decay 8.9e-6;
-# .carry-style probe in docs/triton.md). FLA reports the same Hopper miscompilation for its WY backward
-# (fla-org/flash-linear-attention#984, fixed there by 2 warps).
+# wy_warps = 2: on the H100 with Triton 3.6, _grads_wy_kernel compiled with 4 or 8 warps made an illegal
+# memory access (bf16, K = 32, T = 1024) and NaN gradients in training; with 8 warps (the old default) it
+# also missed the float32 strong-decay tolerance (dg 6.6e-5 vs the recurrence). With 2 warps every case
+# agrees (bf16 <= 5e-3, float32 strong decay 8.9e-6). FLA reports the same Hopper miscompilation for its
+# WY backward (fla-org/flash-linear-attention#984, fixed there by 2 warps). Re-check on a GPU with
+# `python -m linattn.bench.launch_check --family gated_delta_rule --configs '[{}, {"wy_warps": 4}]'`.
 LAUNCH = {"prep_BV": 64, "prep_warps": 8, "scan_BV": 32, "scan_warps": 8, "out_BV": 64, "out_warps": 8,
           "dv_BV": 64, "dv_warps": 4, "grads_BK": 64, "grads_BV": 64, "grads_warps": 8, "wy_BK": 64, "wy_warps": 2}
 launch_overrides("gated_delta_rule", LAUNCH)
