@@ -1,52 +1,169 @@
-"""Measure alternative launch settings of the Triton kernels on a GPU (run by hand on the device):
+"""Time alternative launch settings of a family's Triton kernels, kernel by kernel (run on a GPU):
 
-    python -m linattn.bench.triton_tune [--T 16384]
+    python -m linattn.bench.triton_tune --family gated_delta_rule [--T 16384] [--grid '{"scan": [{}, ...]}']
+        [--out tune.json]
 
-For each setting: forward and forward+backward time of simple_gla at the benchmark shape, and the
-error against the default setting (a setting that changes the numbers beyond rounding is a bug).
-The chosen defaults live in ``LAUNCH`` of each kernel module; they depend on the head dims only.
+A family's kernels each read their own ``LAUNCH`` keys (``linattn/ops/<family>/triton.py``), so the settings of
+different kernels do not interact. Run i sets every kernel group to its i-th candidate (groups with fewer
+candidates repeat their last), runs forward+backward of the family's op at the benchmark shape under
+torch.profiler, and records each kernel's device time (median of the repeats); the best candidate of each group
+is then the one whose kernels took least. Every run's outputs and gradients are compared with run 0's (the current
+``LAUNCH``): a candidate that changes the numbers beyond rounding (relative error > 1e-2, or not finite) is
+reported as wrong and never chosen. Results print as they come; ``--out`` writes them as JSON.
+A launch that miscompiles into an illegal memory access kills the process: check risky settings with
+``linattn.bench.launch_check`` (a process per setting) first.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
+import importlib
+import json
+import statistics
+from collections import defaultdict
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
-from linattn.ops.simple_gla import triton as sgla_triton
+from linattn.ops import get_op
 
-from .timing import median_ms
+# which LAUNCH group (prefix) each kernel of a family reads
+KERNEL_GROUPS = {
+    "gated_delta_rule": {"_prepare_kernel": "prep", "_state_fwd_kernel": "scan", "_output_fwd_kernel": "out",
+                         "_dv_local_kernel": "dv", "_state_bwd_kernel": "bscan", "_grads_qk_kernel": "grads",
+                         "_grads_wy_kernel": "wy"},
+    "gla": {"_state_fwd_kernel": "scan", "_scores_kernel": "scores", "_output_kernel": "out",
+            "_state_bwd_kernel": "bscan", "_inter_bwd_kernel": "inter", "_intra_bwd_kernel": "intra"},
+    "simple_gla": {"_state_fwd_kernel": "scan", "_output_fwd_kernel": "out", "_state_bwd_kernel": "bscan",
+                   "_grads_bwd_kernel": "grads"},
+}
 
 
-def tune_simple_gla(B: int = 4, T: int = 16384, H: int = 16, K: int = 128, V: int = 128) -> list[dict]:
-    dev = torch.device("cuda")
-    gen = torch.Generator(device=dev).manual_seed(0)
-    q, k, v = (torch.randn(B, T, H, d, device=dev, generator=gen, dtype=torch.bfloat16) for d in (K, K, V))
-    g = -0.1 * torch.rand(B, T, H, device=dev, generator=gen)
-    do = torch.randn_like(v)
-    default = dict(sgla_triton.LAUNCH)
-    results = []
-    ref = None
-    for BV, sw, ow, gBV, gw in itertools.product([32, 64], [4, 8], [4, 8], [32, 64], [4, 8]):
-        sgla_triton.LAUNCH.update(BV=BV, scan_warps=sw, out_warps=ow, grads_BV=gBV, grads_warps=gw)
-        fwd = lambda: sgla_triton.simple_gla_triton_forward(q, k, v, g, K ** -0.5, None, 64)
-        bwd = lambda: sgla_triton.simple_gla_triton_backward(q, k, v, g, K ** -0.5, None, 64, do, None)
-        out = bwd()
-        if ref is None:
-            ref = out
-        err = max(float((a.float() - b.float()).norm() / b.float().norm()) for a, b in zip(out, ref))
-        row = dict(BV=BV, scan_warps=sw, out_warps=ow, grads_BV=gBV, grads_warps=gw,
-                   fwd_ms=median_ms(fwd, dev, 10), bwd_ms=median_ms(bwd, dev, 10), err_vs_first=err)
-        print(row, flush=True)
-        results.append(row)
-    sgla_triton.LAUNCH.update(default)
-    return results
+def _candidates(group: str, warps=(2, 4, 8), stages=(2, 3), blocks: tuple[str, tuple[int, ...]] | None = None
+                ) -> list[dict]:
+    """{} first (the current setting), then every combination of warps, stages and one block key."""
+    out: list[dict] = [{}]
+    for b in (blocks[1] if blocks else (None,)):
+        for w in warps:
+            for s in stages:
+                c = {f"{group}_warps": w, f"{group}_stages": s}
+                if b is not None:
+                    c[blocks[0]] = b
+                out.append(c)
+    return out
+
+
+def default_grid(family: str) -> dict[str, list[dict]]:
+    """Candidate settings per kernel group (the wy group of the delta family is left to launch_check: some of its
+    settings miscompile on Hopper)."""
+    groups = sorted(set(KERNEL_GROUPS[family].values()) - {"wy"})
+    blocks = {"gated_delta_rule": {"scan": ("scan_BV", (32, 64)), "bscan": ("bscan_BV", (32, 64)),
+                                   "out": ("out_BV", (64, 128)), "dv": ("dv_BV", (64, 128)),
+                                   "grads": ("grads_BV", (32, 64))},
+              "gla": {"scan": ("scan_BK", (32, 64)), "inter": ("inter_BV", (32, 64)), "intra": ("intra_BK", (32, 64))},
+              "simple_gla": {"grads": ("grads_BV", (32, 64))}}[family]
+    return {g: _candidates(g, warps=(2, 4, 8) if g in ("scan", "bscan") else (4, 8), blocks=blocks.get(g))
+            for g in groups}
+
+
+def _inputs(family: str, B: int, T: int, H: int, K: int, V: int, device: str) -> dict:
+    spec = get_op(family)
+    inputs = spec.example_inputs(B, T, H, K, V, dtype=torch.bfloat16, device=device)
+    return {n: (x.requires_grad_(True) if isinstance(x, torch.Tensor) and x.is_floating_point() else x)
+            for n, x in inputs.items()}
+
+
+def _run(family: str, inputs: dict, repeats: int) -> tuple[list[torch.Tensor], dict[str, float]]:
+    """(output and gradients, median device ms per kernel name) of ``repeats`` forward+backward passes."""
+    spec = get_op(family)
+    leaves = [x for x in inputs.values() if isinstance(x, torch.Tensor) and x.requires_grad]
+
+    def step():
+        for x in leaves:
+            x.grad = None
+        o, _ = spec.fn(**inputs, backend="triton")
+        o.backward(torch.ones_like(o))
+        return o
+
+    o = step()  # compiles this setting's kernels
+    results = [o.detach().float()] + [x.grad.float() for x in leaves]
+    per_kernel: dict[str, list[float]] = defaultdict(list)
+    on_cuda = leaves[0].is_cuda
+    for _ in range(repeats):
+        with profile(activities=[ProfilerActivity.CUDA if on_cuda else ProfilerActivity.CPU]) as prof:
+            step()
+            if on_cuda:
+                torch.cuda.synchronize()
+        totals: dict[str, float] = defaultdict(float)
+        for ev in prof.events():
+            if ev.device_type == torch.autograd.DeviceType.CUDA:  # none on the CPU: only the errors are checked
+                totals[ev.name] += ev.device_time / 1e3
+        for name, ms in totals.items():
+            per_kernel[name].append(ms)
+    return results, {n: statistics.median(v) for n, v in per_kernel.items()}
+
+
+def tune(family: str, grid: dict[str, list[dict]], *, B: int = 4, T: int = 16384, H: int = 16, K: int = 128,
+         V: int = 128, repeats: int = 3, device: str = "cuda", on_row=print) -> dict:
+    """{"runs": [...], "best": {group: setting}}: see the module docstring."""
+    module = importlib.import_module(f"linattn.ops.{family}.triton")
+    default = dict(module.LAUNCH)
+    inputs = _inputs(family, B, T, H, K, V, device)
+    kernel_group = KERNEL_GROUPS[family]
+    n_runs = max(len(c) for c in grid.values())
+    runs, reference = [], None
+    try:
+        for i in range(n_runs):
+            setting = {g: c[min(i, len(c) - 1)] for g, c in grid.items()}
+            module.LAUNCH.clear()
+            module.LAUNCH.update(default)
+            for c in setting.values():
+                module.LAUNCH.update(c)
+            results, times = _run(family, inputs, repeats)
+            if reference is None:
+                reference = results
+            err = max(float((a - b).norm() / b.norm().clamp_min(1e-30)) for a, b in zip(results, reference))
+            finite = all(bool(torch.isfinite(a).all()) for a in results)
+            kernels = {n: round(ms, 4) for n, ms in times.items() if n in kernel_group}
+            row = {"run": i, "setting": setting, "kernels_ms": kernels, "total_ms": round(sum(times.values()), 4),
+                   "err_vs_run0": err, "ok": finite and err <= 1e-2}
+            runs.append(row)
+            on_row(json.dumps(row))
+    finally:
+        module.LAUNCH.clear()
+        module.LAUNCH.update(default)
+    best = {}
+    for group in grid:
+        names = [n for n, g in kernel_group.items() if g == group]
+        scored = [(sum(r["kernels_ms"].get(n, 0.0) for n in names), r["setting"][group]) for r in runs
+                  if r["ok"] and any(n in r["kernels_ms"] for n in names)]
+        if scored:
+            ms, choice = min(scored, key=lambda x: x[0])
+            first = scored[0][0]
+            best[group] = {"setting": choice, "ms": round(ms, 4), "run0_ms": round(first, 4)}
+    return {"family": family, "shape": dict(B=B, T=T, H=H, K=K, V=V), "default": default, "runs": runs, "best": best}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--family", choices=sorted(KERNEL_GROUPS), default="gated_delta_rule")
+    p.add_argument("--T", type=int, default=16384)
+    p.add_argument("--B", type=int, default=4)
+    p.add_argument("--H", type=int, default=16)
+    p.add_argument("--K", type=int, default=128)
+    p.add_argument("--V", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--grid", default=None, help="JSON {group: [setting, ...]} (default: default_grid(family))")
+    p.add_argument("--out", default=None)
+    a = p.parse_args(argv)
+    grid = json.loads(a.grid) if a.grid else default_grid(a.family)
+    result = tune(a.family, grid, B=a.B, T=a.T, H=a.H, K=a.K, V=a.V, repeats=a.repeats)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(result, f, indent=1)
+    for group, b in result["best"].items():
+        print(f"{a.family} {group}: best {b['setting']} {b['ms']} ms (current {b['run0_ms']} ms)")
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--T", type=int, default=16384)
-    rows = tune_simple_gla(T=parser.parse_args().T)
-    best = min(rows, key=lambda r: r["fwd_ms"] + r["bwd_ms"])
-    print("best:", best)
+    main()

@@ -1,10 +1,12 @@
 """Turning a gated linear RNN's Triton forward and backward into a differentiable backend.
 
-simple_gla and gla share the calling convention ``forward(q, k, v, g, scale, initial_state, C) ->
-(o, final_state)`` and ``backward(q, k, v, g, scale, initial_state, C, do, d_final_state) ->
-(dq, dk, dv, dg, d_initial_state)``. :func:`gated_rnn_backend` registers the two as
-``torch.library`` custom ops (so ``torch.compile`` graphs do not break on them), wires autograd,
-and returns the ``backend="triton"`` implementation with the op's keyword signature.
+simple_gla and gla share the calling convention ``forward(q, k, v, g, scale, initial_state, C, keep) ->
+(o, final_state, *saved)`` and ``backward(q, k, v, g, scale, initial_state, C, do, d_final_state, saved) ->
+(dq, dk, dv, dg, d_initial_state)``: with ``keep`` (a backward pass will follow) the forward may return up to two
+intermediate tensors (``saved``; e.g. gla's chunk states and intra-chunk scores) that the backward then reads
+instead of recomputing them; ``saved`` holds None where nothing was kept. :func:`gated_rnn_backend` registers the
+two as ``torch.library`` custom ops (so ``torch.compile`` graphs do not break on them), wires autograd, and
+returns the ``backend="triton"`` implementation with the op's keyword signature.
 """
 
 from __future__ import annotations
@@ -16,18 +18,28 @@ import torch
 from .checks import CHUNK_SIZES
 
 
-def gated_rnn_backend(name: str, forward: Callable, backward: Callable) -> Callable:
+def _no_saved(q, k, v, g, chunk_size):
+    return ()
+
+
+def gated_rnn_backend(name: str, forward: Callable, backward: Callable, saved_like: Callable = _no_saved
+                      ) -> Callable:
     """Register ``linattn::<name>_fwd`` / ``_bwd`` and return the implementation
-    ``impl(q, k, v, g, *, scale, initial_state=None, output_final_state=False, chunk_size=64)``."""
+    ``impl(q, k, v, g, *, scale, initial_state=None, output_final_state=False, chunk_size=64)``.
+    ``saved_like(q, k, v, g, chunk_size)``: empty tensors shaped like what the forward keeps (for tracing)."""
 
     def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, initial_state: torch.Tensor | None,
-            scale: float, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return forward(q, k, v, g, scale, initial_state, chunk_size)
+            scale: float, chunk_size: int, keep: bool = False
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        o, ht, *saved = forward(q, k, v, g, scale, initial_state, chunk_size, keep)
+        return o, ht, *_pad_saved(q, saved)
 
     def bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, initial_state: torch.Tensor | None,
-            scale: float, chunk_size: int, do: torch.Tensor, dht: torch.Tensor | None
+            scale: float, chunk_size: int, do: torch.Tensor, dht: torch.Tensor | None,
+            saved0: torch.Tensor | None = None, saved1: torch.Tensor | None = None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        return backward(q, k, v, g, scale, initial_state, chunk_size, do, dht)
+        saved = tuple(None if x is None or x.numel() == 0 else x for x in (saved0, saved1))
+        return backward(q, k, v, g, scale, initial_state, chunk_size, do, dht, saved)
 
     fwd_op = torch.library.custom_op(f"linattn::{name}_fwd", fwd, mutates_args=())
     bwd_op = torch.library.custom_op(f"linattn::{name}_bwd", bwd, mutates_args=())
@@ -37,24 +49,25 @@ def gated_rnn_backend(name: str, forward: Callable, backward: Callable) -> Calla
         return q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32)
 
     @fwd_op.register_fake
-    def _(q, k, v, g, initial_state, scale, chunk_size):
-        return torch.empty_like(v), final_state_like(q, v)
+    def _(q, k, v, g, initial_state, scale, chunk_size, keep=False):
+        saved = saved_like(q, k, v, g, chunk_size) if keep else ()
+        return torch.empty_like(v), final_state_like(q, v), *_pad_saved(q, saved)
 
     @bwd_op.register_fake
-    def _(q, k, v, g, initial_state, scale, chunk_size, do, dht):
+    def _(q, k, v, g, initial_state, scale, chunk_size, do, dht, saved0=None, saved1=None):
         return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g),
                 final_state_like(q, v))
 
     def setup_context(ctx, inputs, output):
-        q, k, v, g, initial_state, scale, chunk_size = inputs
-        ctx.save_for_backward(q, k, v, g, initial_state)
+        q, k, v, g, initial_state, scale, chunk_size, keep = inputs
+        ctx.save_for_backward(q, k, v, g, initial_state, output[2], output[3])
         ctx.scale, ctx.chunk_size = scale, chunk_size
 
-    def backward_rule(ctx, do, dht):
-        q, k, v, g, initial_state = ctx.saved_tensors
+    def backward_rule(ctx, do, dht, d_saved0, d_saved1):
+        q, k, v, g, initial_state, saved0, saved1 = ctx.saved_tensors
         dq, dk, dv, dg, dh0 = bwd_op(q, k, v, g, initial_state, ctx.scale, ctx.chunk_size, do.contiguous(),
-                                     None if dht is None else dht.contiguous())
-        return dq, dk, dv, dg, (dh0 if initial_state is not None else None), None, None
+                                     None if dht is None else dht.contiguous(), saved0, saved1)
+        return dq, dk, dv, dg, (dh0 if initial_state is not None else None), None, None, None
 
     fwd_op.register_autograd(backward_rule, setup_context=setup_context)
 
@@ -66,10 +79,21 @@ def gated_rnn_backend(name: str, forward: Callable, backward: Callable) -> Calla
         dtype = q.dtype if q.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
         q, k, v = (x.to(dtype).contiguous() for x in (q, k, v))
         s0 = None if initial_state is None else initial_state.float().contiguous()
-        o, ht = fwd_op(q, k, v, g.float().contiguous(), s0, float(scale), chunk_size)
+        # the kernels read g in its own dtype (bf16 gates: half the bytes of float32) and compute in float32
+        g = g.contiguous() if g.dtype in (torch.bfloat16, torch.float16, torch.float32) else g.float().contiguous()
+        keep = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, g, s0))
+        o, ht, _, _ = fwd_op(q, k, v, g, s0, float(scale), chunk_size, keep)
         return o, (ht if output_final_state else None)
 
     implementation.__name__ = implementation.__qualname__ = name
     implementation.__doc__ = (f"backend='triton' ({name}): Triton kernels forward and backward, inputs validated by "
                               "the public op; chunk_size 16, 32, 64 or 128.")
     return implementation
+
+
+def _pad_saved(q: torch.Tensor, saved) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exactly two tensors: what the forward kept, then empty tensors (custom ops have a fixed number of outputs)."""
+    saved = [x for x in saved if x is not None]
+    if len(saved) > 2:
+        raise ValueError(f"a gated RNN forward may keep at most two tensors, got {len(saved)}")
+    return tuple(saved) + tuple(q.new_empty(0) for _ in range(2 - len(saved)))

@@ -53,6 +53,14 @@ def launch_overrides(family: str, launch: dict) -> dict:
     return launch
 
 
+def launch_options(launch: dict, kernel: str, dtype: torch.dtype, float32_stages: int | None = None) -> dict:
+    """``num_warps`` and ``num_stages`` of ``kernel`` from a family's ``launch`` dict (keys "<kernel>_warps",
+    "<kernel>_stages"); float32 inputs get ``float32_stages`` (None: Triton's default) instead, since their
+    tiles take twice the shared memory per stage."""
+    stages = float32_stages if dtype == torch.float32 else launch[f"{kernel}_stages"]
+    return {"num_warps": launch[f"{kernel}_warps"], **({} if stages is None else {"num_stages": stages})}
+
+
 def block(n: int) -> int:
     """Power-of-two block covering n (at least 16, the smallest tl.dot size)."""
     return max(16, triton.next_power_of_2(n))

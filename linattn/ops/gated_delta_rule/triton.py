@@ -47,7 +47,7 @@ import triton.language as tl
 
 from ..common.triton_tril import unit_lower_inverse
 from ..common.triton_utils import block as _block
-from ..common.triton_utils import dot_precision, launch_overrides, mm, upcast_dots
+from ..common.triton_utils import dot_precision, launch_options, launch_overrides, mm, upcast_dots
 from ..simple_gla.triton import _output_fwd_kernel, _state_dtype
 
 
@@ -81,10 +81,11 @@ def _read_key(p, kc, offs, mask, HAS_P: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["T"])
-def _prepare_kernel(k, p, v, beta, g, w, u, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
-                    BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, HAS_P: tl.constexpr,
-                    PREC: tl.constexpr, UP: tl.constexpr):
-    """Grid (N, B*H): Tm = (I + A)^-1, W = Tm diag(beta gamma) R, U = Tm diag(beta) V of one chunk."""
+def _prepare_kernel(k, p, v, beta, g, tm, w, u, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, HAS_P: tl.constexpr,
+                    TM_MODE: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+    """Grid (N, B*H): Tm = (I + A)^-1, W = Tm diag(beta gamma) R, U = Tm diag(beta) V of one chunk.
+    TM_MODE 0: Tm computed; 1: computed and stored to tm [B, T, H, C]; 2: loaded from tm (no A, no inverse)."""
     n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
@@ -97,7 +98,14 @@ def _prepare_kernel(k, p, v, beta, g, w, u, T, H: tl.constexpr, K: tl.constexpr,
     bet = tl.load(beta + r0 + row, mask=m_t, other=0.0).to(tl.float32)
     kc = tl.load(k + r0 * K + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
     pc = _read_key(p, kc, r0 * K + row[:, None] * K + o_k[None, :], m_ck, HAS_P)
-    Tq = unit_lower_inverse(mm(pc, tl.trans(kc), PREC, UP) * _decay(b, o_c, True) * bet[:, None], C, PREC).to(kc.dtype)
+    tc = r0 * C + row[:, None] * C + o_c[None, :]
+    if TM_MODE == 2:
+        Tq = tl.load(tm + tc, mask=m_t[:, None], other=0.0)
+    else:
+        Tq = unit_lower_inverse(mm(pc, tl.trans(kc), PREC, UP) * _decay(b, o_c, True) * bet[:, None], C,
+                                PREC).to(kc.dtype)
+        if TM_MODE == 1:
+            tl.store(tm + tc, Tq.to(tm.dtype.element_ty), mask=m_t[:, None])
     kb = (pc.to(tl.float32) * (bet * tl.exp(b))[:, None]).to(kc.dtype)
     tl.store(w + r0 * K + row[:, None] * K + o_k[None, :], mm(Tq, kb, PREC, UP).to(w.dtype.element_ty), mask=m_ck)
     for i_v in range(tl.cdiv(V, BV)):
@@ -268,13 +276,15 @@ def _grads_qk_kernel(q, k, g, h, dlt, dd, do, dh, dq, dk, dw, db, scale, T, H: t
 
 
 @triton.jit(do_not_specialize=["T"])
-def _grads_wy_kernel(k, p, v, beta, g, dd, dw, dk, dp, dv, dbeta, db, dg, T, H: tl.constexpr, K: tl.constexpr,
+def _grads_wy_kernel(k, p, v, beta, g, tm, dd, dw, dk, dp, dv, dbeta, db, dg, T, H: tl.constexpr, K: tl.constexpr,
                      V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NKQ: tl.constexpr,
                      USE_G: tl.constexpr, HAS_P: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
     """Grid (N, B*H), looping over value and key blocks: the gradients through W = Tm diag(beta gamma) R,
-    U = Tm diag(beta) V and Tm = (I + A)^-1 (recomputed): dv, dbeta, dp (HAS_P; else added to dk), the rest
-    of dk (added to dk), and dg = reverse cumulative sum within the chunk of db_t (db: NKQ shares of the part
-    from o and S')."""
+    U = Tm diag(beta) V and Tm = (I + A)^-1 (Tm read from tm, kept by the forward pass): dv, dbeta, dp (HAS_P;
+    else added to dk), the rest of dk (added to dk), and dg = reverse cumulative sum within the chunk of db_t
+    (db: NKQ shares of the part from o and S'). The terms of A's gradient in beta and the gate,
+    sum_s dA_ts D_ts (p_t . k_s), are formed from the products (dA ⊙ D) K and (dA ⊙ D)^T diag(beta) R that dp
+    and dk need anyway."""
     n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_c = tl.arange(0, C)
@@ -286,14 +296,7 @@ def _grads_wy_kernel(k, p, v, beta, g, dd, dw, dk, dp, dv, dbeta, db, dg, T, H: 
     b, b_last = _chunk_gate(g + r0, row, m_t, o_c, C, USE_G)
     gam = tl.exp(b)
     bg = bet * gam
-    KK = tl.zeros([C, C], dtype=tl.float32)  # R K^T
-    for i_k in range(tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        ck = row[:, None] * K + o_k[None, :]
-        m_ck = m_t[:, None] & (o_k[None, :] < K)
-        kc = tl.load(k + r0 * K + ck, mask=m_ck, other=0.0)
-        KK += mm(_read_key(p, kc, r0 * K + ck, m_ck, HAS_P), tl.trans(kc), PREC, UP)
-    Tq = unit_lower_inverse(KK * _decay(b, o_c, True) * bet[:, None], C, PREC).to(k.dtype.element_ty)
+    Tq = tl.load(tm + r0 * C + row[:, None] * C + o_c[None, :], mask=m_t[:, None], other=0.0)
     dTm = tl.zeros([C, C], dtype=tl.float32)
     dbet = tl.zeros([C], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):  # U = Tm diag(beta) V
@@ -323,8 +326,10 @@ def _grads_wy_kernel(k, p, v, beta, g, dd, dw, dk, dp, dv, dbeta, db, dg, T, H: 
     # Tm = (I + A)^-1 with A_ts = beta_t (p_t . k_s) D_ts (s < t)
     dA = -mm(mm(tl.trans(Tq), dTm.to(Tq.dtype), PREC, UP).to(Tq.dtype), tl.trans(Tq), PREC, UP)
     dAD = dA * _decay(b, o_c, True)
-    dAb = (dAD * bet[:, None]).to(Tq.dtype)
+    dAl = dAD.to(Tq.dtype)
     dAt = tl.trans(dAD).to(Tq.dtype)
+    a_row = tl.zeros([C], dtype=tl.float32)  # sum_s dAD_ts (p_t . k_s)
+    a_col = tl.zeros([C], dtype=tl.float32)  # sum_t dAD_ts beta_t (p_t . k_s)
     for i_k in range(tl.cdiv(K, BK)):  # dp: through W (Tm^T dW, recomputed) and A; dk: through A
         o_k = i_k * BK + tl.arange(0, BK)
         ck = row[:, None] * K + o_k[None, :]
@@ -332,19 +337,20 @@ def _grads_wy_kernel(k, p, v, beta, g, dd, dw, dk, dp, dv, dbeta, db, dg, T, H: 
         kc = tl.load(k + r0 * K + ck, mask=m_ck, other=0.0)
         pc = _read_key(p, kc, r0 * K + ck, m_ck, HAS_P)
         dW = tl.load(dw + r0 * K + ck, mask=m_ck, other=0.0)
-        dkv = mm(tl.trans(Tq), dW.to(Tq.dtype), PREC, UP) * bg[:, None] + mm(dAb, kc, PREC, UP)  # dp
+        dAk = mm(dAl, kc, PREC, UP)  # (dA ⊙ D) K
+        a_row += tl.sum(pc.to(tl.float32) * dAk, axis=1)
+        dkv = mm(tl.trans(Tq), dW.to(Tq.dtype), PREC, UP) * bg[:, None] + dAk * bet[:, None]  # dp
         if HAS_P:
             tl.store(dp + r0 * K + ck, dkv.to(dp.dtype.element_ty), mask=m_ck)
             dkv = tl.zeros([C, BK], dtype=tl.float32)
-        dkv += mm(dAt, (pc.to(tl.float32) * bet[:, None]).to(pc.dtype), PREC, UP)
-        dkv += tl.load(dk + r0 * K + ck, mask=m_ck, other=0.0).to(tl.float32)
+        dAp = mm(dAt, (pc.to(tl.float32) * bet[:, None]).to(pc.dtype), PREC, UP)  # (dA ⊙ D)^T diag(beta) R
+        a_col += tl.sum(kc.to(tl.float32) * dAp, axis=1)
+        dkv += dAp + tl.load(dk + r0 * K + ck, mask=m_ck, other=0.0).to(tl.float32)
         tl.store(dk + r0 * K + ck, dkv.to(dk.dtype.element_ty), mask=m_ck)
-    dAK = dAD * KK
-    dbet += tl.sum(dAK, axis=1)
+    dbet += a_row
     tl.store(dbeta + r0 + row, dbet, mask=m_t)
     if USE_G:
-        AA = dAK * bet[:, None]
-        dbv = bet * y + tl.sum(AA, axis=1) - tl.sum(AA, axis=0)
+        dbv = bet * y + bet * a_row - a_col
         for i_k in range(NKQ):
             dbv += tl.load(db + i_k * (tl.num_programs(1).to(tl.int64) * T) + r0 + row, mask=m_t, other=0.0)
         tl.store(dg + r0 + row, tl.cumsum(dbv, axis=0, reverse=True), mask=m_t)
@@ -358,8 +364,12 @@ def _grads_wy_kernel(k, p, v, beta, g, dd, dw, dk, dp, dv, dbeta, db, dg, T, H: 
 # agrees (bf16 <= 5e-3, float32 strong decay 8.9e-6). FLA reports the same Hopper miscompilation for its
 # WY backward (fla-org/flash-linear-attention#984, fixed there by 2 warps). Re-check on a GPU with
 # `python -m linattn.bench.launch_check --family gated_delta_rule --configs '[{}, {"wy_warps": 4}]'`.
-LAUNCH = {"prep_BV": 64, "prep_warps": 8, "scan_BV": 32, "scan_warps": 8, "out_BV": 64, "out_warps": 8,
-          "dv_BV": 64, "dv_warps": 4, "grads_BK": 64, "grads_BV": 64, "grads_warps": 8, "wy_BK": 64, "wy_warps": 2}
+# "<kernel>_stages" is the software-pipelining depth of bf16/fp16 inputs (float32 always runs with 1); "scan" is the
+# forward state scan, "bscan" the reverse one.
+LAUNCH = {"prep_BV": 64, "prep_warps": 4, "prep_stages": 3, "scan_BV": 64, "scan_warps": 4, "scan_stages": 3,
+          "out_BV": 128, "out_warps": 4, "out_stages": 3, "dv_BV": 128, "dv_warps": 4, "dv_stages": 3,
+          "bscan_BV": 32, "bscan_warps": 4, "bscan_stages": 3, "grads_BK": 64, "grads_BV": 64, "grads_warps": 4,
+          "grads_stages": 3, "wy_BK": 64, "wy_BV": 32, "wy_warps": 4, "wy_stages": 3}
 launch_overrides("gated_delta_rule", LAUNCH)
 
 
@@ -367,21 +377,26 @@ def _launch_args(x: torch.Tensor) -> tuple[str, bool]:
     return dot_precision(x.dtype), upcast_dots(x.dtype)
 
 
-def _options(x: torch.Tensor, warps: str) -> dict[str, int]:
-    """num_warps from LAUNCH; float32 tiles are twice as large, so their loops are not software-pipelined
-    (three stages of the backward scan's float32 tiles would exceed an H100's shared memory at K = V = 128)."""
-    return {"num_warps": LAUNCH[warps], **({"num_stages": 1} if x.dtype == torch.float32 else {})}
+def _options(x: torch.Tensor, kernel: str) -> dict[str, int]:
+    """num_warps and num_stages of ``kernel`` from LAUNCH; float32 loops are not software-pipelined (three stages
+    of the backward scan's float32 tiles would exceed an H100's shared memory at K = V = 128)."""
+    return launch_options(LAUNCH, kernel, x.dtype, float32_stages=1)
 
 
-def _prepare(k, v, beta, g, C, p=None):
-    """W [B, T, H, K] and U [B, T, H, V] in the input dtype (p None: read key = k)."""
+def _prepare(k, v, beta, g, C, p=None, tm=None, keep_tm=False):
+    """W [B, T, H, K] and U [B, T, H, V] in the input dtype (p None: read key = k), and Tm [B, T, H, C] (input
+    dtype) when ``keep_tm`` (else None). With ``tm`` given, Tm is read from it instead of being recomputed."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     w, u = torch.empty_like(k), torch.empty_like(v)
+    mode = 2 if tm is not None else 1 if keep_tm else 0
+    if keep_tm:
+        tm = torch.empty(B, T, H, C, device=k.device, dtype=k.dtype)
     _prepare_kernel[(triton.cdiv(T, C), B * H)](
-        k, k if p is None else p, v, beta, w if g is None else g, w, u, T, H, K, V, C, _block(K),
-        min(LAUNCH["prep_BV"], _block(V)), g is not None, p is not None, *_launch_args(k), **_options(k, "prep_warps"))
-    return w, u
+        k, k if p is None else p, v, beta, w if g is None else g, w if tm is None else tm, w, u, T, H, K, V, C,
+        _block(K), min(LAUNCH["prep_BV"], _block(V)), g is not None, p is not None, mode, *_launch_args(k),
+        **_options(k, "prep"))
+    return w, u, (tm if keep_tm else None)
 
 
 def _states(k, w, u, g, initial_state, C):
@@ -395,7 +410,7 @@ def _states(k, w, u, g, initial_state, C):
     BV = min(LAUNCH["scan_BV"], _block(V))
     _state_fwd_kernel[(triton.cdiv(V, BV), B * H)](
         k, w, u, ht if g is None else g, h, dlt, ht if initial_state is None else initial_state, ht, T, H, K, V, C,
-        _block(K), BV, g is not None, initial_state is not None, *_launch_args(k), **_options(k, "scan_warps"))
+        _block(K), BV, g is not None, initial_state is not None, *_launch_args(k), **_options(k, "scan"))
     return h, dlt, ht
 
 
@@ -406,38 +421,41 @@ def _output(q, k, dlt, g, h, scale, C):
     o = torch.empty_like(dlt)
     BV = min(LAUNCH["out_BV"], _block(V))
     _output_fwd_kernel[(triton.cdiv(V, BV), triton.cdiv(T, C), B * H)](
-        q, k, dlt, g, h, o, scale, T, H, K, V, C, _block(K), BV, *_launch_args(q), **_options(q, "out_warps"))
+        q, k, dlt, g, h, o, scale, T, H, K, V, C, _block(K), BV, *_launch_args(q), **_options(q, "out"))
     return o
 
 
-def gated_delta_triton_forward(q, k, v, g, beta, scale, initial_state, C, p=None):
-    """Forward pass: (o, final state float32). Inputs contiguous [B, T, H, *]; g (or None), beta float32 [B, T, H];
-    p (or None: p = k) like k."""
-    w, u = _prepare(k, v, beta, g, C, p)
+def gated_delta_triton_forward(q, k, v, g, beta, scale, initial_state, C, p=None, keep_tm=False):
+    """Forward pass: (o, final state float32, Tm [B, T, H, C] for the backward pass, or None unless ``keep_tm``).
+    Inputs contiguous [B, T, H, *]; g (or None), beta float32 [B, T, H]; p (or None: p = k) like k."""
+    w, u, tm = _prepare(k, v, beta, g, C, p, keep_tm=keep_tm)
     h, dlt, ht = _states(k, w, u, g, initial_state, C)
-    return _output(q, k, dlt, g, h, scale, C), ht
+    return _output(q, k, dlt, g, h, scale, C), ht, tm
 
 
-def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, dht, p=None):
+def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, dht, p=None, tm=None):
     """Backward pass: (dq, dk, dv, dg (zeros when g is None), dbeta, d_initial_state, dp (None when p is None:
-    the read key's gradient is then part of dk))."""
+    the read key's gradient is then part of dk)). ``tm``: the forward pass's Tm (recomputed when None)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     N = triton.cdiv(T, C)
     BK = _block(K)
     gp = beta if g is None else g  # pointer placeholder when there is no gate
-    w, u = _prepare(k, v, beta, g, C, p)
+    if tm is None:
+        w, u, tm = _prepare(k, v, beta, g, C, p, keep_tm=True)
+    else:
+        w, u, _ = _prepare(k, v, beta, g, C, p, tm=tm)
     h, dlt, _ = _states(k, w, u, g, initial_state, C)
     dd = torch.empty_like(dlt)
     BV = min(LAUNCH["dv_BV"], _block(V))
     _dv_local_kernel[(triton.cdiv(V, BV), N, B * H)](q, k, gp, do, dd, scale, T, H, K, V, C, BK, BV, g is not None,
-                                                     *_launch_args(q), **_options(q, "dv_warps"))
+                                                     *_launch_args(q), **_options(q, "dv"))
     dh = torch.empty_like(h)
     dh0 = torch.empty(B, H, K, V, device=q.device, dtype=torch.float32)
-    BV = min(LAUNCH["scan_BV"], _block(V))
+    BV = min(LAUNCH["bscan_BV"], _block(V))
     _state_bwd_kernel[(triton.cdiv(V, BV), B * H)](
         q, k, w, gp, do, dd, dh, dh0 if dht is None else dht, dh0, scale, T, H, K, V, C, BK, BV, g is not None,
-        dht is not None, *_launch_args(q), **_options(q, "scan_warps"))
+        dht is not None, *_launch_args(q), **_options(q, "bscan"))
     dq, dk, dv, dw = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(w)
     dbeta = torch.empty_like(beta)
     dg = torch.zeros_like(beta) if g is None else torch.empty_like(g)
@@ -447,41 +465,47 @@ def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, d
     db = dg if g is None else torch.empty(NKQ, *g.shape, device=g.device, dtype=torch.float32)
     BV = min(LAUNCH["grads_BV"], _block(V))
     _grads_qk_kernel[(NKQ, N, B * H)](q, k, gp, h, dlt, dd, do, dh, dq, dk, dw, db, scale, T, H, K, V, C, BKQ, BV,
-                                      g is not None, *_launch_args(q), **_options(q, "grads_warps"))
+                                      g is not None, *_launch_args(q), **_options(q, "grads"))
     dp = None if p is None else torch.empty_like(p)
-    _grads_wy_kernel[(N, B * H)](k, k if p is None else p, v, beta, gp, dd, dw, dk, dk if p is None else dp, dv,
-                                 dbeta, db, dg, T, H, K, V, C, min(LAUNCH["wy_BK"], BK), BV, NKQ, g is not None,
-                                 p is not None, *_launch_args(q), **_options(q, "wy_warps"))
+    _grads_wy_kernel[(N, B * H)](k, k if p is None else p, v, beta, gp, tm, dd, dw, dk, dk if p is None else dp, dv,
+                                 dbeta, db, dg, T, H, K, V, C, min(LAUNCH["wy_BK"], BK),
+                                 min(LAUNCH["wy_BV"], _block(V)), NKQ, g is not None, p is not None,
+                                 *_launch_args(q), **_options(q, "wy"))
     return dq, dk, dv, dg, dbeta, dh0, dp
 
 
 @torch.library.custom_op("linattn::gated_delta_rule_triton_fwd", mutates_args=())
 def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, beta: torch.Tensor,
-            initial_state: torch.Tensor | None, scale: float, chunk_size: int, p: torch.Tensor | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor]:
-    return gated_delta_triton_forward(q, k, v, g, beta, scale, initial_state, chunk_size, p)
+            initial_state: torch.Tensor | None, scale: float, chunk_size: int, p: torch.Tensor | None = None,
+            keep_tm: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(o, final state, Tm [B, T, H, C] kept for the backward pass when ``keep_tm``, else an empty tensor)."""
+    o, ht, tm = gated_delta_triton_forward(q, k, v, g, beta, scale, initial_state, chunk_size, p, keep_tm)
+    return o, ht, (q.new_empty(0) if tm is None else tm)
 
 
 @_fwd_op.register_fake
-def _(q, k, v, g, beta, initial_state, scale, chunk_size, p=None):
+def _(q, k, v, g, beta, initial_state, scale, chunk_size, p=None, keep_tm=False):
     B, T, H, K = q.shape
-    return torch.empty_like(v), q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32)
+    tm = q.new_empty(B, T, H, chunk_size) if keep_tm else q.new_empty(0)
+    return torch.empty_like(v), q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32), tm
 
 
 @torch.library.custom_op("linattn::gated_delta_rule_triton_bwd", mutates_args=())
 def _bwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, beta: torch.Tensor,
             initial_state: torch.Tensor | None, scale: float, chunk_size: int, do: torch.Tensor,
-            dht: torch.Tensor | None, p: torch.Tensor | None = None
+            dht: torch.Tensor | None, p: torch.Tensor | None = None, tm: torch.Tensor | None = None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                        torch.Tensor]:
-    """The gradients of _fwd_op's tensors; dp is an empty tensor when p is None (its part is in dk)."""
+    """The gradients of _fwd_op's tensors; dp is an empty tensor when p is None (its part is in dk). ``tm``: the
+    forward pass's Tm (None or empty: recomputed)."""
+    tm = None if tm is None or tm.numel() == 0 else tm
     dq, dk, dv, dg, dbeta, dh0, dp = gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, chunk_size,
-                                                                 do, dht, p)
+                                                                 do, dht, p, tm)
     return dq, dk, dv, dg, dbeta, dh0, (q.new_empty(0) if dp is None else dp)
 
 
 @_bwd_op.register_fake
-def _(q, k, v, g, beta, initial_state, scale, chunk_size, do, dht, p=None):
+def _(q, k, v, g, beta, initial_state, scale, chunk_size, do, dht, p=None, tm=None):
     B, T, H, K = q.shape
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(beta),
             torch.empty_like(beta), q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32),
@@ -489,17 +513,17 @@ def _(q, k, v, g, beta, initial_state, scale, chunk_size, do, dht, p=None):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, g, beta, initial_state, scale, chunk_size, p = inputs
-    ctx.save_for_backward(q, k, v, g, beta, initial_state, p)
+    q, k, v, g, beta, initial_state, scale, chunk_size, p, keep_tm = inputs
+    ctx.save_for_backward(q, k, v, g, beta, initial_state, p, output[2])
     ctx.scale, ctx.chunk_size = scale, chunk_size
 
 
-def _backward(ctx, do, dht):
-    q, k, v, g, beta, initial_state, p = ctx.saved_tensors
+def _backward(ctx, do, dht, dtm):
+    q, k, v, g, beta, initial_state, p, tm = ctx.saved_tensors
     dq, dk, dv, dg, dbeta, dh0, dp = _bwd_op(q, k, v, g, beta, initial_state, ctx.scale, ctx.chunk_size,
-                                             do.contiguous(), None if dht is None else dht.contiguous(), p)
+                                             do.contiguous(), None if dht is None else dht.contiguous(), p, tm)
     return (dq, dk, dv, (dg if g is not None else None), dbeta, (dh0 if initial_state is not None else None),
-            None, None, (dp if p is not None else None))
+            None, None, (dp if p is not None else None), None)
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -532,7 +556,9 @@ def gated_delta_triton(
     g = None if g is None else g.float().contiguous()
     beta = beta.float().contiguous()
     s0 = None if initial_state is None else initial_state.float().contiguous()
-    o, ht = _fwd_op(q, k, v, g, beta, s0, float(scale), chunk_size, p)
+    # Tm (a [C]-row per token, the input dtype) is kept for the backward pass only when one will follow
+    keep_tm = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, g, beta, s0, p))
+    o, ht, _ = _fwd_op(q, k, v, g, beta, s0, float(scale), chunk_size, p, keep_tm)
     state_dtype = torch.float64 if in_dtype == torch.float64 else torch.float32
     return o.to(in_dtype), (ht.to(state_dtype) if output_final_state else None)
 

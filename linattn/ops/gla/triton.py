@@ -72,7 +72,7 @@ import triton.language as tl
 
 from ..common.triton_ops import gated_rnn_backend
 from ..common.triton_utils import block as _block
-from ..common.triton_utils import dot_precision, launch_overrides, mm, upcast_dots
+from ..common.triton_utils import dot_precision, launch_options, launch_overrides, mm, upcast_dots
 
 SUB = 16  # sub-chunk length of the intra-chunk scores
 FACTOR_LIMIT = 30.0  # largest in-sub-chunk gate spread for which the diagonal blocks are factored
@@ -284,13 +284,14 @@ def _inter_bwd_kernel(q, k, v, g, h, A, do, dh, dv, dA, dq, dk, dL, scale, T, H:
 def _intra_bwd_kernel(q, k, g, dA, dq_in, dk_in, dL, dq, dk, dg, scale, T, H: tl.constexpr, K: tl.constexpr,
                       C: tl.constexpr, BK: tl.constexpr, SUBC: tl.constexpr, LIMIT: tl.constexpr, PREC: tl.constexpr,
                       UP: tl.constexpr):
-    """Grid (N, B*H): dq, dk (inter parts from dq_in, dk_in plus the intra sums) and dg, sub-chunk by
-    sub-chunk from the chunk's end (dg is the reverse cumulative sum of db, carried across sub-chunks)."""
-    n, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    """Grid (cdiv(K, BK), N, B*H): dq, dk (inter parts from dq_in, dk_in plus the intra sums) and dg of one key
+    block, sub-chunk by sub-chunk from the chunk's end (dg is the reverse cumulative sum of db, carried across
+    sub-chunks). Given dA every quantity here is per key channel, so key blocks are independent programs."""
+    i_k, n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     N = tl.cdiv(T, C)
     M: tl.constexpr = C // SUBC
-    o_k, o_c = tl.arange(0, BK), tl.arange(0, SUBC)
+    o_k, o_c = i_k * BK + tl.arange(0, BK), tl.arange(0, SUBC)
     m_k = o_k < K
     carry = tl.load(dL + (i_bh * N + n) * K + o_k, mask=m_k, other=0.0)
     for ii in tl.static_range(M):
@@ -356,9 +357,16 @@ def _intra_bwd_kernel(q, k, g, dA, dq_in, dk_in, dL, dq, dk, dg, scale, T, H: tl
 
 
 # Launch settings: fixed per head size (never tuned per sequence length).
-LAUNCH = {"BV": 64, "scan_BK": 64, "scan_warps": 4, "scores_warps": 4, "out_warps": 4, "inter_BV": 64,
-          "inter_warps": 8, "intra_warps": 4}
+# "BV" is the value block of the state scans and the output; "<kernel>_stages" the software-pipelining depth of
+# bf16/fp16 inputs (float32 keeps Triton's default); "scan" is the forward state scan, "bscan" the reverse one.
+LAUNCH = {"BV": 64, "scan_BK": 64, "scan_warps": 4, "scan_stages": 3, "bscan_BK": 64, "bscan_warps": 4,
+          "bscan_stages": 3, "scores_warps": 4, "scores_stages": 2, "out_warps": 4, "out_stages": 3, "inter_BV": 64,
+          "inter_warps": 8, "inter_stages": 3, "intra_BK": 32, "intra_warps": 4, "intra_stages": 3}
 launch_overrides("gla", LAUNCH)
+
+
+def _options(x: torch.Tensor, kernel: str) -> dict[str, int]:
+    return launch_options(LAUNCH, kernel, x.dtype)
 
 
 def _state_dtype(x: torch.Tensor) -> torch.dtype:
@@ -379,8 +387,7 @@ def _states(k, v, g, initial_state, C):
     ht = torch.empty(B, H, K, V, device=k.device, dtype=torch.float32)
     h0 = initial_state if initial_state is not None else ht  # unused pointer when HAS_H0 is False
     _state_fwd_kernel[(triton.cdiv(V, BV), triton.cdiv(K, BK), B * H)](
-        k, v, g, h, h0, ht, T, H, K, V, C, BK, BV, initial_state is not None, *_prec(k),
-        num_warps=LAUNCH["scan_warps"])
+        k, v, g, h, h0, ht, T, H, K, V, C, BK, BV, initial_state is not None, *_prec(k), **_options(k, "scan"))
     return h, ht
 
 
@@ -389,12 +396,14 @@ def _scores(q, k, g, scale, C):
     # every use casts A to the input dtype first, so bf16/fp16 inputs keep it in that dtype (half the traffic)
     A = torch.empty(B, T, H, C, device=q.device, dtype=q.dtype)
     _scores_kernel[(C // SUB, triton.cdiv(T, C), B * H)](q, k, g, A, scale, T, H, K, C, _block(K), SUB,
-                                                          _factor_limit(q), *_prec(q), num_warps=LAUNCH["scores_warps"])
+                                                          _factor_limit(q), *_prec(q), **_options(q, "scores"))
     return A
 
 
-def gla_triton_forward(q, k, v, g, scale, initial_state, C):
-    """Forward pass: (o, final state float32). Inputs contiguous [B, T, H, *], g float32 [B, T, H, K]."""
+def gla_triton_forward(q, k, v, g, scale, initial_state, C, keep=False):
+    """Forward pass: (o, final state float32), and with ``keep`` also the chunk states h and the intra-chunk scores A
+    for the backward pass (input dtype; h is B*H*N*K*V, A B*T*H*C: reading them back is cheaper than the two kernels
+    that recompute them). Inputs contiguous [B, T, H, *]; g [B, T, H, K] float32, bf16 or fp16."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     h, ht = _states(k, v, g, initial_state, C)
@@ -402,23 +411,24 @@ def gla_triton_forward(q, k, v, g, scale, initial_state, C):
     o = torch.empty_like(v)
     BV = min(LAUNCH["BV"], _block(V))
     _output_kernel[(triton.cdiv(V, BV), triton.cdiv(T, C), B * H)](
-        q, v, g, h, A, o, scale, T, H, K, V, C, _block(K), BV, *_prec(q), num_warps=LAUNCH["out_warps"])
-    return o, ht
+        q, v, g, h, A, o, scale, T, H, K, V, C, _block(K), BV, *_prec(q), **_options(q, "out"))
+    return (o, ht, h, A) if keep else (o, ht)
 
 
-def gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht):
-    """Backward pass: (dq, dk, dv, dg, d_initial_state)."""
+def gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, saved=(None, None)):
+    """Backward pass: (dq, dk, dv, dg, d_initial_state). ``saved``: the forward's (h, A), recomputed where None."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     N = triton.cdiv(T, C)
-    h, _ = _states(k, v, g, initial_state, C)
-    A = _scores(q, k, g, scale, C)
-    BK, BV = min(LAUNCH["scan_BK"], _block(K)), min(LAUNCH["BV"], _block(V))
+    h, A = saved
+    h = _states(k, v, g, initial_state, C)[0] if h is None else h
+    A = _scores(q, k, g, scale, C) if A is None else A
+    BK, BV = min(LAUNCH["bscan_BK"], _block(K)), min(LAUNCH["BV"], _block(V))
     dh = torch.empty_like(h)
     dh0 = torch.empty(B, H, K, V, device=q.device, dtype=torch.float32)
     _state_bwd_kernel[(triton.cdiv(V, BV), triton.cdiv(K, BK), B * H)](
         q, g, do, dh, dht if dht is not None else dh0, dh0, scale, T, H, K, V, C, BK, BV, dht is not None,
-        *_prec(q), num_warps=LAUNCH["scan_warps"])
+        *_prec(q), **_options(q, "bscan"))
     dv = torch.empty_like(v)
     dA = torch.empty(B, T, H, C, device=q.device, dtype=torch.float32)
     dq_inter = torch.empty(B, T, H, K, device=q.device, dtype=torch.float32)
@@ -426,15 +436,24 @@ def gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht):
     dL = torch.empty(B, H, N, K, device=q.device, dtype=torch.float32)
     _inter_bwd_kernel[(N, B * H)](q, k, v, g, h, A, do, dh, dv, dA, dq_inter, dk_inter, dL, scale, T, H, K, V, C,
                                   _block(K), min(LAUNCH["inter_BV"], _block(V)), *_prec(q),
-                                  num_warps=LAUNCH["inter_warps"])
+                                  **_options(q, "inter"))
     dq, dk = torch.empty_like(q), torch.empty_like(k)
-    dg = torch.empty(B, T, H, K, device=q.device, dtype=torch.float32)
-    _intra_bwd_kernel[(N, B * H)](q, k, g, dA, dq_inter, dk_inter, dL, dq, dk, dg, scale, T, H, K, C, _block(K),
-                                  SUB, _factor_limit(q), *_prec(q), num_warps=LAUNCH["intra_warps"])
+    dg = torch.empty_like(g)  # in g's dtype; computed in float32
+    BKI = min(LAUNCH["intra_BK"], _block(K))
+    _intra_bwd_kernel[(triton.cdiv(K, BKI), N, B * H)](q, k, g, dA, dq_inter, dk_inter, dL, dq, dk, dg, scale, T, H, K,
+                                                       C, BKI, SUB, _factor_limit(q), *_prec(q),
+                                                       **_options(q, "intra"))
     return dq, dk, dv, dg, dh0
 
 
-gla_triton = gated_rnn_backend("gla_triton", gla_triton_forward, gla_triton_backward)
+def _saved_like(q, k, v, g, C):
+    """Empty tensors shaped like the forward's kept (h, A), for tracing."""
+    B, T, H, K = q.shape
+    N = triton.cdiv(T, C)
+    return (q.new_empty(B, H, N, K, v.shape[-1], dtype=_state_dtype(k)), q.new_empty(B, T, H, C))
+
+
+gla_triton = gated_rnn_backend("gla_triton", gla_triton_forward, gla_triton_backward, _saved_like)
 
 
 TRITON_BACKENDS = {"gla": gla_triton}
