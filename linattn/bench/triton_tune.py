@@ -66,16 +66,16 @@ def default_grid(family: str) -> dict[str, list[dict]]:
             for g in groups}
 
 
-def _inputs(family: str, B: int, T: int, H: int, K: int, V: int, device: str) -> dict:
-    spec = get_op(family)
+def _inputs(op: str, B: int, T: int, H: int, K: int, V: int, device: str) -> dict:
+    spec = get_op(op)
     inputs = spec.example_inputs(B, T, H, K, V, dtype=torch.bfloat16, device=device)
     return {n: (x.requires_grad_(True) if isinstance(x, torch.Tensor) and x.is_floating_point() else x)
             for n, x in inputs.items()}
 
 
-def _run(family: str, inputs: dict, repeats: int) -> tuple[list[torch.Tensor], dict[str, float]]:
+def _run(op: str, inputs: dict, repeats: int) -> tuple[list[torch.Tensor], dict[str, float]]:
     """(output and gradients, median device ms per kernel name) of ``repeats`` forward+backward passes."""
-    spec = get_op(family)
+    spec = get_op(op)
     leaves = [x for x in inputs.values() if isinstance(x, torch.Tensor) and x.requires_grad]
 
     def step():
@@ -104,11 +104,13 @@ def _run(family: str, inputs: dict, repeats: int) -> tuple[list[torch.Tensor], d
 
 
 def tune(family: str, grid: dict[str, list[dict]], *, B: int = 4, T: int = 16384, H: int = 16, K: int = 128,
-         V: int = 128, repeats: int = 3, device: str = "cuda", on_row=print) -> dict:
-    """{"runs": [...], "best": {group: setting}}: see the module docstring."""
+         V: int = 128, repeats: int = 3, device: str = "cuda", op: str | None = None, on_row=print) -> dict:
+    """{"runs": [...], "best": {group: setting}}: see the module docstring. ``op``: the op run on the family's
+    kernels (default: the family's own; e.g. delta_rule on gated_delta_rule's kernels, compiled without the gate)."""
+    op = op or family
     module = importlib.import_module(f"linattn.ops.{family}.triton")
     default = dict(module.LAUNCH)
-    inputs = _inputs(family, B, T, H, K, V, device)
+    inputs = _inputs(op, B, T, H, K, V, device)
     kernel_group = KERNEL_GROUPS[family]
     n_runs = max(len(c) for c in grid.values())
     runs, reference = [], None
@@ -119,7 +121,7 @@ def tune(family: str, grid: dict[str, list[dict]], *, B: int = 4, T: int = 16384
             module.LAUNCH.update(default)
             for c in setting.values():
                 module.LAUNCH.update(c)
-            results, times = _run(family, inputs, repeats)
+            results, times = _run(op, inputs, repeats)
             if reference is None:
                 reference = results
             err = max(float((a - b).norm() / b.norm().clamp_min(1e-30)) for a, b in zip(results, reference))
@@ -141,12 +143,14 @@ def tune(family: str, grid: dict[str, list[dict]], *, B: int = 4, T: int = 16384
             ms, choice = min(scored, key=lambda x: x[0])
             first = scored[0][0]
             best[group] = {"setting": choice, "ms": round(ms, 4), "run0_ms": round(first, 4)}
-    return {"family": family, "shape": dict(B=B, T=T, H=H, K=K, V=V), "default": default, "runs": runs, "best": best}
+    return {"family": family, "op": op, "shape": dict(B=B, T=T, H=H, K=K, V=V), "default": default, "runs": runs,
+            "best": best}
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--family", choices=sorted(KERNEL_GROUPS), default="gated_delta_rule")
+    p.add_argument("--op", default=None, help="op to run on the family's kernels (default: the family)")
     p.add_argument("--T", type=int, default=16384)
     p.add_argument("--B", type=int, default=4)
     p.add_argument("--H", type=int, default=16)
@@ -157,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     grid = json.loads(a.grid) if a.grid else default_grid(a.family)
-    result = tune(a.family, grid, B=a.B, T=a.T, H=a.H, K=a.K, V=a.V, repeats=a.repeats)
+    result = tune(a.family, grid, B=a.B, T=a.T, H=a.H, K=a.K, V=a.V, repeats=a.repeats, op=a.op)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(result, f, indent=1)

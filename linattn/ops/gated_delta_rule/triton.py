@@ -177,9 +177,10 @@ def _dv_local_kernel(q, k, g, do, dd, scale, T, H: tl.constexpr, K: tl.constexpr
 @triton.jit(do_not_specialize=["T"])
 def _state_bwd_kernel(q, k, w, g, do, dd, dh, dht, dh0, scale, T, H: tl.constexpr, K: tl.constexpr,
                       V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
-                      HAS_DHT: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+                      HAS_DHT: tl.constexpr, TLOAD: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
     """Grid (cdiv(V, BV), B*H): dh[b, h, n] = gradient of the state leaving chunk n, dd += Khat dh (= ddelta);
-    dh0 = gradient of the initial state."""
+    dh0 = gradient of the initial state. TLOAD: Q^T and W^T are read transposed from memory (strided loads)
+    instead of being transposed in registers."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     N = tl.cdiv(T, C)
@@ -201,15 +202,25 @@ def _state_bwd_kernel(q, k, w, g, do, dd, dh, dht, dh0, scale, T, H: tl.constexp
         m_cv = m_t[:, None] & (o_v[None, :] < V)
         b, b_last = _chunk_gate(g + r0, row, m_t, o_c, C, USE_G)
         kc = tl.load(k + r0 * K + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
-        qt = tl.trans(tl.load(q + r0 * K + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0))
-        wt = tl.trans(tl.load(w + r0 * K + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0))
+        if TLOAD:
+            m_kc = (o_k[:, None] < K) & m_t[None, :]
+            qt = tl.load(q + r0 * K + row[None, :] * K + o_k[:, None], mask=m_kc, other=0.0)
+            wt = tl.load(w + r0 * K + row[None, :] * K + o_k[:, None], mask=m_kc, other=0.0)
+        else:
+            qt = tl.trans(tl.load(q + r0 * K + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0))
+            wt = tl.trans(tl.load(w + r0 * K + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0))
         doc = tl.load(do + r0 * V + row[:, None] * V + o_v[None, :], mask=m_cv, other=0.0)
         ddl = tl.load(dd + r0 * V + row[:, None] * V + o_v[None, :], mask=m_cv, other=0.0).to(tl.float32)
-        khat = (kc.to(tl.float32) * tl.exp(b_last - b)[:, None]).to(kc.dtype)
-        ddl += mm(khat, dS.to(kc.dtype), PREC, UP)
+        if USE_G:
+            khat = (kc.to(tl.float32) * tl.exp(b_last - b)[:, None]).to(kc.dtype)
+            ddl += mm(khat, dS.to(kc.dtype), PREC, UP)
+            q_dec = (qt.to(tl.float32) * (scale * tl.exp(b))[None, :]).to(doc.dtype)
+            dS = dS * tl.exp(b_last) + mm(q_dec, doc, PREC, UP)
+        else:  # no decay: the tiles enter the products as loaded
+            ddl += mm(kc, dS.to(kc.dtype), PREC, UP)
+            dS += mm(qt, doc, PREC, UP) * scale
         tl.store(dd + r0 * V + row[:, None] * V + o_v[None, :], ddl.to(dd.dtype.element_ty), mask=m_cv)
-        q_dec = (qt.to(tl.float32) * (scale * tl.exp(b))[None, :]).to(doc.dtype)
-        dS = dS * tl.exp(b_last) + mm(q_dec, doc, PREC, UP) - mm(wt, ddl.to(wt.dtype), PREC, UP)
+        dS -= mm(wt, ddl.to(wt.dtype), PREC, UP)
     tl.store(dh0 + i_bh.to(tl.int64) * K * V + kv, dS, mask=m_kv)
 
 
@@ -368,8 +379,8 @@ def _grads_wy_kernel(k, p, v, beta, g, tm, dd, dw, dk, dp, dv, dbeta, db, dg, T,
 # forward state scan, "bscan" the reverse one.
 LAUNCH = {"prep_BV": 64, "prep_warps": 4, "prep_stages": 3, "scan_BV": 64, "scan_warps": 4, "scan_stages": 3,
           "out_BV": 128, "out_warps": 4, "out_stages": 3, "dv_BV": 128, "dv_warps": 4, "dv_stages": 3,
-          "bscan_BV": 32, "bscan_warps": 4, "bscan_stages": 3, "grads_BK": 64, "grads_BV": 64, "grads_warps": 4,
-          "grads_stages": 3, "wy_BK": 64, "wy_BV": 32, "wy_warps": 4, "wy_stages": 3}
+          "bscan_BV": 32, "bscan_warps": 4, "bscan_stages": 3, "bscan_tload": 0, "grads_BK": 64, "grads_BV": 64,
+          "grads_warps": 4, "grads_stages": 3, "wy_BK": 64, "wy_BV": 32, "wy_warps": 4, "wy_stages": 3}
 launch_overrides("gated_delta_rule", LAUNCH)
 
 
@@ -455,7 +466,7 @@ def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, d
     BV = min(LAUNCH["bscan_BV"], _block(V))
     _state_bwd_kernel[(triton.cdiv(V, BV), B * H)](
         q, k, w, gp, do, dd, dh, dh0 if dht is None else dht, dh0, scale, T, H, K, V, C, BK, BV, g is not None,
-        dht is not None, *_launch_args(q), **_options(q, "bscan"))
+        dht is not None, bool(LAUNCH["bscan_tload"]), *_launch_args(q), **_options(q, "bscan"))
     dq, dk, dv, dw = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(w)
     dbeta = torch.empty_like(beta)
     dg = torch.zeros_like(beta) if g is None else torch.empty_like(g)
