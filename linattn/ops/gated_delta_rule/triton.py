@@ -367,20 +367,21 @@ def _grads_wy_kernel(k, p, v, beta, g, tm, dd, dw, dk, dp, dv, dbeta, db, dg, T,
         tl.store(dg + r0 + row, tl.cumsum(dbv, axis=0, reverse=True), mask=m_t)
 
 
-# Launch settings: fixed per head size (never tuned per sequence length). Chosen from the register use
-# and spills that ptxas reports for sm_90 at K = V = 128, C = 64 (bf16); not yet timed on a GPU.
-# wy_warps = 2: on the H100 with Triton 3.6, _grads_wy_kernel compiled with 4 or 8 warps made an illegal
-# memory access (bf16, K = 32, T = 1024) and NaN gradients in training; with 8 warps (the old default) it
-# also missed the float32 strong-decay tolerance (dg 6.6e-5 vs the recurrence). With 2 warps every case
-# agrees (bf16 <= 5e-3, float32 strong decay 8.9e-6). FLA reports the same Hopper miscompilation for its
-# WY backward (fla-org/flash-linear-attention#984, fixed there by 2 warps). Re-check on a GPU with
-# `python -m linattn.bench.launch_check --family gated_delta_rule --configs '[{}, {"wy_warps": 4}]'`.
-# "<kernel>_stages" is the software-pipelining depth of bf16/fp16 inputs (float32 always runs with 1); "scan" is the
-# forward state scan, "bscan" the reverse one.
+# Launch settings: fixed per head size (never tuned per sequence length). Timed kernel by kernel on an H100
+# (bf16, B=4, T=16384, H=16, K=V=128; `python -m linattn.bench.triton_tune --family gated_delta_rule [--op delta_rule]`,
+# docs/benchmarks.md). "<kernel>_stages" is the software-pipelining depth of bf16/fp16 inputs (float32 always runs
+# with 1); "scan" is the forward state scan, "bscan" the reverse one; bscan_tload reads Q^T and W^T transposed from
+# memory. The reverse scan and the o/S' gradients use the settings best for the delta rule (no gate); the gated
+# kernels would take ~0.1 ms less with bscan 4 warps, BV 32 (1.19 vs 1.30 ms).
+# WY gradient: before Tm was kept from the forward pass, this kernel also inverted (I + A) and, on the H100 with
+# Triton 3.6, compiled with 4 or 8 warps it made an illegal memory access (bf16, K = 32) and NaN gradients (the Hopper
+# miscompilation FLA reports in fla-org/flash-linear-attention#984). Without the inverse, 2, 4 and 8 warps all agree
+# with the float32 recurrence on the H100 (`python -m linattn.bench.launch_check --family gated_delta_rule
+# --configs '[{}, {"wy_warps": 8}]'`: bf16 <= 6.3e-3, float32 strong decay 9.2e-6); 4 warps is the fastest.
 LAUNCH = {"prep_BV": 64, "prep_warps": 4, "prep_stages": 3, "scan_BV": 64, "scan_warps": 4, "scan_stages": 3,
-          "out_BV": 128, "out_warps": 4, "out_stages": 3, "dv_BV": 128, "dv_warps": 4, "dv_stages": 3,
-          "bscan_BV": 32, "bscan_warps": 4, "bscan_stages": 3, "bscan_tload": 0, "grads_BK": 64, "grads_BV": 64,
-          "grads_warps": 4, "grads_stages": 3, "wy_BK": 64, "wy_BV": 32, "wy_warps": 4, "wy_stages": 3}
+          "out_BV": 128, "out_warps": 4, "out_stages": 2, "dv_BV": 128, "dv_warps": 4, "dv_stages": 3,
+          "bscan_BV": 64, "bscan_warps": 8, "bscan_stages": 3, "bscan_tload": 1, "grads_BK": 64, "grads_BV": 64,
+          "grads_warps": 4, "grads_stages": 2, "wy_BK": 64, "wy_BV": 32, "wy_warps": 4, "wy_stages": 3}
 launch_overrides("gated_delta_rule", LAUNCH)
 
 
