@@ -34,7 +34,7 @@ import triton.language as tl
 
 from ..common.triton_ops import gated_rnn_backend
 from ..common.triton_utils import block as _block
-from ..common.triton_utils import dot_precision, launch_overrides, mm, upcast_dots
+from ..common.triton_utils import dot_precision, launch_options, launch_overrides, mm, upcast_dots
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -174,9 +174,12 @@ def _grads_bwd_kernel(q, k, v, g, h, do, dh, dq, dk, dv, dG, scale, T, H: tl.con
     tl.store(dG + row, dG_t, mask=m_t)
 
 
-# Launch settings: fixed per head size (never tuned per sequence length). ``tune_simple_gla`` in
-# linattn/bench/triton_tune.py measures alternatives on a GPU.
-LAUNCH = {"BV": 64, "scan_warps": 4, "out_warps": 4, "grads_BV": 64, "grads_warps": 8}
+# Launch settings: fixed per head size (never tuned per sequence length); `python -m linattn.bench.triton_tune
+# --family simple_gla` times alternatives kernel by kernel on a GPU.
+# "<kernel>_stages": software-pipelining depth of bf16/fp16 inputs (float32 keeps Triton's default); "scan" is the
+# forward state scan, "bscan" the reverse one.
+LAUNCH = {"BV": 64, "scan_warps": 4, "scan_stages": 3, "bscan_warps": 4, "bscan_stages": 3, "out_warps": 4,
+          "out_stages": 3, "grads_BV": 64, "grads_warps": 8, "grads_stages": 3}
 launch_overrides("simple_gla", LAUNCH)
 
 
@@ -195,7 +198,7 @@ def _states(k, v, g, initial_state, C):
     h0 = initial_state if initial_state is not None else ht  # unused pointer when HAS_H0 is False
     _state_fwd_kernel[(triton.cdiv(V, BV), B * H)](
         k, v, g, h, h0, ht, T, H, K, V, C, BK, BV, initial_state is not None, dot_precision(k.dtype),
-        upcast_dots(k.dtype), num_warps=LAUNCH["scan_warps"])
+        upcast_dots(k.dtype), **launch_options(LAUNCH, "scan", k.dtype))
     return h, ht
 
 
@@ -209,7 +212,7 @@ def simple_gla_triton_forward(q, k, v, g, scale, initial_state, C, keep=False):
     BK, BV = _block(K), min(LAUNCH["BV"], _block(V))
     _output_fwd_kernel[(triton.cdiv(V, BV), triton.cdiv(T, C), B * H)](
         q, k, v, g, h, o, scale, T, H, K, V, C, BK, BV, dot_precision(q.dtype), upcast_dots(q.dtype),
-        num_warps=LAUNCH["out_warps"])
+        **launch_options(LAUNCH, "out", q.dtype))
     return o, ht
 
 
@@ -224,12 +227,12 @@ def simple_gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, sav
     dh0 = torch.empty(B, H, K, V, device=q.device, dtype=torch.float32)
     _state_bwd_kernel[(triton.cdiv(V, BV), B * H)](
         q, g, do, dh, dht if dht is not None else dh0, dh0, scale, T, H, K, V, C, BK, BV, dht is not None,
-        dot_precision(q.dtype), upcast_dots(q.dtype), num_warps=LAUNCH["scan_warps"])
+        dot_precision(q.dtype), upcast_dots(q.dtype), **launch_options(LAUNCH, "bscan", q.dtype))
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dG = torch.empty(B, T, H, device=q.device, dtype=torch.float32)
     _grads_bwd_kernel[(N, B * H)](q, k, v, g, h, do, dh, dq, dk, dv, dG, scale, T, H, K, V, C, BK,
                                   min(LAUNCH["grads_BV"], _block(V)), dot_precision(q.dtype), upcast_dots(q.dtype),
-                                  num_warps=LAUNCH["grads_warps"])
+                                  **launch_options(LAUNCH, "grads", q.dtype))
     if dht is not None:
         dG[:, -1] += (dht.float() * ht).sum((-2, -1))
     # reverse cumulative sum over time, run along the innermost dimension ([B, H, T]): torch's scan over an outer

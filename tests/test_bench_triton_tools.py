@@ -1,0 +1,60 @@
+"""The kernel tools of linattn.bench: per-kernel profile, launch tuning, and the sm_90 resource report."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from linattn.bench import profile_op, triton_tune
+from linattn.ops.common.triton_compat import triton_available
+
+needs_triton = pytest.mark.skipif(not triton_available(), reason="triton not installed")
+
+
+def test_profile_op_tables_forward_and_backward_on_cpu():
+    text = profile_op.profile_op("simple_gla", "chunk", 1, 64, 1, 8, 8, "cpu", torch.float32, rows=3)
+    assert "simple_gla [chunk] forward:" in text and "simple_gla [chunk] backward:" in text
+    assert text.count(" ms ") >= 2
+
+
+def test_profile_op_reports_missing_fla_without_failing():
+    text = profile_op.profile_op("mesa_net", "fla", 1, 16, 1, 8, 8, "cpu", torch.float32)
+    assert "FLA" in text
+
+
+def test_default_grids_start_from_the_current_setting_and_use_known_keys():
+    for family in triton_tune.KERNEL_GROUPS:
+        module = __import__(f"linattn.ops.{family}.triton", fromlist=["LAUNCH"]) if triton_available() else None
+        grid = triton_tune.default_grid(family)
+        for group, candidates in grid.items():
+            assert candidates[0] == {} and len(candidates) > 1
+            if module is not None:
+                assert all(set(c) <= set(module.LAUNCH) for c in candidates), (family, group)
+
+
+@pytest.mark.triton
+@needs_triton
+def test_tune_runs_every_setting_and_checks_it_against_the_first():
+    result = triton_tune.tune("gated_delta_rule", {"scan": [{}, {"scan_warps": 2}], "out": [{}, {"out_BV": 16}]},
+                              B=1, T=20, H=1, K=16, V=16, repeats=1, device="cpu", op="delta_rule",
+                              on_row=lambda row: None)
+    assert [r["setting"] for r in result["runs"]] == [{"scan": {}, "out": {}},
+                                                      {"scan": {"scan_warps": 2}, "out": {"out_BV": 16}}]
+    assert all(r["ok"] and r["err_vs_run0"] < 1e-6 for r in result["runs"])
+    module = __import__("linattn.ops.gated_delta_rule.triton", fromlist=["LAUNCH"])
+    assert module.LAUNCH == result["default"]  # restored
+
+
+@needs_triton
+def test_resource_report_compiles_the_kernels_for_sm90_without_a_gpu():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # real kernels, launches intercepted
+    out = subprocess.run([sys.executable, "-m", "linattn.bench.triton_resources", "simple_gla", "--T", "32", "--H",
+                          "1", "--K", "16", "--V", "16", "--dtype", "float32"], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [line.split() for line in out.stdout.splitlines()[1:]]
+    assert [r[1] for r in rows] == ["_state_fwd_kernel", "_output_fwd_kernel", "_state_bwd_kernel",
+                                    "_grads_bwd_kernel"]
+    assert all(int(r[4]) > 0 for r in rows)  # registers read back from the cubin
