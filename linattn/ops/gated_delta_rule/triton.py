@@ -31,8 +31,9 @@ state scan (a program per value block and batch-head, looping over chunks: store
 each chunk and delta), the output (simple_gla's output kernel with v = delta), the local value
 gradient P^T do, the reverse scan of state gradients (stores dS' per chunk and ddelta), and the
 per-chunk input gradients in two kernels (through o and S', a program per key block; then through W,
-U and Tm, looping over key blocks; only "prepare" and this kernel read p). States and Tm are recomputed
-in the backward pass, not kept.
+U and Tm, looping over key blocks; only "prepare" and this kernel read p). When a backward pass can follow, the
+forward's "prepare" also stores Tm ([B, T, H, C], input dtype), which the backward's "prepare" (W and U only)
+and the WY-gradient kernel read back, so neither forms A or inverts it; the states are recomputed, not kept.
 Block shapes depend on the head dims and the chunk size only, never on T (T is not specialised on).
 Prepare, the scans and the output hold the whole key dimension in one block (K <= 128 intended).
 Pointers are an int64 scalar base per chunk plus int32 tile offsets (64-bit offsets per element cost

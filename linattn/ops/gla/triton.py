@@ -58,11 +58,10 @@ program per key block, value block and batch-head, looping over chunks); the int
 program per sub-chunk, chunk and batch-head, block by block); the output (a program per value block, chunk and
 batch-head); the reverse scan of state gradients; the inter-chunk gradients (dv, dA, the inter parts
 of dq and dk, dL; a program per chunk and batch-head, looping over value blocks); the intra-chunk
-gradients (dq, dk and dg; a program per chunk and batch-head, looping over its sub-chunks backwards,
-each against the other sub-chunks block by block).
-States and A are recomputed in the backward pass instead of being kept. Block shapes depend on the
-head dims and the chunk size only, never on T (T is not specialised on).
-"""
+gradients (dq, dk and dg; a program per key block, chunk and batch-head, looping over its sub-chunks
+backwards, each against the other sub-chunks block by block).
+When a backward pass can follow, the forward keeps the states and A for it (recomputed otherwise). Block
+shapes depend on the head dims and the chunk size only, never on T (T is not specialised on)."""
 
 from __future__ import annotations
 
