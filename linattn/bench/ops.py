@@ -42,7 +42,7 @@ class BenchRow:
     note: str = ""
 
 
-def _fla_function(op: str):
+def fla_function(op: str):
     if op not in FLA_FUNCTIONS:
         return None
     module, name = FLA_FUNCTIONS[op]
@@ -87,7 +87,7 @@ def bench_op(op: str, T: int, impl: str, *, B: int, H: int, K: int, V: int, dtyp
         call = lambda x: F.scaled_dot_product_attention(x["q"], x["k"], x["v"], is_causal=True)
         inputs = {"q": q, "k": k, "v": v}
     elif impl == "fla":
-        fn = _fla_function(op)
+        fn = fla_function(op)
         if fn is None:
             return None
         call = lambda x: fn(**x)[0]

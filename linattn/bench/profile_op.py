@@ -10,7 +10,7 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from linattn.bench.ops import _fla_function
+from linattn.bench.ops import fla_function
 from linattn.ops import get_op
 
 
@@ -41,7 +41,7 @@ def profile_op(op: str, backend: str, B: int, T: int, H: int, K: int, V: int, de
         if isinstance(x, torch.Tensor) and x.is_floating_point():
             x.requires_grad_(True)
     if backend == "fla":
-        fla_fn = _fla_function(op)
+        fla_fn = fla_function(op)
         if fla_fn is None:
             return f"{op}: FLA not importable or has no chunk kernel for it"
         call = lambda: fla_fn(**inputs)[0]

@@ -18,6 +18,12 @@ import torch
 from .checks import CHUNK_SIZES
 
 
+def needs_backward(*tensors: torch.Tensor | None) -> bool:
+    """Whether autograd will call the backward of an op on these inputs: a forward then keeps what the backward
+    reads (nothing is kept for inference, under torch.no_grad() or without inputs that require grad)."""
+    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
+
+
 def _no_saved(q, k, v, g, chunk_size):
     return ()
 
@@ -81,8 +87,7 @@ def gated_rnn_backend(name: str, forward: Callable, backward: Callable, saved_li
         s0 = None if initial_state is None else initial_state.float().contiguous()
         # the kernels read g in its own dtype (bf16 gates: half the bytes of float32) and compute in float32
         g = g.contiguous() if g.dtype in (torch.bfloat16, torch.float16, torch.float32) else g.float().contiguous()
-        keep = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, g, s0))
-        o, ht, _, _ = fwd_op(q, k, v, g, s0, float(scale), chunk_size, keep)
+        o, ht, _, _ = fwd_op(q, k, v, g, s0, float(scale), chunk_size, needs_backward(q, k, v, g, s0))
         return o, (ht if output_final_state else None)
 
     implementation.__name__ = implementation.__qualname__ = name

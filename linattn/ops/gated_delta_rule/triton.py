@@ -46,6 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.triton_ops import needs_backward
 from ..common.triton_tril import unit_lower_inverse
 from ..common.triton_utils import block as _block
 from ..common.triton_utils import dot_precision, launch_options, launch_overrides, mm, upcast_dots
@@ -570,8 +571,7 @@ def gated_delta_triton(
     beta = beta.float().contiguous()
     s0 = None if initial_state is None else initial_state.float().contiguous()
     # Tm (a [C]-row per token, the input dtype) is kept for the backward pass only when one will follow
-    keep_tm = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, g, beta, s0, p))
-    o, ht, _ = _fwd_op(q, k, v, g, beta, s0, float(scale), chunk_size, p, keep_tm)
+    o, ht, _ = _fwd_op(q, k, v, g, beta, s0, float(scale), chunk_size, p, needs_backward(q, k, v, g, beta, s0, p))
     state_dtype = torch.float64 if in_dtype == torch.float64 else torch.float32
     return o.to(in_dtype), (ht.to(state_dtype) if output_final_state else None)
 

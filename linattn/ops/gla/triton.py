@@ -72,6 +72,7 @@ import triton.language as tl
 from ..common.triton_ops import gated_rnn_backend
 from ..common.triton_utils import block as _block
 from ..common.triton_utils import dot_precision, launch_options, launch_overrides, mm, upcast_dots
+from ..simple_gla.triton import _state_dtype
 
 SUB = 16  # sub-chunk length of the intra-chunk scores
 FACTOR_LIMIT = 30.0  # largest in-sub-chunk gate spread for which the diagonal blocks are factored
@@ -366,11 +367,6 @@ launch_overrides("gla", LAUNCH)
 
 def _options(x: torch.Tensor, kernel: str) -> dict[str, int]:
     return launch_options(LAUNCH, kernel, x.dtype)
-
-
-def _state_dtype(x: torch.Tensor) -> torch.dtype:
-    """Chunk-entry states are kept in the input dtype for bf16/fp16 (half the memory, as FLA does)."""
-    return torch.float32 if x.dtype == torch.float32 else x.dtype
 
 
 def _prec(x: torch.Tensor) -> tuple[str, bool]:
