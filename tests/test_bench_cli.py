@@ -52,3 +52,9 @@ def test_auto_backend_choice():
     assert gdn.resolve("auto", cpu) is gdn.implementations["chunk"]
     if "triton" in gdn.implementations:
         assert gdn.resolve("auto", cuda) is gdn.implementations["triton"]
+        assert gdn.resolve("auto", cuda, 64) is gdn.implementations["triton"]
+        for name in ("delta_rule", "gated_delta_rule", "comba", "gated_delta_product"):  # no 128 in their kernels
+            spec = get_op(name)
+            assert spec.resolve("auto", cuda, 128) is spec.implementations["chunk"], name
+        gla = get_op("gla")
+        assert gla.resolve("auto", cuda, 128) is gla.implementations["triton"]

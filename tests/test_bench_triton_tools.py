@@ -10,6 +10,7 @@ import torch
 from linattn.bench import profile_op, triton_tune
 from linattn.ops.common.triton_compat import triton_available
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU runs Triton through its interpreter
 needs_triton = pytest.mark.skipif(not triton_available(), reason="triton not installed")
 
 
@@ -38,7 +39,7 @@ def test_default_grids_start_from_the_current_setting_and_use_known_keys():
 @needs_triton
 def test_tune_runs_every_setting_and_checks_it_against_the_first():
     result = triton_tune.tune("gated_delta_rule", {"scan": [{}, {"scan_warps": 2}], "out": [{}, {"out_BV": 16}]},
-                              B=1, T=20, H=1, K=16, V=16, repeats=1, device="cpu", op="delta_rule",
+                              B=1, T=20, H=1, K=16, V=16, repeats=1, device=DEVICE, op="delta_rule",
                               on_row=lambda row: None)
     assert [r["setting"] for r in result["runs"]] == [{"scan": {}, "out": {}},
                                                       {"scan": {"scan_warps": 2}, "out": {"out_BV": 16}}]

@@ -62,19 +62,24 @@ def test_gated_delta_triton_matches_recurrent_fp32(shape, chunk_size, with_state
 @pytest.mark.parametrize("shape,with_state,final,chunk_size", [((1, 1, 1, 16, 16), False, True, 16),
                                                                ((1, 37, 2, 20, 24), True, True, 16),
                                                                ((1, 45, 1, 16, 32), True, False, 16),
-                                                               ((1, 150, 1, 16, 16), True, True, 128)])
+                                                               ((1, 150, 1, 16, 16), True, True, 64)])
 def test_delta_triton_matches_recurrent_fp32(shape, with_state, final, chunk_size):
     q, k, v, _, beta, s0 = make(*shape)
     check_backends_agree(lambda *xs, backend: dn(*xs, backend, chunk_size, final=final),
                          [q, k, v, None, beta, s0 if with_state else None], NAMES, ["triton"], tol=1e-5)
 
 
-@pytest.mark.parametrize("T,H,chunk_size,tol", [(50, 2, 16, 1e-5), (130, 1, 64, 3e-5)])
+@pytest.mark.parametrize("T,H,chunk_size,tol", [(50, 2, 16, 1e-5), (130, 1, 64, None)])
 def test_gated_delta_triton_strong_decay_without_final_state(T, H, chunk_size, tol):
-    """g down to -20: finite and exact to float32 resolution. With 64-token chunks the in-chunk cumulative
-    gates reach ~-1000, which float32 resolves to ~1e-4 absolute, so e^{b_t - b_s} carries ~1e-5 relative
-    error: dg agrees to ~1.2e-5 (the PyTorch chunk backend: ~2.3e-5), every other output to < 3e-6."""
+    """g down to -20: finite and exact to float32 resolution. In 64-token chunks the in-chunk cumulative gates b
+    reach ~-640, which float32 holds to ulp(640) = 6.1e-5, so e^{b_t - b_s} carries up to ~6e-5 relative error
+    whatever the order of the sums: tol None is 2 eps_32 max|b| (1.5e-4 here). dg is the output that shows it: vs
+    the float32 recurrence it was 1.2e-5 under the CPU interpreter and 6.6e-5 on an H100 (Triton 3.6); the
+    PyTorch chunk backend on the CPU, 2.3e-5. Every other output agrees to < 3e-6."""
     q, k, v, g, beta, _ = make(1, T, H, 16, 16, low=-20.0)
+    if tol is None:
+        chunks = torch.nn.functional.pad(g[0, :, 0].double(), (0, -T % chunk_size)).view(-1, chunk_size)
+        tol = 2 * torch.finfo(torch.float32).eps * float(chunks.cumsum(1).abs().max())
     check_backends_agree(lambda *xs, backend: gdn(*xs, backend, chunk_size, final=False), [q, k, v, g, beta, None],
                          NAMES, ["triton"], tol=tol)
 
@@ -86,15 +91,21 @@ def test_triton_negative_eigenvalues(op):
                          [q, k, v, g if op is gdn else None, beta, s0], NAMES, ["triton"], tol=1e-5)
 
 
-@pytest.mark.parametrize("op,dtype", [(gdn, torch.bfloat16), (dn, torch.bfloat16), (gdn, torch.float16)])
-def test_triton_half_precision(op, dtype):
-    q, k, v, g, beta, s0 = make(1, 45, 2, 16, 32)
+@pytest.mark.parametrize("op,dtype,shape,chunk_size", [(gdn, torch.bfloat16, (1, 45, 2, 16, 32), 16),
+                                                        (dn, torch.bfloat16, (1, 45, 2, 16, 32), 16),
+                                                        (gdn, torch.float16, (1, 45, 2, 16, 32), 16),
+                                                        (gdn, torch.bfloat16, (1, 130, 1, 16, 16), 64),
+                                                        (gdn, torch.bfloat16, (1, 48, 1, 16, 16), 64)])
+def test_triton_half_precision(op, dtype, shape, chunk_size):
+    """The last two: 16-wide key and value blocks in 64-token chunks, where Triton 3.6 on an H100 miscompiled the
+    prepare kernel's half-precision products (wrong W and U, or an illegal address; see _prepare_upcasts)."""
+    q, k, v, g, beta, s0 = make(*shape)
     g = g if op is gdn else None
 
     def both(q, k, v, g, beta, s0, backend):
         if backend == "recurrent":  # float32 reference on the same rounded inputs
             q, k, v = q.float(), k.float(), v.float()
-        return op(q, k, v, g, beta, s0, backend)
+        return op(q, k, v, g, beta, s0, backend, chunk_size)
 
     check_backends_agree(both, [q.to(dtype), k.to(dtype), v.to(dtype), g, beta, s0], NAMES, ["triton"],
                          tol=5e-3, grad_tol=1e-2, metric="rmse")
@@ -115,14 +126,15 @@ def test_triton_split_sequence_carries_the_state(op):
     assert_close(s2, s, 1e-5, "final state")
 
 
-def test_triton_rejects_unsupported_chunk_size():
+@pytest.mark.parametrize("chunk_size", [48, 128])
+def test_triton_rejects_unsupported_chunk_size(chunk_size):
     q, k, v, g, beta, _ = make(1, 8, 1, 16, 16)
-    with pytest.raises(ValueError, match="chunk_size"):
-        gdn(q, k, v, g, beta, None, "triton", chunk_size=48)
+    with pytest.raises(ValueError, match="chunk_size must be 16, 32 or 64"):
+        gdn(q, k, v, g, beta, None, "triton", chunk_size=chunk_size)
 
 
 
-@pytest.mark.parametrize("C", [16, 32, 64, 128])
+@pytest.mark.parametrize("C", [16, 32, 64])
 def test_unit_lower_inverse_kernel(C):
     gen = torch.Generator().manual_seed(C)
     A = (0.3 * torch.randn(C, C, generator=gen)).to(DEVICE)  # the upper triangle must be ignored

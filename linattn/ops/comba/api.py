@@ -11,6 +11,7 @@ from collections.abc import Callable
 import torch
 
 from ..common.checks import (
+    DELTA_TRITON_CHUNK_SIZES,
     check_chunk_size,
     check_initial_state,
     check_qkv,
@@ -47,6 +48,7 @@ SPEC = register_op(
     OpSpec(
         name="comba",
         family="delta",
+        triton_chunk_sizes=DELTA_TRITON_CHUNK_SIZES,
         equation="S_t = exp(g_t) S_{t-1} + b_t k_t (v_t - exp(g_t) S_{t-1}^T p_t)^T;  o_t = S_t^T q_t",
         op_args=("p", "g", "beta"),
         state_shape="[B, H, K, V]",
@@ -87,7 +89,7 @@ def comba(
     check_beta(beta, d, allow_neg_eigval)
     check_initial_state(initial_state, d)
     check_chunk_size(chunk_size)
-    impl = SPEC.resolve(backend, q.device)
+    impl = SPEC.resolve(backend, q.device, chunk_size)
     return impl(
         q, k, v, p, g, beta,
         scale=resolve_scale(scale, d.K),

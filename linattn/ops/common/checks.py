@@ -14,6 +14,8 @@ import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 CHUNK_SIZES = (16, 32, 64, 128)
+# the delta family's Triton kernels: 128-token chunks spill registers and compile for minutes on a GPU
+DELTA_TRITON_CHUNK_SIZES = (16, 32, 64)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .checks import CHUNK_SIZES
+
 BACKENDS = ("recurrent", "parallel", "chunk", "triton")
 AUTO_ORDER_CPU = ("chunk", "parallel", "recurrent")
 
@@ -39,6 +41,7 @@ class OpSpec:
     implementations: dict[str, Callable] = field(default_factory=dict)
     example_inputs: Callable[..., dict] | None = None
     auto_cuda: str = ""  # the backend "auto" takes on CUDA when there is no triton one ("" = as on CPU)
+    triton_chunk_sizes: tuple[int, ...] = CHUNK_SIZES  # "auto" passes over triton for any other chunk_size
     no_parallel_reason: str = ""
     notes: str = ""
 
@@ -46,11 +49,12 @@ class OpSpec:
     def backends(self) -> tuple[str, ...]:
         return tuple(b for b in BACKENDS if b in self.implementations)
 
-    def resolve(self, backend: str, device: torch.device) -> Callable:
-        """The implementation for ``backend`` ("auto": triton on CUDA when present, else ``auto_cuda`` on
-        CUDA when set, else chunk)."""
+    def resolve(self, backend: str, device: torch.device, chunk_size: int | None = None) -> Callable:
+        """The implementation for ``backend`` ("auto": triton on CUDA when present and it takes
+        ``chunk_size``, else ``auto_cuda`` on CUDA when set, else chunk)."""
         if backend == "auto":
-            if device.type == "cuda" and "triton" in self.implementations:
+            triton_fits = chunk_size is None or chunk_size in self.triton_chunk_sizes
+            if device.type == "cuda" and "triton" in self.implementations and triton_fits:
                 return self.implementations["triton"]
             if device.type == "cuda" and self.auto_cuda in self.implementations:
                 return self.implementations[self.auto_cuda]

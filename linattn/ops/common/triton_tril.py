@@ -1,6 +1,6 @@
 """Inverse of a unit lower-triangular chunk matrix inside a Triton kernel (import only where Triton is installed).
 
-    Tm = (I + A)^-1,   A [C, C] strictly lower triangular, C in {16, 32, 64, 128}
+    Tm = (I + A)^-1,   A [C, C] strictly lower triangular, C in {16, 32, 64}
 
 The delta-rule family needs it per chunk (the WY / UT transform). Row-by-row forward substitution
 would take C - 1 dependent steps on a [C, C] tile; instead:
@@ -22,7 +22,8 @@ from .triton_utils import mm
 
 @triton.jit
 def unit_lower_inverse(A, C: tl.constexpr, PREC: tl.constexpr):
-    """(I + A)^-1 in float32 for A [C, C] float32 (only its strictly lower triangle is read), C = 16, 32, 64 or 128."""
+    """(I + A)^-1 in float32 for A [C, C] float32 (only its strictly lower triangle is read), C = 16, 32 or 64
+    (at 128 the [128, 128] float32 tiles spill registers, and compiling for a GPU takes minutes)."""
     NB: tl.constexpr = C // 16
     o = tl.arange(0, C)
     A = tl.where(o[:, None] > o[None, :], A, 0.0)

@@ -10,7 +10,14 @@ from collections.abc import Callable
 
 import torch
 
-from ..common.checks import check_chunk_size, check_initial_state, check_qkv, check_step_qkv, resolve_scale
+from ..common.checks import (
+    DELTA_TRITON_CHUNK_SIZES,
+    check_chunk_size,
+    check_initial_state,
+    check_qkv,
+    check_step_qkv,
+    resolve_scale,
+)
 from ..common.registry import OpSpec, register_op
 from ..common.triton_step import select_step
 from ..gated_delta_rule.api import (
@@ -39,6 +46,7 @@ SPEC = register_op(
     OpSpec(
         name="delta_rule",
         family="delta",
+        triton_chunk_sizes=DELTA_TRITON_CHUNK_SIZES,
         equation="S_t = (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T;  o_t = S_t^T q_t",
         op_args=("beta",),
         state_shape="[B, H, K, V]",
@@ -74,7 +82,7 @@ def delta_rule(
     check_beta(beta, d, allow_neg_eigval)
     check_initial_state(initial_state, d)
     check_chunk_size(chunk_size)
-    impl = SPEC.resolve(backend, q.device)
+    impl = SPEC.resolve(backend, q.device, chunk_size)
     return impl(
         q, k, v, beta,
         scale=resolve_scale(scale, d.K),

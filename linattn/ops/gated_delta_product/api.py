@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..common.checks import (
+    DELTA_TRITON_CHUNK_SIZES,
     Dims,
     check_chunk_size,
     check_float_tensor,
@@ -21,6 +22,7 @@ SPEC = register_op(
     OpSpec(
         name="gated_delta_product",
         family="delta",
+        triton_chunk_sizes=DELTA_TRITON_CHUNK_SIZES,
         equation="S_t = exp(g_t) prod_{j<n} (I - b_{t,j} k_{t,j} k_{t,j}^T) S_{t-1} + writes;  o_t = S_t^T q_t",
         op_args=("g", "beta", "num_householder"),
         state_shape="[B, H, K, V]",
@@ -91,7 +93,7 @@ def gated_delta_product(
     check_beta(beta, d, allow_neg_eigval, T=d.T * n)
     check_initial_state(initial_state, d)
     check_chunk_size(chunk_size)
-    impl = SPEC.resolve(backend, q.device)
+    impl = SPEC.resolve(backend, q.device, chunk_size)
     return impl(
         q, k, v, g, beta,
         num_householder=n,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..common.checks import (
+    DELTA_TRITON_CHUNK_SIZES,
     Dims,
     check_chunk_size,
     check_initial_state,
@@ -28,6 +29,7 @@ SPEC = register_op(
     OpSpec(
         name="gated_delta_rule",
         family="delta",
+        triton_chunk_sizes=DELTA_TRITON_CHUNK_SIZES,
         equation="S_t = exp(g_t) (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T;  o_t = S_t^T q_t",
         op_args=("g", "beta"),
         state_shape="[B, H, K, V]",
@@ -89,7 +91,7 @@ def gated_delta_rule(
     check_beta(beta, d, allow_neg_eigval)
     check_initial_state(initial_state, d)
     check_chunk_size(chunk_size)
-    impl = SPEC.resolve(backend, q.device)
+    impl = SPEC.resolve(backend, q.device, chunk_size)
     return impl(
         q, k, v, g, beta,
         scale=resolve_scale(scale, d.K),

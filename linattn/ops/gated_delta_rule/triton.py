@@ -46,6 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.checks import DELTA_TRITON_CHUNK_SIZES
 from ..common.triton_ops import needs_backward
 from ..common.triton_tril import unit_lower_inverse
 from ..common.triton_utils import block as _block
@@ -397,6 +398,15 @@ def _options(x: torch.Tensor, kernel: str) -> dict[str, int]:
     return launch_options(LAUNCH, kernel, x.dtype, float32_stages=1)
 
 
+def _prepare_upcasts(k: torch.Tensor, BV: int) -> bool:
+    """Whether the prepare kernel multiplies in float32 instead of bf16/fp16 tensor-core products: always under the
+    interpreter (:func:`upcast_dots`), and on a GPU when a key or value block is 16 wide. Triton 3.6 miscompiles
+    the half-precision products Tm @ (beta gamma K) and Tm @ (beta V) with 16-wide outputs at 4 warps on the H100
+    (sm_90): W and U came out wrong, or the kernel read out of bounds (illegal address), while Tm was right; the
+    float32 products are correct and cost little at such small K and V."""
+    return upcast_dots(k.dtype) or (k.dtype != torch.float32 and min(_block(k.shape[-1]), BV) < 32)
+
+
 def _prepare(k, v, beta, g, C, p=None, tm=None, keep_tm=False):
     """W [B, T, H, K] and U [B, T, H, V] in the input dtype (p None: read key = k), and Tm [B, T, H, C] (input
     dtype) when ``keep_tm`` (else None). With ``tm`` given, Tm is read from it instead of being recomputed."""
@@ -406,9 +416,10 @@ def _prepare(k, v, beta, g, C, p=None, tm=None, keep_tm=False):
     mode = 2 if tm is not None else 1 if keep_tm else 0
     if keep_tm:
         tm = torch.empty(B, T, H, C, device=k.device, dtype=k.dtype)
+    BV = min(LAUNCH["prep_BV"], _block(V))
     _prepare_kernel[(triton.cdiv(T, C), B * H)](
         k, k if p is None else p, v, beta, w if g is None else g, w if tm is None else tm, w, u, T, H, K, V, C,
-        _block(K), min(LAUNCH["prep_BV"], _block(V)), g is not None, p is not None, mode, *_launch_args(k),
+        _block(K), BV, g is not None, p is not None, mode, dot_precision(k.dtype), _prepare_upcasts(k, BV),
         **_options(k, "prep"))
     return w, u, (tm if keep_tm else None)
 
@@ -561,8 +572,10 @@ def gated_delta_triton(
 
     S_t = exp(g_t) (I - b_t k_t p_t^T) S_{t-1} + b_t k_t v_t^T,  o_t = S_t^T (scale q_t).
     """
-    if chunk_size not in (16, 32, 64, 128):
-        raise ValueError(f"chunk_size must be 16, 32, 64 or 128 for backend='triton', got {chunk_size}")
+    if chunk_size not in DELTA_TRITON_CHUNK_SIZES:
+        raise ValueError(f"chunk_size must be 16, 32 or 64 for the delta-rule family's backend='triton', got "
+                         f"{chunk_size} (128-token chunks need [128, 128] float32 tiles that spill registers: on an "
+                         "H100 one such kernel took minutes to compile; use 64, or backend='chunk')")
     in_dtype = q.dtype  # float64 runs in float32 and returns float64
     dtype = in_dtype if in_dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
     q, k, v = (x.to(dtype).contiguous() for x in (q, k, v))
