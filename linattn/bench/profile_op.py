@@ -11,6 +11,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from linattn.bench.ops import fla_function
+from linattn.bench.shape_args import add_shape_arguments
 from linattn.ops import get_op
 
 
@@ -79,11 +80,7 @@ if __name__ == "__main__":
     p.add_argument("ops", nargs="+")
     p.add_argument("--backend", default="chunk", help="an op backend, or fla (FLA's chunk kernel)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--T", type=int, default=16384)
-    p.add_argument("--B", type=int, default=4)
-    p.add_argument("--H", type=int, default=16)
-    p.add_argument("--K", type=int, default=128)
-    p.add_argument("--V", type=int, default=128)
+    add_shape_arguments(p, B=4, T=16384, H=16)
     p.add_argument("--rows", type=int, default=25)
     p.add_argument("--dtype", default="bfloat16")
     a = p.parse_args()

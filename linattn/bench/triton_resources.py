@@ -24,6 +24,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
+from linattn.bench.shape_args import add_shape_arguments
 from linattn.ops import get_op
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
@@ -130,11 +131,7 @@ def op_launches(op: str, B: int, T: int, H: int, K: int, V: int, dtype: torch.dt
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("ops", nargs="+")
-    p.add_argument("--B", type=int, default=1)
-    p.add_argument("--T", type=int, default=256)
-    p.add_argument("--H", type=int, default=2)
-    p.add_argument("--K", type=int, default=128)
-    p.add_argument("--V", type=int, default=128)
+    add_shape_arguments(p, B=1, T=256, H=2)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--arch", type=int, default=90)
     a = p.parse_args()

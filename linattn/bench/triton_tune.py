@@ -25,6 +25,7 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from linattn.bench.shape_args import add_shape_arguments
 from linattn.ops import get_op
 
 # which LAUNCH group (prefix) each kernel of a family reads
@@ -151,11 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--family", choices=sorted(KERNEL_GROUPS), default="gated_delta_rule")
     p.add_argument("--op", default=None, help="op to run on the family's kernels (default: the family)")
-    p.add_argument("--T", type=int, default=16384)
-    p.add_argument("--B", type=int, default=4)
-    p.add_argument("--H", type=int, default=16)
-    p.add_argument("--K", type=int, default=128)
-    p.add_argument("--V", type=int, default=128)
+    add_shape_arguments(p, B=4, T=16384, H=16)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--grid", default=None, help="JSON {group: [setting, ...]} (default: default_grid(family))")
     p.add_argument("--out", default=None)

@@ -573,7 +573,8 @@ def gated_delta_triton(
     S_t = exp(g_t) (I - b_t k_t p_t^T) S_{t-1} + b_t k_t v_t^T,  o_t = S_t^T (scale q_t).
     """
     if chunk_size not in DELTA_TRITON_CHUNK_SIZES:
-        raise ValueError(f"chunk_size must be 16, 32 or 64 for the delta-rule family's backend='triton', got "
+        sizes = ", ".join(map(str, DELTA_TRITON_CHUNK_SIZES[:-1])) + f" or {DELTA_TRITON_CHUNK_SIZES[-1]}"
+        raise ValueError(f"chunk_size must be {sizes} for the delta-rule family's backend='triton', got "
                          f"{chunk_size} (128-token chunks need [128, 128] float32 tiles that spill registers: on an "
                          "H100 one such kernel took minutes to compile; use 64, or backend='chunk')")
     in_dtype = q.dtype  # float64 runs in float32 and returns float64
