@@ -71,13 +71,40 @@ def test_set_value_checks_turns_them_off_for_this_context_only():
         _call(1.5)
 
 
-def test_switch_arguments_must_be_bools():
-    with pytest.raises(TypeError, match="enabled must be a bool, got int 0"):
+def test_switch_arguments_must_be_modes_or_bools():
+    with pytest.raises(TypeError, match="enabled must be one of 'auto', 'strict', 'off' or a bool.*got int 0"):
         values.set_value_checks(0)
-    with pytest.raises(TypeError, match="enabled must be a bool"):
+    with pytest.raises(TypeError, match="enabled must be one of"):
         with values.value_checks("no"):
             pass
     assert values.value_checks_enabled()
+
+
+def test_auto_mode_checks_cpu_tensors_and_skips_cuda_ones_strict_checks_both():
+    cpu = torch.zeros(3)
+    assert values.value_check_mode() == "auto"
+    assert values.value_checks_enabled(cpu) and values.value_checks_enabled(torch.empty(3, device="meta"))
+
+    class OnCuda:  # value_checks_enabled reads only .device (no GPU here to make a real CUDA tensor)
+        device = torch.device("cuda", 0)
+
+    assert not values.value_checks_enabled(OnCuda()), "auto: no host synchronisation for CUDA tensors"
+    with values.value_checks("strict"):
+        assert values.value_checks_enabled(OnCuda())
+    with values.value_checks(True):
+        assert values.value_check_mode() == "strict"
+    with values.value_checks("off"):
+        assert not values.value_checks_enabled(cpu)
+
+
+@pytest.mark.parametrize("raw, mode", [("auto", "auto"), ("1", "strict"), ("strict", "strict"), ("0", "off"),
+                                       ("off", "off")])
+def test_environment_variable_sets_the_default_mode(monkeypatch, raw, mode):
+    monkeypatch.setenv("LINATTN_CHECK_VALUES", raw)
+    assert values._env_mode() == mode
+    monkeypatch.setenv("LINATTN_CHECK_VALUES", "sometimes")
+    with pytest.raises(ValueError, match="LINATTN_CHECK_VALUES must be one of"):
+        values._env_mode()
 
 
 @pytest.mark.parametrize("setting, enabled", [("0", False), ("1", True)])

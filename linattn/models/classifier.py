@@ -83,6 +83,6 @@ def lengths_from_mask(mask: torch.Tensor | None, shape: torch.Size, name: str) -
         raise ValueError(f"{name} must be a bool tensor of shape {list(shape)} (True = real token), got {got}")
     lengths = mask.sum(1)
     prefix = torch.arange(shape[1], device=mask.device)[None] < lengths[:, None]
-    if value_checks_enabled() and not bool(((lengths >= 1).all() & (mask == prefix).all()).item()):
+    if value_checks_enabled(mask) and not bool(((lengths >= 1).all() & (mask == prefix).all()).item()):
         raise ValueError(f"{name} must mark a non-empty prefix of each row (right padding)")
     return lengths

@@ -19,7 +19,7 @@ def check_input_ids(name: str, ids: object, vocab_size: int) -> torch.Tensor:
         raise TypeError(f"{name} must be an integer torch.Tensor of shape [B, T], got {what}")
     if ids.dim() != 2 or ids.shape[1] < 1:
         raise ValueError(f"{name} must have shape [B, T] with T >= 1, got {list(ids.shape)}")
-    if ids.numel() and value_checks_enabled():
+    if ids.numel() and value_checks_enabled(ids):
         lo, hi = torch.stack([ids.min(), ids.max()]).tolist()  # one host sync
         if lo < 0 or hi >= vocab_size:
             raise ValueError(f"{name} values must lie in [0, vocab_size={vocab_size}), got min {lo}, max {hi}")

@@ -91,7 +91,7 @@ class Trainer:
         use_bf16 = config.precision == "bf16" or (config.precision == "auto" and self.dist.device.type == "cuda")
         self.autocast_dtype = torch.bfloat16 if use_bf16 else None
         self.step, self.best, self.last_eval, self.elapsed = 0, None, {}, 0.0
-        self._check_values = True
+        self._check_values = "strict"
         self.checkpoint_step: int | None = None
 
     # -- files -------------------------------------------------------------------------------------------
@@ -132,10 +132,10 @@ class Trainer:
         x, y = self.train_data.batch(self.step, self.dist.rank, self.dist.world)
         x, y = to_device(x, self.dist.device), to_device(y, self.dist.device)
         self.ddp.train()
-        # on CUDA the inputs' range checks (host synchronisations) run on the first step of a fit only
+        # range checks of CUDA inputs (host synchronisations) run on the first step of a fit only
         with value_checks(self._check_values), self._autocast():
             ce, count, _ = token_stats(logits_of(self.ddp(x)), y)
-        self._check_values = self.dist.device.type != "cuda"
+        self._check_values = "auto"
         totals = all_reduce_sum(torch.stack([ce.detach(), count.to(ce.dtype)]), self.dist)
         total_count = totals[1].clamp_min(1.0)
         # DDP averages gradients over ranks, so scale by world: the gradient is that of the global mean.
@@ -229,7 +229,7 @@ class Trainer:
         bar = tqdm(total=cfg.max_steps, initial=self.step, disable=not (cfg.progress and self.dist.is_main),
                    dynamic_ncols=True, leave=False)
         t0 = time.time() - self.elapsed
-        self._check_values = True
+        self._check_values = "strict"
         while status == "running":
             loss, grad_norm = self._train_step()
             self.elapsed = time.time() - t0

@@ -1,15 +1,21 @@
 """Checks on argument *values* (ranges, flags), complementing the shape/dtype checks of checks.py.
 
-A range check reads the tensor (on CUDA this is one host synchronisation), so ops use it only for
-arguments whose out-of-range values silently break the math (e.g. a delta rule's beta). Under
-``torch.compile`` range checks are skipped: a data-dependent branch would break the graph; run the
-function eagerly once to have the values checked.
+A range check reads the tensor. On the CPU that is cheap; on CUDA it is a host synchronisation,
+which stalls the launch queue and cannot be captured in a CUDA graph. So range checks run in one of
+three modes:
 
-``value_checks(False)`` (a context manager) or ``set_value_checks(False)`` turns range checks off
-where the caller guarantees the ranges, so the hot path keeps no host synchronisation: the layers
-produce beta by a sigmoid and decays by a log-sigmoid/softplus, in range by construction, and call
-their ops inside ``value_checks(False)``. The environment variable ``LINATTN_CHECK_VALUES=0`` turns them
-off everywhere.
+- ``"auto"`` (the default): checked for CPU tensors, skipped for CUDA tensors and under
+  ``torch.compile`` (a data-dependent branch would break the graph). Run a call once on the CPU, or
+  in strict mode, to have the values checked.
+- ``"strict"``: checked everywhere outside ``torch.compile`` (one host synchronisation per checked
+  argument on CUDA).
+- ``"off"``: never checked, for callers that guarantee the ranges (the layers make beta by a sigmoid
+  and decays by a log-sigmoid/softplus, in range by construction, and call their ops so).
+
+Shape, dtype and Python-value checks are free and always run. ``value_checks(mode)`` is a context
+manager, ``set_value_checks(mode)`` sets the mode for this thread/context, and the environment
+variable ``LINATTN_CHECK_VALUES`` (``auto``, ``strict`` or ``1``, ``off`` or ``0``) sets the default.
+``True`` means ``"strict"`` and ``False`` means ``"off"`` wherever a mode is taken.
 """
 
 from __future__ import annotations
@@ -21,28 +27,64 @@ from contextvars import ContextVar
 
 import torch
 
-_ENABLED: ContextVar[bool] = ContextVar("linattn_value_checks", default=os.environ.get("LINATTN_CHECK_VALUES",
-                                                                                      "1") != "0")
+MODES = ("auto", "strict", "off")
+_ALIASES = {"1": "strict", "0": "off", "true": "strict", "false": "off", "on": "strict"}
 
 
-def value_checks_enabled() -> bool:
-    """Whether range checks (host synchronisations on CUDA) run here."""
-    return _ENABLED.get()
+def _mode(value: object, name: str = "mode") -> str:
+    """A value-check mode from a mode name or a bool (True: strict, False: off)."""
+    if isinstance(value, bool):
+        return "strict" if value else "off"
+    if isinstance(value, str) and value in MODES:
+        return value
+    raise TypeError(f"{name} must be one of {', '.join(map(repr, MODES))} or a bool (True: 'strict', "
+                    f"False: 'off'), got {type(value).__name__} {value!r}")
 
 
-def set_value_checks(enabled: bool) -> None:
-    """Turn range checks on or off for this thread/context (see the module docstring)."""
-    _ENABLED.set(check_bool("enabled", enabled))
+def _env_mode() -> str:
+    raw = os.environ.get("LINATTN_CHECK_VALUES", "auto").strip().lower()
+    raw = _ALIASES.get(raw, raw)
+    if raw not in MODES:
+        raise ValueError(f"LINATTN_CHECK_VALUES must be one of auto, strict (or 1), off (or 0); got {raw!r}")
+    return raw
+
+
+_MODE: ContextVar[str] = ContextVar("linattn_value_checks", default=_env_mode())
+
+
+def value_check_mode() -> str:
+    """The current mode: "auto", "strict" or "off"."""
+    return _MODE.get()
+
+
+def value_checks_enabled(x: torch.Tensor | None = None) -> bool:
+    """Whether a range check of ``x`` (any tensor when None) runs here: never under torch.compile or in mode
+    "off"; in mode "auto" only for tensors that are not on CUDA (no host synchronisation)."""
+    if torch.compiler.is_compiling():
+        return False
+    mode = _MODE.get()
+    if mode == "auto":
+        return x is None or x.device.type != "cuda"
+    return mode == "strict"
+
+
+def set_value_checks(mode: str | bool) -> None:
+    """Set the value-check mode for this thread/context (see the module docstring)."""
+    _MODE.set(_mode(mode, "enabled"))
 
 
 @contextlib.contextmanager
-def value_checks(enabled: bool) -> Iterator[None]:
-    """Range checks on or off inside the ``with`` block."""
-    token = _ENABLED.set(check_bool("enabled", enabled))
+def value_checks(mode: str | bool) -> Iterator[None]:
+    """The value-check mode inside the ``with`` block (under torch.compile, where checks never run, a no-op)."""
+    mode = _mode(mode, "enabled")
+    if torch.compiler.is_compiling():  # a ContextVar cannot be set inside a compiled graph
+        yield
+        return
+    token = _MODE.set(mode)
     try:
         yield
     finally:
-        _ENABLED.reset(token)
+        _MODE.reset(token)
 
 
 def check_bool(name: str, value: object) -> bool:
@@ -53,8 +95,9 @@ def check_bool(name: str, value: object) -> bool:
 
 
 def check_range(name: str, x: torch.Tensor, low: float, high: float, hint: str = "") -> torch.Tensor:
-    """Every entry of ``x`` must lie in [low, high] (NaN fails); ``hint`` is appended to the error."""
-    if x.numel() == 0 or torch.compiler.is_compiling() or not _ENABLED.get():
+    """Every entry of ``x`` must lie in [low, high] (NaN fails); ``hint`` is appended to the error. Runs where
+    :func:`value_checks_enabled` says so."""
+    if x.numel() == 0 or not value_checks_enabled(x):
         return x
     lo, hi = torch.aminmax(x.detach())
     lo, hi = float(lo), float(hi)

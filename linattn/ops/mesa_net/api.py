@@ -48,7 +48,7 @@ def _check_state(name: str, state: object, d: Dims) -> MesaState | None:
 def _check_mesa_args(beta: torch.Tensor, lamb: object, d: Dims, solver: object, cg_steps: object) -> None:
     """beta >= 0, lamb [H, K] > 0 (so G_t + diag(lamb) is positive definite), solver and cg_steps."""
     check_shape("lamb", lamb, (d.H, d.K), "[H, K]")
-    if value_checks_enabled() and not bool((lamb > 0).all()):
+    if value_checks_enabled(lamb) and not bool((lamb > 0).all()):
         raise ValueError(f"lamb must be > 0 everywhere (G_t + diag(lamb) must be positive definite), "
                          f"got min {float(lamb.min()):.3g}")
     check_range("beta", beta, 0.0, float("inf"), "input strengths must be >= 0")
