@@ -49,7 +49,8 @@ def _env_mode() -> str:
     return raw
 
 
-_MODE: ContextVar[str] = ContextVar("linattn_value_checks", default=_env_mode())
+_DEFAULT_MODE: str = _env_mode()
+_MODE: ContextVar[str] = ContextVar("linattn_value_checks", default=_DEFAULT_MODE)
 
 
 def value_check_mode() -> str:
