@@ -9,6 +9,12 @@ SiLU(W_g x) -> output projection. A subclass states its paper's parameterisation
 
 ``forward(x, cache=None) -> (y, cache)``: the returned :class:`LayerCache` holds the ShortConv
 caches and the op state, so prefill then single-token steps equals one full forward.
+
+Static decoding (static_cache.py): :meth:`MixerLayer.allocate_static_cache` makes a layer's buffers,
+:meth:`MixerLayer.load_static_cache` copies a prefill's :class:`LayerCache` into some of their rows, and
+``forward(x, static_cache)`` with one token x runs :meth:`MixerLayer.static_step`, which overwrites the
+buffers in place (the same projections, ShortConvs, gates and norms as the cached path; the op's step on
+the state buffers, or a subclass's :meth:`MixerLayer.static_op_step`).
 """
 
 from __future__ import annotations
@@ -22,8 +28,9 @@ from torch import nn
 from linattn.ops.common.values import value_checks
 
 from .cache import LayerCache
-from .checks import check_layer_input, check_short_conv, head_dims
+from .checks import check_layer_input, check_short_conv, check_static_step_input, head_dims
 from .shortconv import CONV_MODES, ShortConv
+from .static_cache import StaticLayerCache, copy_rows_, copy_state_, state_dtype
 
 TokenArgs = list[tuple[torch.Tensor, bool]]  # the op's positional args after v: (tensor, varies over time)
 Streams = dict[str, torch.Tensor]  # projected streams by name ("q", "k", "v", ...), or their conv caches
@@ -50,6 +57,7 @@ class MixerLayer(nn.Module):
     default_output_gate: bool = False
     scale: float | None = None
     conv_letters: str = "qkv"
+    step_inplace: bool = False  # op_step takes inplace=True (writes the new state into the state it is given)
 
     def __init__(self, d_model: int, n_heads: int, *, head_dim: int | None = None, head_dim_v: int | None = None,
                  short_conv: str | None = None, conv_mode: str = "learned", conv_kernel: int = 4,
@@ -92,11 +100,12 @@ class MixerLayer(nn.Module):
                 self.convs[c] = ShortConv(width, **self._conv_args)
 
     # --- hooks for subclasses -------------------------------------------------------------------
-    def mix_inputs(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int,
-                   streams: dict[str, torch.Tensor]
+    def mix_inputs(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   offset: int | torch.Tensor, streams: dict[str, torch.Tensor]
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, TokenArgs, dict[str, Any]]:
         """Feature maps and gates: q [B, T, H, K], k [B, T, H_kv, K], v [B, T, H_kv, V] after the
-        ShortConvs; ``offset`` is the position of x's first token; ``streams`` every projected stream
+        ShortConvs; ``offset`` is the position of x's first token (an int, or per row a [B] tensor in a static
+        step); ``streams`` every projected stream
         (flat, after its ShortConv; subclasses may add their own in :meth:`streams`). Returns (q, k, v,
         the op's positional args after v as (tensor, varies_over_time) pairs, keyword args for the op
         and its step)."""
@@ -111,17 +120,20 @@ class MixerLayer(nn.Module):
         return {"backend": self.backend, "chunk_size": self.chunk_size}
 
     # --- the frame --------------------------------------------------------------------------------
-    def streams(self, x: torch.Tensor, cache: LayerCache | None) -> tuple[dict[str, torch.Tensor], dict]:
+    def streams(self, x: torch.Tensor, cache: LayerCache | StaticLayerCache | None
+                ) -> tuple[dict[str, torch.Tensor], dict]:
         """Projections q, k, v (flat [B, T, H*D]) after their ShortConvs, and the new conv caches."""
         k = self.k_proj(x)
         out = {"q": self.q_proj(x), "k": k, "v": k if self.v_proj is None else self.v_proj(x)}
         new_conv = {}
         for name, conv in self.convs.items():
-            out[name], new_conv[name] = conv(out[name], None if cache is None else cache.conv.get(name))
+            out[name], new_conv[name] = run_conv(conv, name, out[name], cache)
         return out, new_conv
 
-    def forward(self, x: torch.Tensor, cache: LayerCache | None = None, *, use_cache: bool = True
-                ) -> tuple[torch.Tensor, LayerCache | None]:
+    def forward(self, x: torch.Tensor, cache: LayerCache | StaticLayerCache | None = None, *, use_cache: bool = True
+                ) -> tuple[torch.Tensor, LayerCache | StaticLayerCache | None]:
+        if isinstance(cache, StaticLayerCache):
+            return self.static_step(x, cache), cache
         check_layer_input(x, self.d_model, cache)
         B, T, _ = x.shape
         offset = 0 if cache is None else cache.offset
@@ -154,6 +166,62 @@ class MixerLayer(nn.Module):
         o, state = self.op_step(q[:, 0], k[:, 0], v[:, 0], *step_args, state=state, scale=self.scale, **kwargs)
         return o[:, None], state
 
+    # --- static decoding ------------------------------------------------------------------------
+    def conv_modules(self) -> dict[str, ShortConv]:
+        """The ShortConvs with a decoding cache, by stream name (subclasses with their own add them)."""
+        return dict(self.convs.items())
+
+    def static_state(self, batch_size: int, max_length: int, dtype: torch.dtype, device: torch.device) -> Any:
+        """Zero state buffers of the op's state shape (default [B, H, K, V]) in ``dtype`` (see static_cache.py)."""
+        return torch.zeros(batch_size, self.n_heads, self.head_dim, self.head_dim_v, dtype=dtype, device=device)
+
+    def allocate_static_cache(self, batch_size: int, max_length: int, *, dtype: torch.dtype, device: torch.device,
+                              pos: torch.Tensor) -> StaticLayerCache:
+        """Zeroed buffers for ``batch_size`` rows of up to ``max_length`` tokens: ShortConv caches in the
+        activation ``dtype``, the state in float32 (float64 for float64); ``pos`` [B] is the model's shared
+        position tensor."""
+        conv = {name: torch.zeros(batch_size, c.kernel_size - 1, c.dim, dtype=dtype, device=device)
+                for name, c in self.conv_modules().items()}
+        state = self.static_state(batch_size, max_length, state_dtype(dtype), device)
+        return StaticLayerCache(conv, state, pos)
+
+    def load_static_cache(self, static: StaticLayerCache, cache: LayerCache, rows: torch.Tensor) -> None:
+        """Copy ``cache`` (of len(rows) sequences, e.g. a prefill's) into rows ``rows`` of the static buffers."""
+        for name, buf in static.conv.items():
+            buf.index_copy_(0, rows, cache.conv[name].to(buf.dtype))
+        self.load_static_state(static.state, cache.state, rows)
+
+    def load_static_state(self, buffers: Any, state: Any, rows: torch.Tensor) -> None:
+        """buffers[rows] = state (the op's state as the cached path returns it)."""
+        copy_rows_(buffers, state, rows)
+
+    def static_step(self, x: torch.Tensor, cache: StaticLayerCache) -> torch.Tensor:
+        """One token x [B, 1, d_model] continuing the static buffers, which are overwritten in place; returns
+        y [B, 1, d_model]. No host synchronisation, no shape that changes between steps."""
+        check_static_step_input(x, self.d_model, cache)
+        B = x.shape[0]
+        s, _ = self.streams(x, cache)  # the ShortConv caches are shifted in place
+        q = s["q"].view(B, 1, -1, self.head_dim)
+        k = s["k"].view(B, 1, -1, self.head_dim)
+        v = s["v"].view(B, 1, -1, self.head_dim_v)
+        q, k, v, args, kwargs = self.mix_inputs(x, q, k, v, cache.pos, s)
+        q, k = q.to(v.dtype), k.to(v.dtype)
+        with value_checks(False):
+            o = self.static_op_step(q, k, v, args, kwargs, cache)
+        return self.finish(self.skip(o, v), x)
+
+    def static_op_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: TokenArgs,
+                       kwargs: dict[str, Any], cache: StaticLayerCache) -> torch.Tensor:
+        """The op's step on the state buffers; returns o [B, 1, H, V]. Ops whose step can write its new state
+        into the state it reads (``step_inplace``: the fused Triton kernels) do so; otherwise the new state is
+        copied into the buffers."""
+        if self.step_inplace:
+            o, _ = self.step(q, k, v, args, {**kwargs, "inplace": True}, cache.state)
+            return o
+        o, state = self.step(q, k, v, args, kwargs, cache.state)
+        copy_state_(cache.state, state)
+        return o
+
     def finish(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Output norm per head, SiLU gate, output projection: o [B, T, H, V] -> [B, T, d_model]."""
         B, T = o.shape[:2]
@@ -164,3 +232,12 @@ class MixerLayer(nn.Module):
         if self.g_proj is not None:
             o = o * torch.nn.functional.silu(self.g_proj(x))
         return self.o_proj(o)
+
+
+def run_conv(conv: ShortConv, name: str, x: torch.Tensor, cache: LayerCache | StaticLayerCache | None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """ShortConv ``conv`` of stream ``name`` over x: (y, its new cache). With a static cache the cache buffer is
+    shifted in place (and returned)."""
+    if isinstance(cache, StaticLayerCache):
+        return conv.static_step(x, cache.conv[name]), cache.conv[name]
+    return conv(x, None if cache is None else cache.conv.get(name))

@@ -2,6 +2,9 @@
 
 Neither has queries, keys or heads: ``short_conv`` may only name "v" (the input stream the recurrence
 reads), ``tie_kv`` must be False, and ``n_heads`` is accepted for the common interface only.
+
+Static decoding (static_cache.py): the same forward on one token, with the ShortConv cache shifted in place
+and the new recurrent state copied into its buffer.
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .cache import LayerCache
-from .checks import check_layer_input, check_positive_int, check_short_conv
+from .checks import check_layer_input, check_positive_int, check_short_conv, check_static_step_input
 from .scan import linear_scan
 from .shortconv import CONV_MODES, ShortConv
+from .static_cache import StaticLayerCache, copy_rows_, state_dtype
 
 
 def _check_baseline_args(name: str, d_model: int, n_heads: int, short_conv: str, conv_mode: str, tie_kv: bool) -> str:
@@ -39,11 +43,45 @@ class _Baseline(nn.Module):
         self.short_conv = short_conv
         self.conv = ShortConv(width, conv_kernel, conv_activation, mode=conv_mode) if short_conv else None
 
-    def conv_input(self, u: torch.Tensor, cache: LayerCache | None) -> tuple[torch.Tensor, dict]:
+    def conv_input(self, u: torch.Tensor, cache: LayerCache | StaticLayerCache | None) -> tuple[torch.Tensor, dict]:
         if self.conv is None:
             return u, {}
+        if isinstance(cache, StaticLayerCache):  # shifted in place
+            return self.conv.static_step(u, cache.conv["v"]), {"v": cache.conv["v"]}
         u, c = self.conv(u, None if cache is None else cache.conv.get("v"))
         return u, {"v": c}
+
+    def check_input(self, x: torch.Tensor, cache: LayerCache | StaticLayerCache | None) -> None:
+        if isinstance(cache, StaticLayerCache):
+            check_static_step_input(x, self.d_model, cache)
+        else:
+            check_layer_input(x, self.d_model, cache)
+
+    def new_cache(self, new_conv: dict, state: torch.Tensor, cache: LayerCache | StaticLayerCache | None, T: int,
+                  use_cache: bool) -> LayerCache | StaticLayerCache | None:
+        """The returned cache: a static one gets the new state copied into its buffer (the conv was shifted)."""
+        if isinstance(cache, StaticLayerCache):
+            cache.state.copy_(state)
+            return cache
+        offset = 0 if cache is None else cache.offset
+        return LayerCache(new_conv, state, offset + T) if use_cache else None
+
+    def static_state(self, batch_size: int, max_length: int, dtype: torch.dtype, device: torch.device
+                     ) -> torch.Tensor:
+        raise NotImplementedError
+
+    def allocate_static_cache(self, batch_size: int, max_length: int, *, dtype: torch.dtype, device: torch.device,
+                              pos: torch.Tensor) -> StaticLayerCache:
+        """Zeroed buffers (see MixerLayer.allocate_static_cache): the ShortConv cache and the recurrent state."""
+        conv = {} if self.conv is None else {
+            "v": torch.zeros(batch_size, self.conv.kernel_size - 1, self.conv.dim, dtype=dtype, device=device)}
+        return StaticLayerCache(conv, self.static_state(batch_size, max_length, state_dtype(dtype), device), pos)
+
+    def load_static_cache(self, static: StaticLayerCache, cache: LayerCache, rows: torch.Tensor) -> None:
+        """Copy a cached path's cache of len(rows) sequences into rows ``rows`` of the buffers."""
+        for name, buf in static.conv.items():
+            buf.index_copy_(0, rows, cache.conv[name].to(buf.dtype))
+        copy_rows_(static.state, cache.state, rows)
 
 
 class LRULayer(_Baseline):
@@ -71,9 +109,15 @@ class LRULayer(_Baseline):
         self.C_im = nn.Parameter(torch.randn(d_model, N) / math.sqrt(N))
         self.D = nn.Parameter(torch.randn(d_model))
 
-    def forward(self, x: torch.Tensor, cache: LayerCache | None = None, *, use_cache: bool = True
-                ) -> tuple[torch.Tensor, LayerCache | None]:
-        check_layer_input(x, self.d_model, cache)
+    def static_state(self, batch_size: int, max_length: int, dtype: torch.dtype, device: torch.device
+                     ) -> torch.Tensor:
+        """h [B, N], complex."""
+        complex_dtype = torch.complex128 if dtype == torch.float64 else torch.complex64
+        return torch.zeros(batch_size, self.state_dim, dtype=complex_dtype, device=device)
+
+    def forward(self, x: torch.Tensor, cache: LayerCache | StaticLayerCache | None = None, *, use_cache: bool = True
+                ) -> tuple[torch.Tensor, LayerCache | StaticLayerCache | None]:
+        self.check_input(x, cache)
         u, new_conv = self.conv_input(x, cache)
         rdt = torch.float64 if x.dtype == torch.float64 else torch.float32
         lam = torch.exp(torch.complex(-torch.exp(self.nu_log.to(rdt)), torch.exp(self.theta_log.to(rdt))))
@@ -82,8 +126,7 @@ class LRULayer(_Baseline):
         h0 = None if cache is None else cache.state
         h = linear_scan(lam.expand_as(Bu), Bu, h0)  # [B, T, N]
         y = h.real @ self.C_re.to(rdt).T - h.imag @ self.C_im.to(rdt).T + self.D.to(rdt) * u.to(rdt)
-        offset = 0 if cache is None else cache.offset
-        return y.to(x.dtype), (LayerCache(new_conv, h[:, -1], offset + x.shape[1]) if use_cache else None)
+        return y.to(x.dtype), self.new_cache(new_conv, h[:, -1], cache, x.shape[1], use_cache)
 
 
 def _selective_chunk(dt, xc, Bm, Cm, A, h0):
@@ -123,11 +166,16 @@ class MambaLayer(_Baseline):
         self.A_log = nn.Parameter(torch.log(torch.arange(1, N + 1, dtype=torch.float32)).repeat(E, 1))
         self.D = nn.Parameter(torch.ones(E))
         self.out_proj = nn.Linear(E, d_model, bias=False)
-        self.dt_rank = R
+        self.dt_rank, self.conv_width = R, E
 
-    def forward(self, x: torch.Tensor, cache: LayerCache | None = None, *, use_cache: bool = True
-                ) -> tuple[torch.Tensor, LayerCache | None]:
-        check_layer_input(x, self.d_model, cache)
+    def static_state(self, batch_size: int, max_length: int, dtype: torch.dtype, device: torch.device
+                     ) -> torch.Tensor:
+        """h [B, E, N]."""
+        return torch.zeros(batch_size, self.conv_width, self.state_dim, dtype=dtype, device=device)
+
+    def forward(self, x: torch.Tensor, cache: LayerCache | StaticLayerCache | None = None, *, use_cache: bool = True
+                ) -> tuple[torch.Tensor, LayerCache | StaticLayerCache | None]:
+        self.check_input(x, cache)
         Bsz, T, _ = x.shape
         xin, z = self.in_proj(x).chunk(2, dim=-1)
         u, new_conv = self.conv_input(xin, cache)
@@ -149,5 +197,4 @@ class MambaLayer(_Baseline):
                 y, h = _selective_chunk(*args)
             ys.append(y)
         y = (torch.cat(ys, dim=1).to(u.dtype) + self.D.to(u.dtype) * u) * F.silu(z)
-        offset = 0 if cache is None else cache.offset
-        return self.out_proj(y), (LayerCache(new_conv, h, offset + T) if use_cache else None)
+        return self.out_proj(y), self.new_cache(new_conv, h, cache, T, use_cache)

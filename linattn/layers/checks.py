@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .cache import LayerCache
+from .static_cache import StaticLayerCache
 
 CONV_LETTERS = "qkv"
 
@@ -49,4 +50,16 @@ def check_layer_input(x: object, d_model: int, cache: object) -> torch.Tensor:
                          f"got {list(x.shape)}")
     if cache is not None and not isinstance(cache, LayerCache):
         raise TypeError(f"cache must be None or a LayerCache, got {type(cache).__name__}")
+    return x
+
+
+def check_static_step_input(x: object, d_model: int, cache: StaticLayerCache) -> torch.Tensor:
+    """``x`` is a floating ``[B, 1, d_model]`` tensor with B the static cache's batch size."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        what = f"dtype {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise TypeError(f"x must be a floating torch.Tensor of shape [B, 1, d_model], got {what}")
+    B = cache.pos.shape[0]
+    if tuple(x.shape) != (B, 1, d_model):
+        raise ValueError(f"a static decoding step takes one token per row: x must have shape [B, 1, d_model] = "
+                         f"[{B}, 1, {d_model}] (B from the static cache), got {list(x.shape)}")
     return x

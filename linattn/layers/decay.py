@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from linattn.ops.gla import gla, gla_step
@@ -23,6 +24,7 @@ class LinearAttentionLayer(MixerLayer):
 
     op = staticmethod(linear_attn)
     op_step = staticmethod(linear_attn_step)
+    step_inplace = True
     default_output_norm = False
     scale = 1.0
 
@@ -33,8 +35,14 @@ class LinearAttentionLayer(MixerLayer):
             raise ValueError(f"feature_map must be one of 'identity', 'elu', 'relu' for the layer; got {feature_map!r}")
         self.feature_map, self.normalize = feature_map, bool(normalize)
 
-    def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
+    def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int | Tensor,
+                   streams: Streams) -> MixOut:
         return q, k, v, [], {"feature_map": self.feature_map, "normalize": self.normalize}
+
+    def static_state(self, batch_size: int, max_length: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """[B, H, K, V + 1] with the normaliser (z rides along as the last value column), else [B, H, K, V]."""
+        V = self.head_dim_v + int(self.normalize)
+        return torch.zeros(batch_size, self.n_heads, self.head_dim, V, dtype=dtype, device=device)
 
 
 class RetNetLayer(MixerLayer):
@@ -48,6 +56,7 @@ class RetNetLayer(MixerLayer):
 
     op = staticmethod(retention)
     op_step = staticmethod(retention_step)
+    step_inplace = True
     default_output_gate = True
 
     def __init__(self, d_model: int, n_heads: int, *, rope: bool = True, head_dim: int | None = None,
@@ -57,7 +66,8 @@ class RetNetLayer(MixerLayer):
         super().__init__(d_model, n_heads, head_dim=head_dim, head_dim_v=head_dim_v, **kwargs)
         self.rope = bool(rope)
 
-    def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
+    def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int | Tensor,
+                   streams: Streams) -> MixOut:
         if self.rope:
             q, k = apply_rope(q, offset), apply_rope(k, offset)
         return q, k, v, [], {}
@@ -73,6 +83,7 @@ class GLALayer(MixerLayer):
 
     op = staticmethod(gla)
     op_step = staticmethod(gla_step)
+    step_inplace = True
     default_output_gate = True
 
     def __init__(self, d_model: int, n_heads: int, *, gate_rank: int = 16, gate_normaliser: float = 16.0,

@@ -47,6 +47,7 @@ class DeltaNetLayer(_BetaLayer):
 
     op = staticmethod(delta_rule)
     op_step = staticmethod(delta_rule_step)
+    step_inplace = True
 
     def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
         beta = self.beta(x).to(q.dtype)
@@ -63,6 +64,7 @@ class GatedDeltaNetLayer(_BetaLayer):
 
     op = staticmethod(gated_delta_rule)
     op_step = staticmethod(gated_delta_rule_step)
+    step_inplace = True
     default_output_gate = True
 
     def __init__(self, d_model: int, n_heads: int, **kwargs) -> None:
@@ -84,6 +86,7 @@ class CombaLayer(GatedDeltaNetLayer):
 
     op = staticmethod(comba)
     op_step = staticmethod(comba_step)
+    step_inplace = False  # comba_step is PyTorch only (the fused kernel has no separate read key)
 
     def __init__(self, d_model: int, n_heads: int, **kwargs) -> None:
         super().__init__(d_model, n_heads, **kwargs)
@@ -127,3 +130,10 @@ class MesaNetLayer(MixerLayer):
         lamb = (F.softplus(self.lamb_raw) + 0.25).to(q.dtype)
         args = [(g, True), (beta, True), (lamb, False)]
         return l2norm(q), l2norm(k), v, args, {"solver": self.solver, "cg_steps": self.cg_steps}
+
+    def static_state(self, batch_size: int, max_length: int, dtype: torch.dtype,
+                     device: torch.device) -> tuple[Tensor, Tensor]:
+        """The pair (G [B, H, K, K], H [B, H, K, V])."""
+        B, H, K = batch_size, self.n_heads, self.head_dim
+        return (torch.zeros(B, H, K, K, dtype=dtype, device=device),
+                torch.zeros(B, H, K, self.head_dim_v, dtype=dtype, device=device))

@@ -22,6 +22,7 @@ class Mamba2Layer(MixerLayer):
 
     op = staticmethod(simple_gla)
     op_step = staticmethod(simple_gla_step)
+    step_inplace = True
     default_short_conv = "qkv"
     default_output_gate = True
     scale = 1.0

@@ -11,11 +11,15 @@ Backends (``ShortConv.backend``, set on the class, an instance, or a whole model
 :func:`set_shortconv_backend`): "auto" (default; :func:`auto_backend`: the multiply-adds on the CPU,
 on CUDA conv1d for small inputs that need gradients and the Triton kernels otherwise), "muladd" (W
 shifted multiply-adds), "conv1d" (``F.conv1d`` with groups = D on the channels-first view) and "triton"
-(shortconv_triton.py: fused forward and backward kernels; CUDA, or the CPU under TRITON_INTERPRET=1).
-All compute the same sum. The environment variable ``LINATTN_SHORTCONV_BACKEND`` sets the class
-default. Measured on the H100 (bf16, B=4, W=4; docs/benchmarks.md): the Triton kernels are 2.0-9.2x
-faster than the multiply-adds forward, and forward+backward 3.9-4.3x at T=16384 (D=2048-4096); at
-T=2048, D=1024 conv1d was faster forward+backward (0.80 vs 1.25 ms).
+(shortconv_triton.py: fused forward and backward kernels; for one token continuing a cache without
+autograd, shortconv_step.py's single-launch step; CUDA, or the CPU under TRITON_INTERPRET=1). All compute
+the same sum. The environment variable ``LINATTN_SHORTCONV_BACKEND`` sets the class default. Measured on the
+H100 (bf16, B=4, W=4; docs/benchmarks.md): the Triton kernels are 2.0-9.2x faster than the multiply-adds
+forward, and forward+backward 3.9-4.3x at T=16384 (D=2048-4096); at T=2048, D=1024 conv1d was faster
+forward+backward (0.80 vs 1.25 ms).
+
+Decoding: ``forward(x, cache)`` returns a new cache and leaves ``cache`` as it was; :meth:`ShortConv.static_step`
+shifts a preallocated cache in place (the static decoding path, linattn/models/decode.py).
 """
 
 from __future__ import annotations
@@ -41,10 +45,13 @@ CONV1D_MAX_TRAINING_NUMEL = 4 * 2048 * 1024
 
 
 def auto_backend(x: torch.Tensor) -> str:
-    """The backend "auto" picks for input x: multiply-adds on the CPU and for single tokens; on CUDA
-    conv1d for small inputs that need gradients, the Triton kernels otherwise (when importable)."""
-    if not x.is_cuda or x.shape[1] == 1:
+    """The backend "auto" picks for input x: multiply-adds on the CPU; on CUDA the Triton kernels for single
+    tokens (one launch per decoding step) and large inputs, conv1d for small inputs that need gradients
+    (without Triton: multiply-adds for single tokens, conv1d otherwise)."""
+    if not x.is_cuda:
         return "muladd"
+    if x.shape[1] == 1:
+        return "triton" if _triton_available() else "muladd"
     if torch.is_grad_enabled() and x.requires_grad and x.numel() <= CONV1D_MAX_TRAINING_NUMEL:
         return "conv1d"
     return "triton" if _triton_available() else "conv1d"
@@ -119,10 +126,41 @@ class ShortConv(nn.Module):
             y = F.silu(y)
         return y, xp[:, xp.shape[1] - (W - 1):]
 
+    def static_step(self, x: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+        """One token ``x`` [B, 1, D] continuing ``cache`` [B, W-1, D] (a preallocated buffer in x's dtype), which
+        is shifted in place to hold the last W-1 inputs; returns y [B, 1, D]. The backend as in :meth:`forward`:
+        the Triton step kernel shifts the buffer itself, the other backends' new cache is copied into it."""
+        W = self.kernel_size
+        if x.dim() != 3 or x.shape[1] != 1 or x.shape[-1] != self.dim:
+            raise ValueError(f"x must have shape [B, 1, D] with D = {self.dim}, got {list(x.shape)}")
+        if tuple(cache.shape) != (x.shape[0], W - 1, self.dim) or cache.dtype != x.dtype:
+            raise ValueError(f"cache must be a [B, W-1, D] = [{x.shape[0]}, {W - 1}, {self.dim}] buffer of dtype "
+                             f"{x.dtype}, got {list(cache.shape)} {cache.dtype}")
+        backend = auto_backend(x) if self.backend == "auto" else self.backend
+        if backend == "triton" and not self._records_grad(x, cache):
+            from .shortconv_step import conv_step_triton
+
+            y, _ = conv_step_triton(x[:, 0], cache, self.weight[:, 0], self.bias, self.activation == "silu",
+                                    cache_out=cache)
+            return y[:, None]
+        y, new_cache = self(x, cache)
+        cache.copy_(new_cache)
+        return y
+
+    def _records_grad(self, *inputs: torch.Tensor) -> bool:
+        """Whether autograd records through this call (the single-token step kernel has no backward)."""
+        tensors = (*inputs, self.weight, self.bias)
+        return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
     def _forward_backend(self, x: torch.Tensor, cache: torch.Tensor | None, backend: str
                          ) -> tuple[torch.Tensor, torch.Tensor]:
         """The "conv1d" or "triton" backend (same result as the multiply-adds); cache None means zeros."""
         (B, T, D), W, w = x.shape, self.kernel_size, self.weight[:, 0]
+        if backend == "triton" and T == 1 and cache is not None and not self._records_grad(x, cache):
+            from .shortconv_step import conv_step_triton
+
+            y, new_cache = conv_step_triton(x[:, 0], cache.to(x.dtype), w, self.bias, self.activation == "silu")
+            return y[:, None], new_cache
         if backend == "triton":
             from .shortconv_triton import causal_conv_triton
 

@@ -3,6 +3,10 @@
 The ops close a mini-batch at the end of every call, so a layer with a cache runs the op only on whole
 mini-batches and steps the tokens that fill a partial one: prefill of any length then single-token
 steps equals one full forward (whose mini-batches start at position 0).
+
+Static decoding keeps the current weights and each row's mini-batch start weights in buffers; a row's
+place in its mini-batch is pos % mini_batch_size (rows of a batch may differ), and the start weights are
+replaced per row by a ``torch.where`` at the row's mini-batch end, so no step branches on a position.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from linattn.ops.ttt import MiniBatchState, titans, titans_step, ttt_linear, ttt
 
 from .base import MixerLayer, MixOut, Streams, TokenArgs
 from .delta import l2norm
+from .static_cache import StaticLayerCache, StaticMiniBatch, copy_rows_
 
 
 class _MiniBatchLayer(MixerLayer):
@@ -50,6 +55,35 @@ class _MiniBatchLayer(MixerLayer):
                                  kwargs, state)
             outs.append(o)
         return torch.cat(outs, dim=1), state
+
+    n_weights = 1  # tensors in the learner's state: ttt_linear (W,), titans (M, S)
+
+    def static_state(self, batch_size: int, max_length: int, dtype: torch.dtype,
+                     device: torch.device) -> StaticMiniBatch:
+        shape = (batch_size, self.n_heads, self.head_dim, self.head_dim_v)
+        current = tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.n_weights))
+        return StaticMiniBatch(current, torch.zeros(shape, dtype=dtype, device=device))
+
+    def load_static_state(self, buffers: StaticMiniBatch, state: Any, rows: Tensor) -> None:
+        """The cached path's state: the op's final state (a mini-batch boundary) or a MiniBatchState."""
+        if isinstance(state, MiniBatchState):
+            current, start = state.current, state.start
+        else:
+            current = (state,) if isinstance(state, Tensor) else tuple(state)
+            start = current[0]
+        copy_rows_(buffers.current, current, rows)
+        copy_rows_(buffers.start, start, rows)
+
+    def static_op_step(self, q: Tensor, k: Tensor, v: Tensor, args: TokenArgs, kwargs: dict[str, Any],
+                       cache: StaticLayerCache) -> Tensor:
+        """The op's step from each row's mini-batch start, then start <- current where the row's mini-batch ends."""
+        buf: StaticMiniBatch = cache.state
+        o, state = self.step(q, k, v, args, kwargs, MiniBatchState(buf.current, buf.start, 0))
+        for dst, src in zip(buf.current, state.current):
+            dst.copy_(src)
+        ends = ((cache.pos + 1) % self.mini_batch_size == 0).view(-1, 1, 1, 1)
+        buf.start.copy_(torch.where(ends, buf.current[0], buf.start))
+        return o
 
 
 class TTTLinearLayer(_MiniBatchLayer):
@@ -101,6 +135,7 @@ class TitansLayer(_MiniBatchLayer):
     op_step = staticmethod(titans_step)
     default_short_conv = "qkv"
     default_output_gate = True
+    n_weights = 2
 
     def __init__(self, d_model: int, n_heads: int, **kwargs) -> None:
         super().__init__(d_model, n_heads, **kwargs)

@@ -1,6 +1,9 @@
-"""CausalLM: embedding, pre-norm blocks, final RMSNorm, LM head; cached decoding."""
+"""CausalLM: embedding, pre-norm blocks, final RMSNorm, LM head; cached and static decoding, generate."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -10,6 +13,7 @@ from linattn.ops.common.values import value_checks_enabled
 
 from .blocks import Block
 from .config import ModelConfig
+from .static_cache import StaticCache
 
 
 def check_input_ids(name: str, ids: object, vocab_size: int) -> torch.Tensor:
@@ -31,6 +35,8 @@ class CausalLM(nn.Module):
 
     ``cache`` is a list with one :class:`LayerCache` per block; passing it back continues the
     sequence (single-token calls use each mixer's step function: O(1) per token for recurrent mixers).
+    Static decoding: :meth:`allocate_static_cache` and :meth:`static_step` (one token per row, buffers
+    updated in place; what :class:`~linattn.models.decode.StaticDecoder` captures in a CUDA graph).
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -60,40 +66,50 @@ class CausalLM(nn.Module):
             new_cache.append(c)
         return self.lm_head(self.norm(x)), (new_cache if use_cache else None)
 
+    def allocate_static_cache(self, batch_size: int, max_length: int, *, dtype: torch.dtype | None = None,
+                              device: torch.device | str | None = None) -> StaticCache:
+        """Zeroed static decoding buffers for ``batch_size`` rows of up to ``max_length`` tokens (prompt and
+        generated): ShortConv caches in ``dtype`` (default: the embedding's), recurrent states and KV buffers
+        in float32 (float64 for float64), positions [B] int64, all on ``device`` (default: the model's)."""
+        for name, value in (("batch_size", batch_size), ("max_length", max_length)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        dtype = self.embed.weight.dtype if dtype is None else dtype
+        device = self.embed.weight.device if device is None else torch.device(device)
+        pos = torch.zeros(batch_size, dtype=torch.long, device=device)
+        layers = []
+        for block in self.blocks:
+            mixer = block.mixer
+            if not hasattr(mixer, "allocate_static_cache"):
+                raise NotImplementedError(f"mixer {self.config.mixer!r} ({type(mixer).__name__}) has no static "
+                                          "decoding path")
+            layers.append(mixer.allocate_static_cache(batch_size, max_length, dtype=dtype, device=device, pos=pos))
+        return StaticCache(layers, pos, max_length)
+
+    def static_step(self, token_ids: torch.Tensor, cache: StaticCache) -> torch.Tensor:
+        """One token per row, token_ids [B] -> logits [B, vocab_size], continuing ``cache``, whose buffers are
+        updated in place and whose positions advance by one. Shapes only are checked (reading the ids' values
+        would synchronise with the host): ids must lie in [0, vocab_size)."""
+        if not isinstance(cache, StaticCache) or len(cache.layers) != len(self.blocks):
+            raise TypeError(f"cache must be a StaticCache of {len(self.blocks)} layers (allocate_static_cache)")
+        if not isinstance(token_ids, torch.Tensor) or token_ids.dim() != 1 or token_ids.shape[0] != cache.batch_size \
+                or token_ids.is_floating_point():
+            what = list(token_ids.shape) if isinstance(token_ids, torch.Tensor) else type(token_ids).__name__
+            raise ValueError(f"token_ids must be an integer tensor [B] with B = {cache.batch_size}, got {what}")
+        x = self.embed(token_ids.long())[:, None]
+        for block, layer_cache in zip(self.blocks, cache.layers):
+            x, _ = block(x, layer_cache)
+        logits = self.lm_head(self.norm(x))[:, 0]
+        cache.pos.add_(1)
+        return logits
+
     @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
-                 top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Prefill ``input_ids`` [B, T] then append ``max_new_tokens`` tokens one at a time with the cache.
+    def generate(self, prompts: torch.Tensor | Sequence[torch.Tensor], max_new_tokens: int, **kwargs: Any
+                 ) -> torch.Tensor | list[torch.Tensor]:
+        """Greedy or sampled continuation of ``prompts``; see :func:`linattn.models.generate.generate` for the
+        keyword arguments (temperature, top_k, top_p, eos_token_id, pad_token_id, attention_mask, generator,
+        static, ...). The static decoder (a CUDA graph on CUDA) runs by default; ``static=False`` runs the
+        cached eager path."""
+        from .generate import generate
 
-        temperature 0: greedy (argmax); otherwise sample from softmax(logits / temperature), restricted
-        to the ``top_k`` most likely tokens when given. Returns [B, T + max_new_tokens].
-        """
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-        if not isinstance(temperature, (int, float)) or temperature < 0:
-            raise ValueError(f"temperature must be a float >= 0 (0: greedy), got {temperature!r}")
-        if top_k is not None and (not isinstance(top_k, int) or not 1 <= top_k <= self.config.vocab_size):
-            raise ValueError(f"top_k must be None or an int in [1, vocab_size={self.config.vocab_size}], got {top_k!r}")
-        out = [input_ids]
-        if max_new_tokens == 0:
-            return input_ids
-        logits, cache = self(input_ids)
-        for i in range(max_new_tokens):
-            next_id = sample_next(logits[:, -1].float(), temperature, top_k, generator)
-            out.append(next_id[:, None])
-            if i + 1 < max_new_tokens:
-                logits, cache = self(next_id[:, None], cache)
-        return torch.cat(out, dim=1)
-
-
-def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None,
-                generator: torch.Generator | None) -> torch.Tensor:
-    """Next token ids [B] from logits [B, vocab]: argmax at temperature 0, else (top-k) sampling."""
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    logits = logits / temperature
-    if top_k is not None:
-        kth = logits.topk(top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+        return generate(self, prompts, max_new_tokens, **kwargs)

@@ -14,6 +14,10 @@ delta correction, rank-1 update and read-out in one launch) is chosen when
 
 Otherwise the op's PyTorch step (its reference) runs. Both return (o_t in q_t's dtype, new float32
 state) and agree to float32 rounding.
+
+``inplace=True`` (the static decoding path) asks for the new state to be written into the state tensor
+the step was given: the fused kernel reads and writes that buffer itself; the PyTorch step's result is
+copied into it. Either way the caller's buffer keeps its address, as a captured CUDA graph needs.
 """
 
 from __future__ import annotations
@@ -63,13 +67,36 @@ def _fused_ok(q_t: torch.Tensor, tensors: tuple[torch.Tensor, ...]) -> bool:
     return fits(q_t.shape[-1])
 
 
-def select_step(family: str, reference: Callable, *tensors: torch.Tensor | None) -> Callable:
+def check_inplace(inplace: object, state: object) -> bool:
+    """``inplace`` is a bool; when True, ``state`` must be a tensor to write the new state into."""
+    if not isinstance(inplace, bool):
+        raise TypeError(f"inplace must be a bool, got {type(inplace).__name__}")
+    if inplace and not isinstance(state, torch.Tensor):
+        raise ValueError("inplace=True needs the state tensor to write the new state into, got state=None")
+    return inplace
+
+
+def _into_state(reference: Callable) -> Callable:
+    """``reference`` with its new state copied into the state it was given (its last positional argument)."""
+
+    def step(*args: torch.Tensor | None, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+        o_t, new = reference(*args, **kwargs)
+        state = args[-1]
+        state.copy_(new)
+        return o_t, state
+
+    return step
+
+
+def select_step(family: str, reference: Callable, *tensors: torch.Tensor | None, inplace: bool = False) -> Callable:
     """The fused Triton step of ``family`` ("simple_gla", "gla" or "gated_delta_rule"; the latter also serves
     the delta rule with g_t = None) when it may run on ``tensors`` (q_t first; None entries ignored),
-    else ``reference``. Both take the reference step's arguments."""
+    else ``reference``. Both take the reference step's arguments (the state last). ``inplace``: the returned
+    step writes the new state into the state it is given and returns that tensor (module docstring)."""
     present = tuple(x for x in tensors if x is not None)
     if not _fused_ok(present[0], present):
-        return reference
+        return _into_state(reference) if inplace else reference
     from .triton_step_kernel import STEP_KERNELS
 
-    return STEP_KERNELS[family]
+    kernel = STEP_KERNELS[family]
+    return functools.partial(kernel, inplace=True) if inplace else kernel

@@ -93,8 +93,10 @@ def fused_step(q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor, state: t
     q_t, k_t [B, H, K]; v_t [B, H, V]; g_t [B, H] (gate "scalar") or [B, H, K] ("vector"), log decays;
     beta_t [B, H] turns the delta correction on; state [B, H, K, V] or None (zeros). Inputs are
     validated by the caller (same device, float16/bfloat16/float32). Returns (o_t [B, H, V] in q_t's
-    dtype, new state [B, H, K, V] float32); with ``inplace`` and a contiguous float32 state, the state
-    tensor itself is updated and returned.
+    dtype, new state [B, H, K, V] float32). With ``inplace`` the new state is written into ``state`` and
+    ``state`` is returned: a contiguous float32 state is read and written by the kernel itself (each program
+    loads its [K, BV] tile before it stores it, and no program touches another's tile), any other is copied
+    into (static decoding allocates contiguous float32 states, so the copy does not happen there).
     """
     B, H, K = q_t.shape
     V = v_t.shape[-1]
@@ -113,28 +115,36 @@ def fused_step(q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor, state: t
         S_out if S_in is None else S_in, S_out, o_t, float(scale), H,
         *_bh_strides(q_t), *_bh_strides(k_t), *_bh_strides(v_t), *_bh_strides(g_t), *_bh_strides(beta_t),
         K, V, BK, BV, GATES[gate], beta_t is not None, S_in is not None, num_warps=LAUNCH["num_warps"])
+    if inplace and state is not None and S_out is not state:
+        state.copy_(S_out)
+        S_out = state
     return o_t, S_out
 
 
 def simple_gla_step_triton(q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor, g_t: torch.Tensor,
-                           state: torch.Tensor | None, *, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """S = exp(g_t) S + k_t v_t^T, o_t = S^T (scale q_t); g_t [B, H] (the signature of simple_gla_step_reference)."""
-    return fused_step(q_t, k_t, v_t, state, scale=scale, gate="scalar", g_t=g_t)
+                           state: torch.Tensor | None, *, scale: float,
+                           inplace: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """S = exp(g_t) S + k_t v_t^T, o_t = S^T (scale q_t); g_t [B, H] (the signature of simple_gla_step_reference;
+    ``inplace``: the new state is written into ``state``)."""
+    return fused_step(q_t, k_t, v_t, state, scale=scale, gate="scalar", g_t=g_t, inplace=inplace)
 
 
 def gla_step_triton(q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor, g_t: torch.Tensor,
-                    state: torch.Tensor | None, *, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """S = diag(exp(g_t)) S + k_t v_t^T, o_t = S^T (scale q_t); g_t [B, H, K] (signature of gla_step_reference)."""
-    return fused_step(q_t, k_t, v_t, state, scale=scale, gate="vector", g_t=g_t)
+                    state: torch.Tensor | None, *, scale: float,
+                    inplace: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """S = diag(exp(g_t)) S + k_t v_t^T, o_t = S^T (scale q_t); g_t [B, H, K] (signature of gla_step_reference;
+    ``inplace``: the new state is written into ``state``)."""
+    return fused_step(q_t, k_t, v_t, state, scale=scale, gate="vector", g_t=g_t, inplace=inplace)
 
 
 def gated_delta_step_triton(q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor, g_t: torch.Tensor | None,
-                            beta_t: torch.Tensor, state: torch.Tensor | None, *,
-                            scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                            beta_t: torch.Tensor, state: torch.Tensor | None, *, scale: float,
+                            inplace: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """S = exp(g_t) S; S = S + b_t k_t (v_t - S^T k_t)^T; o_t = S^T (scale q_t); g_t None: the plain delta rule
-    (the signature of gated_delta_step_reference without the read key p_t)."""
+    (the signature of gated_delta_step_reference without the read key p_t; ``inplace``: the new state is written
+    into ``state``)."""
     return fused_step(q_t, k_t, v_t, state, scale=scale, gate="none" if g_t is None else "scalar", g_t=g_t,
-                      beta_t=beta_t)
+                      beta_t=beta_t, inplace=inplace)
 
 
 STEP_KERNELS = {"simple_gla": simple_gla_step_triton, "gla": gla_step_triton,

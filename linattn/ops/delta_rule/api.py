@@ -19,7 +19,7 @@ from ..common.checks import (
     resolve_scale,
 )
 from ..common.registry import OpSpec, register_op
-from ..common.triton_step import select_step
+from ..common.triton_step import check_inplace, select_step
 from ..gated_delta_rule.api import (
     PURE_TORCH_BACKENDS,
     check_beta,
@@ -101,15 +101,18 @@ def delta_rule_step(
     *,
     scale: float | None = None,
     allow_neg_eigval: bool = False,
+    inplace: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One decoding step of :func:`delta_rule`: q_t, k_t [B, H, K], v_t [B, H, V], beta_t [B, H].
 
     S = (I - b_t k_t k_t^T) S + b_t k_t v_t^T,  o_t = S^T (scale q_t); returns (o_t, S).
+    ``inplace=True`` writes the new state into ``state`` (a tensor) and returns it (static decoding).
     """
     d = check_step_qkv(q_t, k_t, v_t)
     check_step_beta(beta_t, d, allow_neg_eigval)
     check_step_state(state, d)
-    step = select_step("gated_delta_rule", gated_delta_step_reference, q_t, k_t, v_t, beta_t, state)
+    check_inplace(inplace, state)
+    step = select_step("gated_delta_rule", gated_delta_step_reference, q_t, k_t, v_t, beta_t, state, inplace=inplace)
     return step(q_t, k_t, v_t, None, beta_t, state, scale=resolve_scale(scale, d.K))  # fused kernel on CUDA
 
 

@@ -16,7 +16,7 @@ from ..common.checks import (
     resolve_scale,
 )
 from ..common.registry import OpSpec, register_op
-from ..common.triton_step import select_step
+from ..common.triton_step import check_inplace, select_step
 from ..common.values import check_bool, check_range
 from .chunk import gated_delta_chunk
 from .reference import gated_delta_parallel, gated_delta_recurrent, gated_delta_step_reference
@@ -111,16 +111,20 @@ def gated_delta_rule_step(
     *,
     scale: float | None = None,
     allow_neg_eigval: bool = False,
+    inplace: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One decoding step of :func:`gated_delta_rule`: q_t, k_t [B, H, K], v_t [B, H, V], g_t, beta_t [B, H].
 
     S = exp(g_t) (I - b_t k_t k_t^T) S + b_t k_t v_t^T,  o_t = S^T (scale q_t); returns (o_t, S).
+    ``inplace=True`` writes the new state into ``state`` (a tensor) and returns it (static decoding).
     """
     d = check_step_qkv(q_t, k_t, v_t)
     check_shape("g_t", g_t, (d.B, d.H), "[B, H]")
     check_step_beta(beta_t, d, allow_neg_eigval)
     check_step_state(state, d)
-    step = select_step("gated_delta_rule", gated_delta_step_reference, q_t, k_t, v_t, g_t, beta_t, state)
+    check_inplace(inplace, state)
+    step = select_step("gated_delta_rule", gated_delta_step_reference, q_t, k_t, v_t, g_t, beta_t, state,
+                       inplace=inplace)
     return step(q_t, k_t, v_t, g_t, beta_t, state, scale=resolve_scale(scale, d.K))  # fused kernel on CUDA
 
 

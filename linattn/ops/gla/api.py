@@ -14,7 +14,7 @@ from ..common.checks import (
     resolve_scale,
 )
 from ..common.registry import OpSpec, register_op
-from ..common.triton_step import select_step
+from ..common.triton_step import check_inplace, select_step
 from .chunk import gla_chunk
 from .reference import gla_parallel, gla_recurrent, gla_step_reference
 
@@ -74,16 +74,19 @@ def gla_step(
     state: torch.Tensor | None = None,
     *,
     scale: float | None = None,
+    inplace: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One decoding step of :func:`gla`: q_t, k_t, g_t [B, H, K], v_t [B, H, V], state [B, H, K, V].
 
     S = diag(exp(g_t)) S + k_t v_t^T,   o_t = S^T (scale q_t).
+    ``inplace=True`` writes the new state into ``state`` (a tensor) and returns it (static decoding).
     """
     d = check_step_qkv(q_t, k_t, v_t)
     check_shape("g_t", g_t, (d.B, d.H, d.K), "[B, H, K]")
     if state is not None:
         check_shape("state", state, (d.B, d.H, d.K, d.V), "[B, H, K, V]")
-    step = select_step("gla", gla_step_reference, q_t, k_t, v_t, g_t, state)  # fused kernel on CUDA
+    check_inplace(inplace, state)
+    step = select_step("gla", gla_step_reference, q_t, k_t, v_t, g_t, state, inplace=inplace)  # fused on CUDA
     return step(q_t, k_t, v_t, g_t, state, scale=resolve_scale(scale, d.K))
 
 

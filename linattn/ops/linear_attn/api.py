@@ -21,7 +21,7 @@ import torch
 
 from ..common.checks import check_chunk_size, check_qkv, check_shape, check_step_qkv, compute_dtype, resolve_scale
 from ..common.registry import OpSpec, register_op
-from ..common.triton_step import select_step
+from ..common.triton_step import check_inplace, select_step
 from ..simple_gla.api import SPEC as SIMPLE_GLA_SPEC
 from ..simple_gla.reference import simple_gla_step_reference
 from .feature_maps import apply_feature_map, resolve_feature_map
@@ -145,11 +145,13 @@ def linear_attn_step(
     normalize: bool = False,
     eps: float = 1e-6,
     scale: float | None = None,
+    inplace: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One decoding step of :func:`linear_attn` (same feature-map keywords): q_t, k_t [B, H, K],
     v_t [B, H, V], state [B, H, M, V] ([B, H, M, V + 1] with normalize).
 
     S = S + phi(k_t) v_t^T,  o_t = S^T (scale phi(q_t))  [/ (z^T phi(q_t) + eps)].
+    ``inplace=True`` writes the new state into ``state`` (a tensor) and returns it (static decoding).
     """
     d = check_step_qkv(q_t, k_t, v_t)
     W, M = resolve_feature_map(feature_map, feature_map_weight, num_features, feature_map_seed, d.K, d.H)
@@ -159,7 +161,9 @@ def linear_attn_step(
                     "[B, H, M, V + 1]" if normalize else "[B, H, M, V]")
     fq, fk, fv = _features(q_t, k_t, v_t, feature_map, W, normalize)
     g_t = fq.new_zeros(d.B, d.H)
-    step = select_step("simple_gla", simple_gla_step_reference, fq, fk, fv, g_t, state)  # fused kernel on CUDA
+    check_inplace(inplace, state)
+    step = select_step("simple_gla", simple_gla_step_reference, fq, fk, fv, g_t, state,
+                       inplace=inplace)  # fused kernel on CUDA
     o_t, S = step(fq, fk, fv, g_t, state, scale=resolve_scale(scale, d.K))
     return _read(o_t, normalize, float(eps)).to(q_t.dtype), S
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from ..common.values import value_checks_enabled
+
 SOLVERS = ("exact", "cg")
 
 
@@ -49,9 +51,14 @@ def spd_solve(A: torch.Tensor, b: torch.Tensor, solver: str, cg_steps: int | Non
     """Solve A x = b batched over the leading dims: A [..., K, K] SPD, b [..., K].
 
     ``solver="exact"``: Cholesky factorisation and two triangular solves. ``solver="cg"``: ``cg_steps``
-    conjugate-gradient steps from zero (None means K steps).
+    conjugate-gradient steps from zero (None means K steps). A failed factorisation (A not positive
+    definite, e.g. NaN inputs) raises where value checks run (values.py): reading its status is a host
+    synchronisation, which a CUDA decoding step (and its captured graph) must not have.
     """
     if solver == "exact":
-        L = torch.linalg.cholesky(A)
+        L, info = torch.linalg.cholesky_ex(A)
+        if value_checks_enabled(info) and bool((info != 0).any()):
+            raise torch.linalg.LinAlgError("mesa_net: G_t + diag(lamb) is not positive definite (NaN or inf "
+                                           "inputs?); its Cholesky factorisation failed")
         return torch.cholesky_solve(b[..., None], L).squeeze(-1)
     return conjugate_gradient(A, b, A.shape[-1] if cg_steps is None else cg_steps)

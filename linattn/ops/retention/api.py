@@ -22,7 +22,7 @@ from ..common.checks import (
     resolve_scale,
 )
 from ..common.registry import OpSpec, register_op
-from ..common.triton_step import select_step
+from ..common.triton_step import check_inplace, select_step
 from ..simple_gla.api import SPEC as SIMPLE_GLA_SPEC
 from ..simple_gla.reference import simple_gla_step_reference
 
@@ -31,8 +31,8 @@ def retention_log_decay(
     H: int, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
 ) -> torch.Tensor:
     """[H] log gamma_h = log(1 - 2^(-5-h)) for heads h = 0..H-1 (computed in float64, then cast)."""
-    h = torch.arange(H, dtype=torch.float64)
-    return torch.log1p(-torch.pow(2.0, -5.0 - h)).to(device=device, dtype=dtype)
+    h = torch.arange(H, dtype=torch.float64, device=device)  # made on the device: no host copy in a decode step
+    return torch.log1p(-torch.pow(2.0, -5.0 - h)).to(dtype)
 
 
 def _on_simple_gla(impl: Callable) -> Callable:
@@ -99,16 +99,20 @@ def retention_step(
     state: torch.Tensor | None = None,
     *,
     scale: float | None = None,
+    inplace: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One decoding step of :func:`retention`: q_t, k_t [B, H, K], v_t [B, H, V], state [B, H, K, V].
 
     S = gamma_h S + k_t v_t^T,   o_t = S^T (scale q_t).
+    ``inplace=True`` writes the new state into ``state`` (a tensor) and returns it (static decoding).
     """
     d = check_step_qkv(q_t, k_t, v_t)
     if state is not None:
         check_shape("state", state, (d.B, d.H, d.K, d.V), "[B, H, K, V]")
     g_t = retention_log_decay(d.H, dtype=compute_dtype(q_t), device=q_t.device).expand(d.B, d.H)
-    step = select_step("simple_gla", simple_gla_step_reference, q_t, k_t, v_t, g_t, state)  # fused kernel on CUDA
+    check_inplace(inplace, state)
+    step = select_step("simple_gla", simple_gla_step_reference, q_t, k_t, v_t, g_t, state,
+                       inplace=inplace)  # fused kernel on CUDA
     return step(q_t, k_t, v_t, g_t, state, scale=resolve_scale(scale, d.K))
 
 

@@ -14,7 +14,7 @@ from ..common.checks import (
     resolve_scale,
 )
 from ..common.registry import OpSpec, register_op
-from ..common.triton_step import select_step
+from ..common.triton_step import check_inplace, select_step
 from .chunk import simple_gla_chunk
 from .reference import simple_gla_parallel, simple_gla_recurrent, simple_gla_step_reference
 
@@ -77,13 +77,18 @@ def simple_gla_step(
     state: torch.Tensor | None = None,
     *,
     scale: float | None = None,
+    inplace: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One decoding step of :func:`simple_gla`: q_t, k_t [B, H, K], v_t [B, H, V], g_t [B, H]."""
+    """One decoding step of :func:`simple_gla`: q_t, k_t [B, H, K], v_t [B, H, V], g_t [B, H].
+    ``inplace=True`` writes the new state into ``state`` (a tensor) and returns it (static decoding).
+    """
     d = check_step_qkv(q_t, k_t, v_t)
     check_shape("g_t", g_t, (d.B, d.H), "[B, H]")
     if state is not None:
         check_shape("state", state, (d.B, d.H, d.K, d.V), "[B, H, K, V]")
-    step = select_step("simple_gla", simple_gla_step_reference, q_t, k_t, v_t, g_t, state)  # fused kernel on CUDA
+    check_inplace(inplace, state)
+    step = select_step("simple_gla", simple_gla_step_reference, q_t, k_t, v_t, g_t, state,
+                       inplace=inplace)  # fused kernel on CUDA
     return step(q_t, k_t, v_t, g_t, state, scale=resolve_scale(scale, d.K))
 
 
