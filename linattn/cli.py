@@ -69,18 +69,35 @@ def _cmd_bench_ops(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_decode(args: argparse.Namespace) -> int:
+    import torch
+
     from linattn.models import list_mixers
     from linattn.models.decode_bench import decode_cost_ratio
 
     mixers = args.mixers.split(",") if args.mixers else list_mixers()
-    print(f"time per generated token at context {args.long} over {args.short} "
-          f"(device={args.device}, d_model={args.d_model}, {args.layers} layers; recurrent target <= 1.2)")
-    print("| mixer | ms/token short | ms/token long | ratio |\n| --- | ---: | ---: | ---: |")
+    paths = ["eager", "static"] if args.path == "both" else [args.path]
+    print(f"time per generated token at context {args.long} over {args.short} (device={args.device}, "
+          f"d_model={args.d_model}, {args.layers} layers, batch {args.batch_size}, {args.dtype}; recurrent target "
+          f"<= 1.2; static: {'no CUDA graph' if args.no_cuda_graph else 'CUDA graph on CUDA'})")
+    print("| mixer | path | ms/token short | ms/token long | ratio | tokens/s short | tokens/s long | vs eager |\n"
+          "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    rows, graph = [], False if args.no_cuda_graph else None
     for mixer in mixers:
-        r = decode_cost_ratio(mixer, short_context=args.short, long_context=args.long, new_tokens=args.tokens,
-                              d_model=args.d_model, n_layers=args.layers, device=args.device)
-        short_ms, long_ms = r["ms_per_token_short"], r["ms_per_token_long"]
-        print(f"| {mixer} | {short_ms:.3f} | {long_ms:.3f} | {r['ratio']:.2f} |", flush=True)
+        eager_long = None
+        for path in paths:
+            r = decode_cost_ratio(mixer, short_context=args.short, long_context=args.long, new_tokens=args.tokens,
+                                  d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
+                                  batch_size=args.batch_size, device=args.device, path=path,
+                                  dtype=getattr(torch, args.dtype), use_cuda_graph=graph)
+            rows.append(r)
+            long_ms = r["ms_per_token_long"]
+            eager_long = long_ms if path == "eager" else eager_long
+            speedup = f"{eager_long / long_ms:.1f}x" if path == "static" and eager_long else "-"
+            print(f"| {mixer} | {path} | {r['ms_per_token_short']:.3f} | {long_ms:.3f} | {r['ratio']:.2f} | "
+                  f"{r['tokens_per_s_short']:.0f} | {r['tokens_per_s_long']:.0f} | {speedup} |", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"rows": rows}, f, indent=2)
     return 0
 
 
@@ -118,7 +135,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=int, default=32, help="generated tokens timed per context")
     p.add_argument("--d-model", type=int, default=256)
     p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="parameters and activations (states and KV buffers stay float32)")
+    p.add_argument("--path", default="eager", choices=["eager", "static", "both"],
+                   help="eager: cached single-token calls; static: StaticDecoder (a CUDA graph on CUDA); both")
+    p.add_argument("--no-cuda-graph", action="store_true", help="static path without the CUDA graph")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--out", help="also write the rows as JSON to this file")
     p.set_defaults(func=_cmd_bench_decode)
     p = sub.add_parser("data", help="generate data sets: `linattn data listops|pathfinder --out DIR ...`")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of python -m linattn.data.lra")

@@ -176,3 +176,19 @@ def test_decoder_checks():
         decoder.step(torch.tensor([1, 2]))
     with pytest.raises(ValueError, match="a static decoding step takes one token per row"):
         model.blocks[0].mixer(torch.randn(2, 2, 32), decoder.cache.layers[0])
+
+
+def test_decode_bench_static_path(tmp_path, capsys):
+    import json
+
+    from linattn.cli import main
+    from linattn.models.decode_bench import decode_cost_ratio
+
+    r = decode_cost_ratio("forgetting_attn", short_context=3, long_context=9, new_tokens=2, d_model=16, n_layers=1,
+                          n_heads=2, vocab_size=20, batch_size=2, path="static")
+    assert r["path"] == "static" and r["ms_per_token_long"] > 0 and r["tokens_per_s_long"] > 0
+    out = tmp_path / "decode.json"
+    assert main(["bench", "decode", "--mixers", "mamba2", "--short", "3", "--long", "6", "--tokens", "2",
+                 "--d-model", "16", "--layers", "1", "--path", "both", "--out", str(out)]) == 0
+    assert "| mamba2 | static |" in capsys.readouterr().out
+    assert [row["path"] for row in json.loads(out.read_text())["rows"]] == ["eager", "static"]
