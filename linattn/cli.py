@@ -78,7 +78,8 @@ def _cmd_bench_decode(args: argparse.Namespace) -> int:
     paths = ["eager", "static"] if args.path == "both" else [args.path]
     print(f"time per generated token at context {args.long} over {args.short} (device={args.device}, "
           f"d_model={args.d_model}, {args.layers} layers, batch {args.batch_size}, {args.dtype}; recurrent target "
-          f"<= 1.2; static: {'no CUDA graph' if args.no_cuda_graph else 'CUDA graph on CUDA'})")
+          f"<= 1.2; static: {'no CUDA graph' if args.no_cuda_graph else 'CUDA graph on CUDA'}"
+          f"{', torch.compile' if args.compile else ''})")
     print("| mixer | path | ms/token short | ms/token long | ratio | tokens/s short | tokens/s long | vs eager |\n"
           "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     rows, graph = [], False if args.no_cuda_graph else None
@@ -88,7 +89,7 @@ def _cmd_bench_decode(args: argparse.Namespace) -> int:
             r = decode_cost_ratio(mixer, short_context=args.short, long_context=args.long, new_tokens=args.tokens,
                                   d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
                                   batch_size=args.batch_size, device=args.device, path=path,
-                                  dtype=getattr(torch, args.dtype), use_cuda_graph=graph)
+                                  dtype=getattr(torch, args.dtype), use_cuda_graph=graph, compile=args.compile)
             rows.append(r)
             long_ms = r["ms_per_token_long"]
             eager_long = long_ms if path == "eager" else eager_long
@@ -142,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--path", default="eager", choices=["eager", "static", "both"],
                    help="eager: cached single-token calls; static: StaticDecoder (a CUDA graph on CUDA); both")
     p.add_argument("--no-cuda-graph", action="store_true", help="static path without the CUDA graph")
+    p.add_argument("--compile", action="store_true", help="static path: torch.compile the step (experimental)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--out", help="also write the rows as JSON to this file")
     p.set_defaults(func=_cmd_bench_decode)

@@ -192,3 +192,18 @@ def test_decode_bench_static_path(tmp_path, capsys):
                  "--d-model", "16", "--layers", "1", "--path", "both", "--out", str(out)]) == 0
     assert "| mamba2 | static |" in capsys.readouterr().out
     assert [row["path"] for row in json.loads(out.read_text())["rows"]] == ["eager", "static"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mixer", ["gated_delta_rule", "softmax_attn"])
+def test_compiled_static_step_equals_the_plain_one(mixer):
+    """StaticDecoder(compile=True): torch.compile'd steps (tens of seconds of compilation on the CPU)."""
+    torch._dynamo.reset()
+    model = model_of(mixer)
+    prompts = [torch.tensor([1, 2, 3, 4, 5]), torch.tensor([6, 7])]
+    plain, compiled = StaticDecoder(model, 2, 12), StaticDecoder(model, 2, 12, compile=True)
+    with torch.no_grad():
+        assert_close(compiled.prefill(prompts), plain.prefill(prompts), 1e-6, f"{mixer}: prefill")
+        for t in range(4):
+            ids = torch.tensor([t, 2 * t])
+            assert_close(compiled.step(ids), plain.step(ids), 1e-5, f"{mixer}: compiled static step {t}")

@@ -64,15 +64,21 @@ class StaticDecoder:
     ``step`` then returns the graph's output tensor, overwritten by the next step: read (or clone) it first.
     ``dtype``: the activations' dtype of the buffers (default the embedding's). ``warmup_steps``: eager steps
     run before the capture (Triton compilation, cuBLAS and allocator set-up must not happen inside it).
+    ``compile`` (experimental): ``torch.compile`` the step (fusing its many small elementwise kernels) before
+    the warm-up; the compiled step is what the graph captures. It changes rounding (fused float32 math), so
+    tokens may differ from the eager path's in half precision.
     """
 
     def __init__(self, model: CausalLM, batch_size: int, max_length: int, *, use_cuda_graph: bool | None = None,
-                 dtype: torch.dtype | None = None, warmup_steps: int = 3) -> None:
+                 dtype: torch.dtype | None = None, warmup_steps: int = 3, compile: bool = False) -> None:
         if not isinstance(model, CausalLM):
             raise TypeError(f"model must be a CausalLM, got {type(model).__name__}")
         if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < 1:
             raise ValueError(f"warmup_steps must be a positive int, got {warmup_steps!r}")
+        if not isinstance(compile, bool):
+            raise TypeError(f"compile must be a bool, got {type(compile).__name__}")
         self.model = model
+        self._step_fn = torch.compile(model.static_step, dynamic=False) if compile else model.static_step
         self.cache = model.allocate_static_cache(batch_size, max_length, dtype=dtype)
         self.device = self.cache.pos.device
         if use_cuda_graph is None:
@@ -97,7 +103,7 @@ class StaticDecoder:
 
     def _run(self) -> torch.Tensor:
         with torch.no_grad():
-            return self.model.static_step(self._tokens, self.cache)
+            return self._step_fn(self._tokens, self.cache)
 
     def _capture(self, warmup_steps: int) -> None:
         """Record one step in a CUDA graph, by PyTorch's documented pattern: warm-up steps on a side stream,
