@@ -135,7 +135,8 @@ class ShortConv(nn.Module):
             raise ValueError(f"x must have shape [B, 1, D] with D = {self.dim}, got {list(x.shape)}")
         if tuple(cache.shape) != (x.shape[0], W - 1, self.dim) or cache.dtype != x.dtype:
             raise ValueError(f"cache must be a [B, W-1, D] = [{x.shape[0]}, {W - 1}, {self.dim}] buffer of dtype "
-                             f"{x.dtype}, got {list(cache.shape)} {cache.dtype}")
+                             f"{x.dtype}, got {list(cache.shape)} {cache.dtype} (allocate the static cache with the "
+                             "activations' dtype, e.g. dtype=torch.bfloat16 under bf16 autocast)")
         backend = auto_backend(x) if self.backend == "auto" else self.backend
         if backend == "triton" and not self._records_grad(x, cache):
             from .shortconv_step import conv_step_triton

@@ -56,6 +56,8 @@ class CausalLM(nn.Module):
                 ) -> tuple[torch.Tensor, list[LayerCache] | None]:
         """input_ids [B, T] -> (logits [B, T, vocab_size], cache or None when use_cache=False)."""
         check_input_ids("input_ids", input_ids, self.config.vocab_size)
+        if isinstance(cache, StaticCache):
+            raise TypeError("a StaticCache is continued with static_step(token_ids, cache), not forward")
         if cache is not None and (not isinstance(cache, list) or len(cache) != len(self.blocks)):
             raise ValueError(f"cache must be None or a list of {len(self.blocks)} LayerCache (one per block), "
                              f"got {type(cache).__name__} of length {len(cache) if isinstance(cache, list) else '-'}")
@@ -89,7 +91,8 @@ class CausalLM(nn.Module):
     def static_step(self, token_ids: torch.Tensor, cache: StaticCache) -> torch.Tensor:
         """One token per row, token_ids [B] -> logits [B, vocab_size], continuing ``cache``, whose buffers are
         updated in place and whose positions advance by one. Shapes only are checked (reading the ids' values
-        would synchronise with the host): ids must lie in [0, vocab_size)."""
+        or the positions would synchronise with the host): ids must lie in [0, vocab_size) and every row's
+        position below the cache's max_length (StaticDecoder counts the steps on the host)."""
         if not isinstance(cache, StaticCache) or len(cache.layers) != len(self.blocks):
             raise TypeError(f"cache must be a StaticCache of {len(self.blocks)} layers (allocate_static_cache)")
         if not isinstance(token_ids, torch.Tensor) or token_ids.dim() != 1 or token_ids.shape[0] != cache.batch_size \
