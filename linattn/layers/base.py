@@ -104,11 +104,10 @@ class MixerLayer(nn.Module):
                    offset: int | torch.Tensor, streams: dict[str, torch.Tensor]
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, TokenArgs, dict[str, Any]]:
         """Feature maps and gates: q [B, T, H, K], k [B, T, H_kv, K], v [B, T, H_kv, V] after the
-        ShortConvs; ``offset`` is the position of x's first token (an int, or per row a [B] tensor in a static
-        step); ``streams`` every projected stream
-        (flat, after its ShortConv; subclasses may add their own in :meth:`streams`). Returns (q, k, v,
-        the op's positional args after v as (tensor, varies_over_time) pairs, keyword args for the op
-        and its step)."""
+        ShortConvs; ``offset`` is the position of x's first token (an int, or per row a [B] tensor in a
+        static step); ``streams`` every projected stream (flat, after its ShortConv; subclasses may add
+        their own in :meth:`streams`). Returns (q, k, v, the op's positional args after v as (tensor,
+        varies_over_time) pairs, keyword args for the op and its step)."""
         return q, k, v, [], {}
 
     def skip(self, o: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
