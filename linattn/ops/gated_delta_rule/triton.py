@@ -47,7 +47,7 @@ import triton
 import triton.language as tl
 
 from ..common.checks import DELTA_TRITON_CHUNK_SIZES
-from ..common.triton_ops import needs_backward
+from ..common.triton_ops import eager_backward, eager_function, needs_backward, use_custom_op
 from ..common.triton_tril import unit_lower_inverse
 from ..common.triton_utils import block as _block
 from ..common.triton_utils import dot_precision, launch_options, launch_overrides, mm, upcast_dots
@@ -499,13 +499,15 @@ def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, d
     return dq, dk, dv, dg, dbeta, dh0, dp
 
 
-@torch.library.custom_op("linattn::gated_delta_rule_triton_fwd", mutates_args=())
-def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, beta: torch.Tensor,
+def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, beta: torch.Tensor,
             initial_state: torch.Tensor | None, scale: float, chunk_size: int, p: torch.Tensor | None = None,
             keep_tm: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(o, final state, Tm [B, T, H, C] kept for the backward pass when ``keep_tm``, else an empty tensor)."""
     o, ht, tm = gated_delta_triton_forward(q, k, v, g, beta, scale, initial_state, chunk_size, p, keep_tm)
     return o, ht, (q.new_empty(0) if tm is None else tm)
+
+
+_fwd_op = torch.library.custom_op("linattn::gated_delta_rule_triton_fwd", _fwd, mutates_args=())
 
 
 @_fwd_op.register_fake
@@ -515,8 +517,7 @@ def _(q, k, v, g, beta, initial_state, scale, chunk_size, p=None, keep_tm=False)
     return torch.empty_like(v), q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32), tm
 
 
-@torch.library.custom_op("linattn::gated_delta_rule_triton_bwd", mutates_args=())
-def _bwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, beta: torch.Tensor,
+def _bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, beta: torch.Tensor,
             initial_state: torch.Tensor | None, scale: float, chunk_size: int, do: torch.Tensor,
             dht: torch.Tensor | None, p: torch.Tensor | None = None, tm: torch.Tensor | None = None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
@@ -527,6 +528,9 @@ def _bwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor |
     dq, dk, dv, dg, dbeta, dh0, dp = gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, chunk_size,
                                                                  do, dht, p, tm)
     return dq, dk, dv, dg, dbeta, dh0, (q.new_empty(0) if dp is None else dp)
+
+
+_bwd_op = torch.library.custom_op("linattn::gated_delta_rule_triton_bwd", _bwd, mutates_args=())
 
 
 @_bwd_op.register_fake
@@ -545,13 +549,16 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, do, dht, dtm):
     q, k, v, g, beta, initial_state, p, tm = ctx.saved_tensors
-    dq, dk, dv, dg, dbeta, dh0, dp = _bwd_op(q, k, v, g, beta, initial_state, ctx.scale, ctx.chunk_size,
-                                             do.contiguous(), None if dht is None else dht.contiguous(), p, tm)
+    run_bwd = _bwd if eager_backward(ctx) else _bwd_op
+    do = torch.zeros_like(v) if do is None else do.contiguous()
+    dq, dk, dv, dg, dbeta, dh0, dp = run_bwd(q, k, v, g, beta, initial_state, ctx.scale, ctx.chunk_size, do,
+                                             None if dht is None else dht.contiguous(), p, tm)
     return (dq, dk, dv, (dg if g is not None else None), dbeta, (dh0 if initial_state is not None else None),
             None, None, (dp if p is not None else None), None)
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
+_Eager = eager_function("GatedDeltaTriton", _fwd, _setup_context, _backward, non_differentiable=(2,))
 
 
 def gated_delta_triton(
@@ -585,7 +592,8 @@ def gated_delta_triton(
     beta = beta.float().contiguous()
     s0 = None if initial_state is None else initial_state.float().contiguous()
     # Tm (a [C]-row per token, the input dtype) is kept for the backward pass only when one will follow
-    o, ht, _ = _fwd_op(q, k, v, g, beta, s0, float(scale), chunk_size, p, needs_backward(q, k, v, g, beta, s0, p))
+    run = _fwd_op if use_custom_op(q) else _Eager.apply
+    o, ht, _ = run(q, k, v, g, beta, s0, float(scale), chunk_size, p, needs_backward(q, k, v, g, beta, s0, p))
     state_dtype = torch.float64 if in_dtype == torch.float64 else torch.float32
     return o.to(in_dtype), (ht.to(state_dtype) if output_final_state else None)
 
