@@ -14,7 +14,7 @@ from linattn.ops.softmax_attn import softmax_attn, softmax_attn_step
 from .base import MixerLayer, MixOut, Streams
 from .cache import LayerCache
 from .checks import check_positive_int
-from .delta import l2norm
+from .norms import l2norm
 from .shortconv import ShortConv
 
 

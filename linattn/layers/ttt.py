@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from linattn.ops.ttt import MiniBatchState, titans, titans_step, ttt_linear, ttt_linear_step
 
 from .base import MixerLayer, MixOut, Streams, TokenArgs
-from .delta import l2norm
+from .norms import l2norm
 
 
 class _MiniBatchLayer(MixerLayer):
