@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from ..ops.common.triton_compat import patch_interpreter
+from ..ops.common.triton_launch import fast_launch
 from ..ops.common.triton_ops import eager_backward, eager_function, use_custom_op
 
 patch_interpreter()
@@ -28,6 +29,7 @@ patch_interpreter()
 ROWS_PER_PROGRAM = 16
 
 
+@fast_launch
 @triton.jit(do_not_specialize=["R"])
 def _l2norm_fwd_kernel(x, y, r, R, D: tl.constexpr, eps, BR: tl.constexpr, BD: tl.constexpr):
     """Grid (cdiv(R, BR),): y = x / max(||x||, eps) for BR rows; r = 1 / max(||x||, eps) (float32)."""
@@ -40,6 +42,7 @@ def _l2norm_fwd_kernel(x, y, r, R, D: tl.constexpr, eps, BR: tl.constexpr, BD: t
     tl.store(r + rows, inv, mask=rows < R)
 
 
+@fast_launch
 @triton.jit(do_not_specialize=["R"])
 def _l2norm_bwd_kernel(x, r, dy, dx, R, D: tl.constexpr, eps, BR: tl.constexpr, BD: tl.constexpr):
     """Grid (cdiv(R, BR),): dx = r dy - [||x|| > eps] r y (dy . y), y = r x."""
@@ -55,6 +58,7 @@ def _l2norm_bwd_kernel(x, r, dy, dx, R, D: tl.constexpr, eps, BR: tl.constexpr, 
         dx.dtype.element_ty), mask=m)
 
 
+@fast_launch
 @triton.jit(do_not_specialize=["R"])
 def _rms_gate_fwd_kernel(o, w, gate, y, rstd, R, D: tl.constexpr, eps, HAS_GATE: tl.constexpr, BR: tl.constexpr,
                          BD: tl.constexpr):
@@ -72,6 +76,7 @@ def _rms_gate_fwd_kernel(o, w, gate, y, rstd, R, D: tl.constexpr, eps, HAS_GATE:
     tl.store(rstd + rows, inv, mask=rows < R)
 
 
+@fast_launch
 @triton.jit(do_not_specialize=["R"])
 def _rms_gate_bwd_kernel(o, w, gate, rstd, dy, do, dgate, dw_part, R, D: tl.constexpr, HAS_GATE: tl.constexpr,
                          BR: tl.constexpr, BD: tl.constexpr, NB: tl.constexpr):

@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from ..ops.common.triton_compat import patch_interpreter
+from ..ops.common.triton_launch import fast_launch
 from ..ops.common.triton_ops import eager_backward, eager_function, use_custom_op
 
 patch_interpreter()
@@ -65,6 +66,7 @@ def _preact(x, cache, w, bias, i_b, s, o_d, m_d, T, D, sx_b, sx_t, W: tl.constex
     return z
 
 
+@fast_launch
 @triton.jit(do_not_specialize=["T"])
 def _conv_fwd_kernel(x, cache, w, bias, y, T, D, sx_b, sx_t, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
                      HAS_CACHE: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
@@ -80,6 +82,7 @@ def _conv_fwd_kernel(x, cache, w, bias, y, T, D, sx_b, sx_t, W: tl.constexpr, BT
              mask=(s < T)[:, None] & m_d[None, :])
 
 
+@fast_launch
 @triton.jit(do_not_specialize=["T", "NP", "NB"])
 def _conv_dz_kernel(x, cache, w, bias, dy, dz, dw_part, db_part, T, D, sx_b, sx_t, NP, NB, W: tl.constexpr,
                     BW: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, HAS_CACHE: tl.constexpr,
@@ -113,6 +116,7 @@ def _conv_dz_kernel(x, cache, w, bias, dy, dz, dw_part, db_part, T, D, sx_b, sx_
         tl.store(db_part + part * D + o_d, db_acc, mask=m_d)
 
 
+@fast_launch
 @triton.jit(do_not_specialize=["T"])
 def _conv_dx_kernel(w, dz, dx, dcache, T, D, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
                     HAS_CACHE: tl.constexpr):

@@ -47,6 +47,7 @@ import triton
 import triton.language as tl
 
 from ..common.checks import DELTA_TRITON_CHUNK_SIZES
+from ..common.triton_launch import fast_launch
 from ..common.triton_ops import eager_backward, eager_function, needs_backward, use_custom_op
 from ..common.triton_tril import unit_lower_inverse
 from ..common.triton_utils import block as _block
@@ -83,6 +84,7 @@ def _read_key(p, kc, offs, mask, HAS_P: tl.constexpr):
         return kc
 
 
+@fast_launch
 @triton.jit(do_not_specialize=["T"])
 def _prepare_kernel(k, p, v, beta, g, tm, w, u, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, HAS_P: tl.constexpr,
@@ -119,6 +121,7 @@ def _prepare_kernel(k, p, v, beta, g, tm, w, u, T, H: tl.constexpr, K: tl.conste
         tl.store(u + r0 * V + row[:, None] * V + o_v[None, :], mm(Tq, vb, PREC, UP).to(u.dtype.element_ty), mask=m_cv)
 
 
+@fast_launch
 @triton.jit(do_not_specialize=["T"])
 def _state_fwd_kernel(k, w, u, g, h, dlt, h0, ht, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
@@ -153,6 +156,7 @@ def _state_fwd_kernel(k, w, u, g, h, dlt, h0, ht, T, H: tl.constexpr, K: tl.cons
     tl.store(ht + i_bh.to(tl.int64) * K * V + kv, S, mask=m_kv)
 
 
+@fast_launch
 @triton.jit(do_not_specialize=["T"])
 def _dv_local_kernel(q, k, g, do, dd, scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                      C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
@@ -177,6 +181,7 @@ def _dv_local_kernel(q, k, g, do, dd, scale, T, H: tl.constexpr, K: tl.constexpr
              mask=m_cv)
 
 
+@fast_launch
 @triton.jit(do_not_specialize=["T"])
 def _state_bwd_kernel(q, k, w, g, do, dd, dh, dht, dh0, scale, T, H: tl.constexpr, K: tl.constexpr,
                       V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
@@ -227,6 +232,7 @@ def _state_bwd_kernel(q, k, w, g, do, dd, dh, dht, dh0, scale, T, H: tl.constexp
     tl.store(dh0 + i_bh.to(tl.int64) * K * V + kv, dS, mask=m_kv)
 
 
+@fast_launch
 @triton.jit(do_not_specialize=["T"])
 def _grads_qk_kernel(q, k, g, h, dlt, dd, do, dh, dq, dk, dw, db, scale, T, H: tl.constexpr, K: tl.constexpr,
                      V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
@@ -289,6 +295,7 @@ def _grads_qk_kernel(q, k, g, h, dlt, dd, do, dh, dq, dk, dw, db, scale, T, H: t
         tl.store(db + i_k * (tl.num_programs(2).to(tl.int64) * T) + r0 + row, dbv, mask=m_t)
 
 
+@fast_launch
 @triton.jit(do_not_specialize=["T"])
 def _grads_wy_kernel(k, p, v, beta, g, tm, dd, dw, dk, dp, dv, dbeta, db, dg, T, H: tl.constexpr, K: tl.constexpr,
                      V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NKQ: tl.constexpr,
