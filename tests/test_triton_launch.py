@@ -61,9 +61,16 @@ def test_bind_orders_keyword_arguments_and_separates_options():
     assert fk._bind((x,), dict(y=x))[0] is None, "a missing parameter leaves the launch to Triton"
 
 
-def test_launches_run_through_the_interpreter(monkeypatch):
-    """Under TRITON_INTERPRET=1 the library's kernels run through Triton (the fused norms give right values)."""
+def test_repeated_launches_give_the_first_launchs_values():
+    """The first launch of a key goes through Triton, later ones through the kept kernel (on a GPU; under
+    TRITON_INTERPRET=1 all through Triton): same values, also after the alignment of the input changes."""
     from linattn.layers.norms_triton import l2norm_triton
 
-    x = torch.randn(5, 8)
-    assert torch.allclose(l2norm_triton(x, 1e-6), torch.nn.functional.normalize(x, dim=-1), atol=1e-6)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    x = torch.randn(65, 8, device=device)
+    ref = torch.nn.functional.normalize(x, dim=-1)
+    for _ in range(3):
+        assert torch.allclose(l2norm_triton(x, 1e-6), ref, atol=1e-6)
+    flat = torch.randn(65 * 8 + 1, device=device)
+    shifted = flat[1:].view(65, 8)  # 4 bytes past an aligned address: a new key
+    assert torch.allclose(l2norm_triton(shifted, 1e-6), torch.nn.functional.normalize(shifted, dim=-1), atol=1e-6)

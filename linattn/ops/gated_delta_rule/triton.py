@@ -459,7 +459,7 @@ def _output(q, k, dlt, g, h, scale, C):
 
 def gated_delta_triton_forward(q, k, v, g, beta, scale, initial_state, C, p=None, keep_tm=False):
     """Forward pass: (o, final state float32, Tm [B, T, H, C] for the backward pass, or None unless ``keep_tm``).
-    Inputs contiguous [B, T, H, *]; g (or None), beta float32 [B, T, H]; p (or None: p = k) like k."""
+    Inputs contiguous [B, T, H, *]; g (or None), beta [B, T, H] (bf16, fp16 or float32); p (or None: p = k) like k."""
     w, u, tm = _prepare(k, v, beta, g, C, p, keep_tm=keep_tm)
     h, dlt, ht = _states(k, w, u, g, initial_state, C)
     return _output(q, k, dlt, g, h, scale, C), ht, tm
@@ -543,8 +543,9 @@ _bwd_op = torch.library.custom_op("linattn::gated_delta_rule_triton_bwd", _bwd, 
 @_bwd_op.register_fake
 def _(q, k, v, g, beta, initial_state, scale, chunk_size, do, dht, p=None, tm=None):
     B, T, H, K = q.shape
-    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(beta),
-            torch.empty_like(beta), q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32),
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            torch.empty_like(beta) if g is None else torch.empty_like(g), torch.empty_like(beta),
+            q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32),
             q.new_empty(0) if p is None else torch.empty_like(p))
 
 
@@ -566,6 +567,11 @@ def _backward(ctx, do, dht, dtm):
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
 _Eager = eager_function("GatedDeltaTriton", _fwd, _setup_context, _backward, non_differentiable=(2,))
+
+
+def _own_dtype(x: torch.Tensor) -> torch.Tensor:
+    """A gate as the kernels read it: bf16, fp16 or float32 as given (float64 as float32), contiguous."""
+    return x.contiguous() if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else x.float().contiguous()
 
 
 def gated_delta_triton(
@@ -595,8 +601,10 @@ def gated_delta_triton(
     dtype = in_dtype if in_dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
     q, k, v = (x.to(dtype).contiguous() for x in (q, k, v))
     p = None if p is None else p.to(dtype).contiguous()
-    g = None if g is None else g.float().contiguous()
-    beta = beta.float().contiguous()
+    # the kernels read g and beta in their own dtype and compute in float32 (bf16 gates from a layer under autocast
+    # need no conversion kernels; their gradients come back in the same dtype)
+    g = None if g is None else _own_dtype(g)
+    beta = _own_dtype(beta)
     s0 = None if initial_state is None else initial_state.float().contiguous()
     # Tm (a [C]-row per token, the input dtype) is kept for the backward pass only when one will follow
     run = _fwd_op if use_custom_op(q) else _Eager.apply
