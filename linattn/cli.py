@@ -161,6 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write the header and rows as JSON to this file, rewritten as each row completes")
     p.add_argument("--resume", action="store_true", help="keep the rows already in --out (same settings) and "
                    "measure only the missing ones")
+    p.add_argument("--retry-errors", action="store_true", help="with --resume: measure again the rows that "
+                   "recorded an error")
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=_cmd_bench_model)
     p = sub.add_parser("data", help="generate data sets: `linattn data listops|pathfinder --out DIR ...`")

@@ -61,6 +61,10 @@ def test_a_failing_mixer_is_an_error_row(tmp_path, monkeypatch):
         assert failed["speed_ratio"] is None
         for mixer in ("softmax_attn", "retention"):
             assert rows[(mixer, "eager")]["error"] is None and rows[(mixer, "eager")]["tokens_per_s"] > 0
+    monkeypatch.undo()  # mended: --retry-errors measures the failed rows again, and only those
+    data = run(tmp_path, "--mixers", "gla,retention", "--resume", "--retry-errors")
+    assert [(r["kind"], r["mixer"]) for r in data["rows"][-2:]] == [("train", "gla"), ("decode", "gla")]
+    assert len(data["rows"]) == 6 and not any(r["error"] for r in data["rows"])
 
 
 def test_compiled_mode(tmp_path):

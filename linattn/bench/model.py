@@ -28,7 +28,6 @@ import json
 import os
 import shlex
 import sys
-import time
 from collections.abc import Callable, Container, Iterator
 from dataclasses import asdict, dataclass
 
@@ -238,17 +237,9 @@ def make_train_step(model: Callable, optimizer: torch.optim.Optimizer, ids: torc
     return step
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _seconds(fn: Callable[[], object], device: torch.device) -> float:
-    _sync(device)
-    t0 = time.perf_counter()
-    fn()
-    _sync(device)
-    return time.perf_counter() - t0
+    """Wall seconds of one call, synchronised on CUDA."""
+    return median_ms(fn, device, repeats=1, warmup=0) / 1e3
 
 
 def profile_step(step: Callable[[], None], device: torch.device, step_ms: float, top: int = 10) -> dict:
@@ -523,8 +514,10 @@ def _progress_line(row: dict) -> str:
     return f"  {row['mixer']} {what}: {row['tokens_per_s']:,.0f} tokens/s, x{_cell(row['speed_ratio'])}, {extra}"
 
 
-def _earlier_rows(path: str, plan: ModelBenchPlan) -> tuple[list[dict], list[dict]]:
-    """Rows and headers of an earlier run written to ``path`` with the same settings (--resume)."""
+def _earlier_rows(path: str, plan: ModelBenchPlan, retry_errors: bool) -> tuple[list[dict], list[dict]]:
+    """Rows and headers of an earlier run written to ``path`` with the same settings (--resume); without
+    the rows that recorded an error when ``retry_errors`` (e.g. all those after a fault that left the CUDA
+    context unusable)."""
     if not os.path.exists(path):
         return [], []
     with open(path) as f:
@@ -533,20 +526,23 @@ def _earlier_rows(path: str, plan: ModelBenchPlan) -> tuple[list[dict], list[dic
     if header.get("settings") != json.loads(json.dumps(plan.settings())):
         raise ValueError(f"--resume: {path} was measured with other settings ({header.get('settings')}); "
                          f"use another --out")
-    return data.get("rows", []), [*data.get("earlier_runs", []), header]
+    rows = [r for r in data.get("rows", []) if not (retry_errors and r.get("error"))]
+    return rows, [*data.get("earlier_runs", []), header]
 
 
 def cli_bench_model(args: argparse.Namespace) -> int:
     """``linattn bench model``: run the plan of ``args``, print the tables, write ``--out`` as rows complete."""
     try:
         plan = plan_from_args(args)
-        done, earlier = _earlier_rows(args.out, plan) if args.out and args.resume else ([], [])
+        done, earlier = _earlier_rows(args.out, plan, args.retry_errors) if args.out and args.resume else ([], [])
     except ValueError as err:
         print(f"linattn bench model: {err}", file=sys.stderr)
         return 2
     argv = getattr(args, "argv", None)
     command = "linattn " + shlex.join(sys.argv[1:] if argv is None else argv)
     header = {**environment(plan.device), "command": command, "settings": plan.settings(), "measured": plan.lists()}
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     progress = (lambda text: print(text, file=sys.stderr, flush=True)) if not args.no_progress else None
 
     def on_row(rows: list[dict]) -> None:  # save as we go: an interrupted run keeps what it measured
