@@ -365,14 +365,6 @@ def time_decoding(model: CausalLM, batch: int, context: int, tokens: int, path: 
     return DECODE_PATHS[path](model, batch, context, tokens)
 
 
-def decode_rows(plan: ModelBenchPlan, mixer: str, skip: Container[tuple] = ()) -> list[DecodeRow]:
-    """The decoding rows of ``mixer`` still to measure: every batch size and context whose :func:`row_key`
-    is not in ``skip``."""
-    rows = [DecodeRow(mixer, b, c, plan.decode_path, new_tokens=plan.decode_tokens)
-            for b in plan.decode_batches for c in plan.decode_contexts]
-    return [r for r in rows if row_key(asdict(r)) not in skip]
-
-
 def measure_decoding(plan: ModelBenchPlan, rows: list[DecodeRow]) -> Iterator[DecodeRow]:
     """Measure ``rows`` (of one mixer: one model serves them all), yielding each as it completes; an
     exception is recorded in its row (one while building the model, in every row)."""
@@ -405,9 +397,10 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def attach_ratios(row: dict, rows: list[dict]) -> dict:
-    """Set ``row``'s ratios to the reference row of the same shape and mode among ``rows``."""
+    """Set ``row``'s ratios to the reference row of the same key measured in the same run among ``rows``."""
     ref_key = row_key({**row, "mixer": REFERENCE})
-    ref = row if row["mixer"] == REFERENCE else next((r for r in rows if row_key(r) == ref_key), None)
+    same = [r for r in rows if row_key(r) == ref_key and r.get("run", 0) == row.get("run", 0)]
+    ref = row if row["mixer"] == REFERENCE else (same[-1] if same else None)
     if ref is not None:
         row["speed_ratio"] = _ratio(row["tokens_per_s"], ref["tokens_per_s"])
         if row["kind"] == "train":
@@ -415,34 +408,56 @@ def attach_ratios(row: dict, rows: list[dict]) -> dict:
     return row
 
 
-def run_model_bench(plan: ModelBenchPlan, done: list[dict] | None = None,
+def training_todo(plan: ModelBenchPlan, skip: Container[tuple] = ()) -> list[tuple[str, int, int, str]]:
+    """(mixer, batch, seq_len, mode) of the training rows to measure, in order: per shape and mode the
+    reference first, measured again whenever another mixer's row is (ratios are taken within one process);
+    rows whose :func:`row_key` is in ``skip`` are left out."""
+    todo = []
+    for batch, seq_len in plan.shapes:
+        for mode in plan.modes:
+            group = [m for m in plan.mixers if ("train", m, batch, seq_len, mode) not in skip]
+            if group and group[0] != REFERENCE:
+                group.insert(0, REFERENCE)
+            todo += [(m, batch, seq_len, mode) for m in group]
+    return todo
+
+
+def decoding_todo(plan: ModelBenchPlan, skip: Container[tuple] = ()) -> dict[str, list[DecodeRow]]:
+    """The decoding rows to measure by mixer (the reference first, at every batch and context that another
+    mixer is measured at), leaving out those whose :func:`row_key` is in ``skip``."""
+    grid = [(b, c) for b in plan.decode_batches for c in plan.decode_contexts]
+    new = lambda mixer, b, c: DecodeRow(mixer, b, c, plan.decode_path, new_tokens=plan.decode_tokens)
+    todo = {m: [new(m, b, c) for b, c in grid if ("decode", m, b, c, plan.decode_path) not in skip]
+            for m in plan.mixers}
+    needed = {(r.batch, r.context) for rows in todo.values() for r in rows}
+    todo[REFERENCE] = [new(REFERENCE, b, c) for b, c in grid if (b, c) in needed]
+    return {m: rows for m, rows in todo.items() if rows}
+
+
+def run_model_bench(plan: ModelBenchPlan, done: list[dict] | None = None, run: int = 0,
                     on_row: Callable[[list[dict]], None] | None = None,
                     on_start: Callable[[str], None] | None = None) -> list[dict]:
     """Measure every training row (shape x mode x mixer, the reference first) then every decoding row
     (mixer x batch x context); rows whose key is among ``done`` (an earlier run's rows) are not measured
-    again. Returns all rows (``done`` first) as dicts with ratios. ``on_row(rows)`` is called with all
+    again, except the reference's where another mixer's are. Returns all rows (``done`` first) as dicts,
+    each with ``run`` (which invocation measured it) and its ratios. ``on_row(rows)`` is called with all
     rows so far as each row completes, ``on_start(label)`` before a model is measured."""
     rows = list(done or [])
     skip = {row_key(r) for r in rows}
     start = on_start or (lambda label: None)
 
     def add(row: TrainRow | DecodeRow) -> None:
-        rows.append(attach_ratios(asdict(row), rows))
+        rows.append(attach_ratios({**asdict(row), "run": run}, rows))
         if on_row is not None:
             on_row(rows)
 
-    for batch, seq_len in plan.shapes:
-        for mode in plan.modes:
-            for mixer in plan.mixers:
-                if ("train", mixer, batch, seq_len, mode) not in skip:
-                    start(f"train {mixer} {batch}x{seq_len} {mode}")
-                    add(measure_training(plan, mixer, batch, seq_len, mode))
-    for mixer in plan.mixers:
-        todo = decode_rows(plan, mixer, skip)
-        if todo:
-            start(f"decode {mixer} ({plan.decode_path})")
-            for row in measure_decoding(plan, todo):
-                add(row)
+    for mixer, batch, seq_len, mode in training_todo(plan, skip):
+        start(f"train {mixer} {batch}x{seq_len} {mode}")
+        add(measure_training(plan, mixer, batch, seq_len, mode))
+    for mixer, todo in decoding_todo(plan, skip).items():
+        start(f"decode {mixer} ({plan.decode_path})")
+        for row in measure_decoding(plan, todo):
+            add(row)
     return rows
 
 
@@ -497,11 +512,15 @@ def markdown_table(columns: list[Column], rows: list[dict]) -> str:
 
 
 def format_tables(rows: list[dict]) -> dict[str, str]:
-    """The printed tables by name ("train", "profile", "decode"): those with at least one row."""
+    """The printed tables by name ("train", "profile", "decode"): those with at least one row. Rows of
+    several runs (--resume) get a column "run": a ratio is taken to the reference row of its own run."""
     tables = {"train": (TRAIN_COLUMNS, [r for r in rows if r["kind"] == "train"]),
               "profile": (PROFILE_COLUMNS, [r for r in rows if r["kind"] == "train" and r.get("profile")]),
               "decode": (DECODE_COLUMNS, [r for r in rows if r["kind"] == "decode"])}
-    return {name: markdown_table(cols, chosen) for name, (cols, chosen) in tables.items() if chosen}
+    first: list[Column] = [("run", True, lambda r: str(r.get("run", 0)))]
+    if len({r.get("run", 0) for r in rows}) < 2:
+        first = []
+    return {name: markdown_table(first + cols, chosen) for name, (cols, chosen) in tables.items() if chosen}
 
 
 def _progress_line(row: dict) -> str:
@@ -551,7 +570,7 @@ def cli_bench_model(args: argparse.Namespace) -> int:
         if args.out:
             write_rows(args.out, "model", {"header": header, "earlier_runs": earlier}, rows, announce=False)
 
-    rows = run_model_bench(plan, done, on_row=on_row, on_start=progress)
+    rows = run_model_bench(plan, done, len(earlier), on_row=on_row, on_start=progress)
     cfg = (f"d_model={plan.d_model} n_layers={plan.n_layers} n_heads={plan.n_heads} vocab={plan.vocab_size} "
            f"dtype={str(plan.dtype).replace('torch.', '')}")
     print(f"{header['device']}, torch {header['torch']}, triton {header['triton']}; {cfg}")
