@@ -148,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, help="untimed training steps first (cuda default 3; compiled mode also "
                    "makes one compiling step before them)")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the compiled mode")
+    p.add_argument("--compile-scope", default="model", choices=["model", "blocks"], help="compiled mode: "
+                   "torch.compile(model), or each block (identical blocks share one graph: a fraction of the "
+                   "compile time)")
     p.add_argument("--profile", action="store_true", help="profile one training step per row: top kernels, "
                    "kernel time vs wall time")
     p.add_argument("--decode-batch", help="comma-separated decoding batch sizes (cuda default 1,16)")

@@ -4,6 +4,7 @@ mixer with ratios to softmax_attn, errors recorded per row, compiled mode, resum
 import json
 
 import pytest
+import torch
 
 from linattn.bench import model as bench_model
 from linattn.cli import main
@@ -68,11 +69,12 @@ def test_a_failing_mixer_is_an_error_row(tmp_path, monkeypatch):
     assert len(data["rows"]) == 8 and not any(r["error"] for r in data["rows"])
 
 
-def test_compiled_mode(tmp_path):
-    data = run(tmp_path, "--mixers", "gla", "--modes", "eager,compiled", "--compile-backend", "aot_eager",
-               "--no-decode")
+@pytest.mark.parametrize("scope, modes", [("model", ("eager", "compiled")), ("blocks", ("compiled",))])
+def test_compiled_mode(tmp_path, scope, modes):
+    data = run(tmp_path, "--mixers", "gla", "--modes", ",".join(modes), "--compile-backend", "aot_eager",
+               "--compile-scope", scope, "--no-decode")
     train = rows_of(data, "train")
-    assert set(train) == {(m, mode) for m in ("softmax_attn", "gla") for mode in ("eager", "compiled")}
+    assert set(train) == {(m, mode) for m in ("softmax_attn", "gla") for mode in modes}
     for (_, mode), r in train.items():
         assert r["error"] is None and r["tokens_per_s"] > 0
         assert (r["compile_s"] is not None) == (mode == "compiled")
@@ -101,7 +103,9 @@ def test_resume_measures_only_missing_rows(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("argv", [["--mixers", "nope"], ["--shapes", "2by32"], ["--modes", "jit"],
-                                  ["--decode-path", "warp"], ["--mixer-kwargs", '{"gla": 3}']])
+                                  ["--decode-path", "warp"], ["--mixer-kwargs", '{"gla": 3}'],
+                                  ["--mixer-kwargs", '{"gla": {"no_such_argument": 1}}'], ["--heads", "5"]]
+                         + ([["--device", "cuda"]] if not torch.cuda.is_available() else []))
 def test_bad_options_exit_2(argv, capsys):
     assert main(["bench", "model", *TINY, *argv]) == 2
     assert "linattn bench model:" in capsys.readouterr().err

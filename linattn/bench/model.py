@@ -74,6 +74,7 @@ class ModelBenchPlan:
     steps: int
     warmup: int
     compile_backend: str
+    compile_scope: str
     profile: bool
     decode_batches: list[int]
     decode_contexts: list[int]
@@ -90,7 +91,8 @@ class ModelBenchPlan:
         return {"device": self.device.type, "dtype": str(self.dtype).replace("torch.", ""), "d_model": self.d_model,
                 "n_layers": self.n_layers, "n_heads": self.n_heads, "vocab_size": self.vocab_size,
                 "mixer_kwargs": self.mixer_kwargs, "steps": self.steps, "warmup": self.warmup,
-                "compile_backend": self.compile_backend, "decode_tokens": self.decode_tokens, "seed": self.seed}
+                "compile_backend": self.compile_backend, "compile_scope": self.compile_scope,
+                "decode_tokens": self.decode_tokens, "seed": self.seed}
 
     def lists(self) -> dict:
         """What is measured: mixers, shapes, modes, decoding batches and contexts."""
@@ -171,6 +173,8 @@ def plan_from_args(args: argparse.Namespace) -> ModelBenchPlan:
     """The plan of ``linattn bench model`` options; options left out take the device's defaults
     (:data:`DEFAULTS`). Raises ValueError naming a bad option."""
     device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available here (torch.cuda.is_available() is False)")
     d = DEFAULTS[device.type]
     pick = lambda name: d[name] if getattr(args, name) is None else getattr(args, name)
     modes = [m for m in pick("modes").split(",") if m]
@@ -185,7 +189,8 @@ def plan_from_args(args: argparse.Namespace) -> ModelBenchPlan:
         device=device, dtype=dtype, mixers=_mixer_list(args.mixers or DEFAULT_MIXERS), d_model=pick("d_model"),
         n_layers=pick("layers"), n_heads=pick("heads"), vocab_size=pick("vocab"), mixer_kwargs=kwargs,
         shapes=[] if args.no_train else parse_shapes(pick("shapes")), modes=modes, steps=pick("steps"),
-        warmup=pick("warmup"), compile_backend=args.compile_backend, profile=args.profile,
+        warmup=pick("warmup"), compile_backend=args.compile_backend,
+        compile_scope=args.compile_scope, profile=args.profile,
         decode_batches=[] if args.no_decode else parse_ints(pick("decode_batch"), "--decode-batch"),
         decode_contexts=parse_ints(pick("decode_context"), "--decode-context"),
         decode_tokens=pick("decode_tokens"), decode_path=args.decode_path, seed=args.seed)
@@ -269,10 +274,21 @@ def _graph_break_count() -> int | None:
     return sum(counters["graph_break"].values())
 
 
-def compile_model(model: torch.nn.Module, backend: str) -> Callable:
-    """``torch.compile(model)`` with a fresh Dynamo cache: entries of earlier models would count towards the
-    recompile limit, past which Dynamo silently runs eager."""
+COMPILE_SCOPES = ("model", "blocks")
+
+
+def compile_model(model: CausalLM, backend: str, scope: str = "model") -> Callable:
+    """``torch.compile(model)`` ("model": one graph of the whole forward), or each block compiled in place
+    ("blocks": identical blocks share one compiled graph, so compiling takes about one block's time; the
+    embedding, final norm and LM head stay eager). Dynamo's cache is reset first: entries of earlier models
+    would count towards the recompile limit, past which Dynamo silently runs eager."""
+    if scope not in COMPILE_SCOPES:
+        raise ValueError(f"compile scope must be one of {', '.join(COMPILE_SCOPES)}, got {scope!r}")
     torch.compiler.reset()
+    if scope == "blocks":
+        for block in model.blocks:
+            block.compile(backend=backend)
+        return model
     return torch.compile(model, backend=backend)
 
 
@@ -305,7 +321,7 @@ def _train_once(plan: ModelBenchPlan, row: TrainRow) -> None:
     gen = torch.Generator().manual_seed(plan.seed)
     ids = torch.randint(0, plan.vocab_size, (row.batch, row.seq_len + 1), generator=gen).to(plan.device)
     compiled = row.mode == "compiled"
-    net = compile_model(model, plan.compile_backend) if compiled else model
+    net = compile_model(model, plan.compile_backend, plan.compile_scope) if compiled else model
     step = make_train_step(net, optimizer, ids, plan.device, plan.dtype)
     if compiled:  # compile time apart, and out of the timing
         row.compile_s, row.graph_breaks = first_compiled_step(step, plan.device)
