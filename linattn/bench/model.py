@@ -83,6 +83,7 @@ class ModelBenchPlan:
     seed: int = 0
 
     def model_config(self, mixer: str) -> ModelConfig:
+        """The model config of ``mixer`` at this plan's size (ValueError on a bad size or layer argument)."""
         return ModelConfig(mixer=mixer, d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads,
                            vocab_size=self.vocab_size, mixer_kwargs=dict(self.mixer_kwargs.get(mixer, {})))
 
