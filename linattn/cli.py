@@ -1,4 +1,4 @@
-"""Command line: ``linattn list | run | train | bench ops | bench decode | data``."""
+"""Command line: ``linattn list | run | train | bench ops | bench decode | bench model | data``."""
 
 from __future__ import annotations
 
@@ -102,6 +102,12 @@ def _cmd_bench_decode(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_model(args: argparse.Namespace) -> int:
+    from linattn.bench.model import cli_bench_model
+
+    return cli_bench_model(args)
+
+
 def _cmd_data(args: argparse.Namespace) -> int:
     from linattn.data.lra.__main__ import main as lra_main
 
@@ -147,6 +153,48 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--out", help="also write the rows as JSON to this file")
     p.set_defaults(func=_cmd_bench_decode)
+    p = bench.add_parser("model", help="whole-model training step and decoding per mixer, next to softmax_attn",
+                         description="A CausalLM per mixer (softmax_attn always included, same config and process): "
+                         "tokens/s and peak memory of a full training step (eager and torch.compile), ms per "
+                         "generated token. Options left out take the device's defaults: on cuda the reference "
+                         "config (d_model 1024, 12 layers, 8 heads, vocab 32000; shapes 8x2048,2x8192,1x32768; "
+                         "eager,compiled; decoding B 1,16 at contexts 512,8192), on cpu a tiny one.")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--mixers", help="comma-separated mixer names, besides softmax_attn "
+                   "(default: gated_delta_rule,delta_rule,gla,mamba2,retention,comba)")
+    p.add_argument("--shapes", help="comma-separated training batch shapes BxT (cuda default 8x2048,2x8192,1x32768)")
+    p.add_argument("--modes", help="comma-separated: eager,compiled (cuda default both; cpu eager)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+                   help="training autocast and decoding weight dtype (cuda default bfloat16; cpu float32)")
+    p.add_argument("--d-model", type=int)
+    p.add_argument("--layers", type=int)
+    p.add_argument("--heads", type=int)
+    p.add_argument("--vocab", type=int)
+    p.add_argument("--mixer-kwargs", help='JSON: mixer -> layer arguments, e.g. \'{"gla": {"chunk_size": 64}}\'')
+    p.add_argument("--steps", type=int, help="timed training steps per median (cuda default 10)")
+    p.add_argument("--warmup", type=int, help="untimed training steps first (cuda default 3; compiled mode also "
+                   "makes one compiling step before them)")
+    p.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the compiled mode")
+    p.add_argument("--compile-scope", default="model", choices=["model", "blocks"], help="compiled mode: "
+                   "torch.compile(model), or each block (identical blocks share one graph: a fraction of the "
+                   "compile time)")
+    p.add_argument("--profile", action="store_true", help="profile one training step per row: top kernels, "
+                   "kernel time vs wall time")
+    p.add_argument("--decode-batch", help="comma-separated decoding batch sizes (cuda default 1,16)")
+    p.add_argument("--decode-context", help="comma-separated prefill lengths (cuda default 512,8192)")
+    p.add_argument("--decode-tokens", type=int, help="generated tokens timed per row (cuda default 64)")
+    p.add_argument("--decode-path", default="eager", help="how tokens are generated (eager: a cached "
+                   "model(next_ids, cache) call per token)")
+    p.add_argument("--no-train", action="store_true", help="decoding rows only")
+    p.add_argument("--no-decode", action="store_true", help="training rows only")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="write the header and rows as JSON to this file, rewritten as each row completes")
+    p.add_argument("--resume", action="store_true", help="keep the rows already in --out (same settings) and "
+                   "measure only the missing ones")
+    p.add_argument("--retry-errors", action="store_true", help="with --resume: measure again the rows that "
+                   "recorded an error")
+    p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+    p.set_defaults(func=_cmd_bench_model)
     p = sub.add_parser("data", help="generate data sets: `linattn data listops|pathfinder --out DIR ...`")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of python -m linattn.data.lra")
     p.set_defaults(func=_cmd_data)
@@ -165,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command line, for benchmark headers
     return int(args.func(args) or 0)
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from linattn.layers import DeltaNetLayer, GatedDeltaNetLayer
-from linattn.layers.delta import l2norm
+from linattn.layers.norms import l2norm
 from linattn.ops.common.matrix_scan import matrix_state_scan
 from linattn.ops.common.values import value_checks_enabled
 from linattn.testing import assert_close, randn

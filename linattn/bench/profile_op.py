@@ -15,21 +15,27 @@ from linattn.bench.shape_args import add_shape_arguments
 from linattn.ops import get_op
 
 
-def _kernel_table(prof, on_device: bool, rows: int) -> tuple[str, float]:
-    """Kernels (device) or top-level operators (CPU) by total time: (table, total ms)."""
+def kernel_times(prof, on_device: bool) -> list[tuple[str, float, int]]:
+    """(name, total ms, calls) of every device kernel (``on_device``) or top-level CPU operator of a
+    finished ``torch.profiler.profile``, longest first."""
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for ev in prof.events():
         is_kernel = ev.device_type == torch.autograd.DeviceType.CUDA
         if on_device != is_kernel or (not on_device and ev.cpu_parent is not None):
             continue
-        us = ev.device_time if on_device else ev.cpu_time_total
-        totals[ev.name][0] += us
+        totals[ev.name][0] += ev.device_time if on_device else ev.cpu_time_total
         totals[ev.name][1] += 1
-    total = sum(t for t, _ in totals.values()) / 1e3
+    return sorted(((name, us / 1e3, int(count)) for name, (us, count) in totals.items()), key=lambda t: -t[1])
+
+
+def _kernel_table(prof, on_device: bool, rows: int) -> tuple[str, float]:
+    """Kernels (device) or top-level operators (CPU) by total time: (table, total ms)."""
+    times = kernel_times(prof, on_device)
+    total = sum(ms for _, ms, _ in times)
     lines = []
-    for name, (us, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:rows]:
-        share = us / 1e3 / total if total else 0.0
-        lines.append(f"  {us / 1e3:8.3f} ms {share:6.1%} x{count:<3d} {name[:90]}")
+    for name, ms, count in times[:rows]:
+        share = ms / total if total else 0.0
+        lines.append(f"  {ms:8.3f} ms {share:6.1%} x{count:<3d} {name[:90]}")
     return "\n".join(lines), total
 
 

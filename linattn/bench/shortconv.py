@@ -20,7 +20,7 @@ import torch
 from linattn.layers.shortconv import ShortConv
 from linattn.testing import rel_err
 
-from .timing import format_row, median_ms, write_rows
+from .timing import format_row, median_ms, triton_version, write_rows
 
 BACKENDS = ("muladd", "conv1d", "triton")
 
@@ -61,14 +61,6 @@ def bench_shape(B: int, T: int, D: int, W: int, dtype: torch.dtype, device: torc
     return row
 
 
-def _triton_version() -> str | None:
-    try:
-        import triton
-    except ImportError:
-        return None
-    return triton.__version__
-
-
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -99,7 +91,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             print(format_row(row), flush=True)
     if a.out:
         meta = {"device": torch.cuda.get_device_name(device) if cuda else "cpu", "torch": torch.__version__,
-                "triton": _triton_version()}
+                "triton": triton_version()}
         write_rows(a.out, "shortconv", meta, rows)
     return rows
 

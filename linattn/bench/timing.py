@@ -7,6 +7,10 @@ measured in one process on one device.
 
 from __future__ import annotations
 
+import datetime
+import json
+import os
+import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -52,10 +56,33 @@ def format_row(row: dict) -> str:
     return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items())
 
 
-def write_rows(path: str, bench: str, meta: dict, rows: list[dict]) -> None:
-    """Write ``{"bench": bench, **meta, "rows": rows}`` as JSON to ``path`` and say so."""
-    import json
+def write_rows(path: str, bench: str, meta: dict, rows: list[dict], *, announce: bool = True) -> None:
+    """Write ``{"bench": bench, **meta, "rows": rows}`` as JSON to ``path`` (and say so when ``announce``).
 
-    with open(path, "w") as f:
+    The file is replaced atomically (written beside it, then renamed), so a run killed while writing
+    still leaves the previous complete file: benchmarks rewrite it after every row."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
         json.dump({"bench": bench, **meta, "rows": rows}, f, indent=1)
-    print(f"wrote {path}", flush=True)
+    os.replace(tmp, path)
+    if announce:
+        print(f"wrote {path}", flush=True)
+
+
+def triton_version() -> str | None:
+    """Triton's version, or None where it does not import."""
+    try:
+        import triton
+    except ImportError:
+        return None
+    return triton.__version__
+
+
+def environment(device: torch.device) -> dict:
+    """Where a benchmark ran: UTC date, device name, torch and Triton versions."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "device": name,
+            "torch": torch.__version__, "triton": triton_version()}

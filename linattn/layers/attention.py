@@ -23,7 +23,7 @@ from linattn.ops.softmax_attn import softmax_attn, softmax_attn_step
 from .base import MixerLayer, MixOut, Streams, TokenArgs, run_conv
 from .cache import LayerCache
 from .checks import check_positive_int
-from .delta import l2norm
+from .norms import l2norm
 from .shortconv import ShortConv
 from .static_attention import allocate_kv, attend, key_mask, load_kv_rows, rope_at, write_at
 from .static_cache import StaticKV, StaticLayerCache

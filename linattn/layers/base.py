@@ -29,6 +29,7 @@ from linattn.ops.common.values import value_checks
 
 from .cache import LayerCache
 from .checks import check_layer_input, check_short_conv, check_static_step_input, head_dims
+from .norms import rms_norm_gated
 from .shortconv import CONV_MODES, ShortConv
 from .static_cache import StaticLayerCache, copy_rows_, copy_state_, state_dtype
 
@@ -225,11 +226,13 @@ class MixerLayer(nn.Module):
         """Output norm per head, SiLU gate, output projection: o [B, T, H, V] -> [B, T, d_model]."""
         B, T = o.shape[:2]
         o = o.to(x.dtype)
-        if self.o_norm is not None:
-            o = self.o_norm(o)
-        o = o.reshape(B, T, -1)
-        if self.g_proj is not None:
-            o = o * torch.nn.functional.silu(self.g_proj(x))
+        gate = None if self.g_proj is None else self.g_proj(x)
+        if self.o_norm is not None:  # one fused kernel on CUDA (norms.py)
+            o = rms_norm_gated(o, self.o_norm, None if gate is None else gate.view(o.shape)).reshape(B, T, -1)
+        else:
+            o = o.reshape(B, T, -1)
+            if gate is not None:
+                o = o * torch.nn.functional.silu(gate)
         return self.o_proj(o)
 
 

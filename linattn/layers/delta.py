@@ -13,12 +13,7 @@ from linattn.ops.mesa_net import mesa_net, mesa_net_step
 
 from .base import MixerLayer, MixOut, Streams
 from .gates import MambaDecay
-
-
-def l2norm(x: torch.Tensor) -> torch.Tensor:
-    """x / ||x|| over the last dim, computed in float32 and returned in x's dtype (under autocast the
-    norm is float32, and a float32 q/k would send the kernels down their slow exact-float32 path)."""
-    return F.normalize(x.float(), p=2.0, dim=-1, eps=1e-6).to(x.dtype)
+from .norms import l2norm
 
 
 class _BetaLayer(MixerLayer):

@@ -11,8 +11,8 @@ from linattn.ops.gated_delta_product import gated_delta_product, gated_delta_pro
 
 from .base import MixerLayer, MixOut, Streams, TokenArgs
 from .checks import check_positive_int
-from .delta import l2norm
 from .gates import MambaDecay
+from .norms import l2norm
 
 
 class GatedDeltaProductLayer(MixerLayer):

@@ -11,10 +11,14 @@ Backward, with dz_s = dy_s ⊙ act'(z_s) (z recomputed from x, never stored; SiL
 
 Forward: a program per (time block, channel block, batch) sums W shifted [BT, BD] tiles (re-reads hit the
 cache), adds the bias and applies SiLU in registers: x is read once and y written once from memory.
-Backward: one kernel, a program per (run of padded-time blocks, channel block, batch), writes dx and the
-cache's gradient and per-program float32 partial sums of dw and dbias, which PyTorch adds (deterministic).
+Backward: two kernels. The first, a program per (run of time blocks, channel block, batch), recomputes z once per
+row, stores dz in float32 and accumulates per-program float32 partial sums of dw and dbias from the same xp tiles,
+which PyTorch adds (deterministic). The second sums W shifted dz tiles into dx and the cache's gradient. (Computing
+dxp in one pass would need dz at W shifted row sets, i.e. z recomputed W times from W^2 tile loads: on an H100 that
+took 0.25 ms for [8, 2048, 1024] bf16, several times the cost of the memory traffic.)
 Arithmetic is float32 for every input dtype. Both are torch custom ops (``linattn::short_conv_fwd`` /
-``_bwd``) with autograd. Runs on CUDA tensors, or on the CPU under TRITON_INTERPRET=1.
+``_bwd``) with autograd for torch.compile, and run eagerly through a plain autograd Function (less host time).
+Runs on CUDA tensors, or on the CPU under TRITON_INTERPRET=1.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import triton
 import triton.language as tl
 
 from ..ops.common.triton_compat import patch_interpreter
+from ..ops.common.triton_launch import fast_launch
+from ..ops.common.triton_ops import eager_backward, eager_function, use_custom_op
 
 patch_interpreter()
 
@@ -60,6 +66,7 @@ def _preact(x, cache, w, bias, i_b, s, o_d, m_d, T, D, sx_b, sx_t, W: tl.constex
     return z
 
 
+@fast_launch
 @triton.jit(do_not_specialize=["T"])
 def _conv_fwd_kernel(x, cache, w, bias, y, T, D, sx_b, sx_t, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
                      HAS_CACHE: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
@@ -75,26 +82,14 @@ def _conv_fwd_kernel(x, cache, w, bias, y, T, D, sx_b, sx_t, W: tl.constexpr, BT
              mask=(s < T)[:, None] & m_d[None, :])
 
 
-@triton.jit
-def _dz(x, cache, w, bias, dy, i_b, s, o_d, m_d, T, D, sx_b, sx_t, W: tl.constexpr, HAS_CACHE: tl.constexpr,
-        HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
-    """dz at output rows s (zero outside 0 <= s < T): dy, times SiLU'(z) with z recomputed."""
-    m_s = (s >= 0) & (s < T)
-    g = tl.load(dy + (i_b * T + s)[:, None] * D + o_d[None, :], mask=m_s[:, None] & m_d[None, :],
-                other=0.0).to(tl.float32)
-    if SILU:
-        z = _preact(x, cache, w, bias, i_b, s, o_d, m_d, T, D, sx_b, sx_t, W, HAS_CACHE, HAS_BIAS)
-        sig = tl.sigmoid(z)
-        g = g * sig * (1.0 + z * (1.0 - sig))
-    return g
-
-
+@fast_launch
 @triton.jit(do_not_specialize=["T", "NP", "NB"])
-def _conv_bwd_kernel(x, cache, w, bias, dy, dx, dcache, dw_part, db_part, T, D, sx_b, sx_t, NP, NB, W: tl.constexpr,
-                     BW: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, HAS_CACHE: tl.constexpr,
-                     HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
-    """Grid (NP = cdiv(T + W - 1, NB * BT), cdiv(D, BD), B): dxp for NB consecutive blocks of BT padded rows p,
-    and this program's partial sums of dw (over rows s = p) and dbias, accumulated in registers."""
+def _conv_dz_kernel(x, cache, w, bias, dy, dz, dw_part, db_part, T, D, sx_b, sx_t, NP, NB, W: tl.constexpr,
+                    BW: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, HAS_CACHE: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
+    """Grid (NP = cdiv(T, NB * BT), cdiv(D, BD), B): dz = dy ⊙ act'(z) (z recomputed) for NB consecutive blocks of
+    BT output rows s, stored in float32, and this program's partial sums of dw_i = sum_s dz_s xp_{s+i} and dbias,
+    accumulated in registers (the xp tiles are the ones z was computed from, re-read from the cache)."""
     i_p, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
@@ -102,27 +97,48 @@ def _conv_bwd_kernel(x, cache, w, bias, dy, dx, dcache, dw_part, db_part, T, D, 
     dw_acc = tl.zeros([BW, BD], dtype=tl.float32)
     db_acc = tl.zeros([BD], dtype=tl.float32)
     for j in range(NB):
-        p = (i_p * NB + j) * BT + tl.arange(0, BT)
-        dz0 = _dz(x, cache, w, bias, dy, i_b, p, o_d, m_d, T, D, sx_b, sx_t, W, HAS_CACHE, HAS_BIAS, SILU)
-        dxp = dz0 * tl.load(w + o_d * W, mask=m_d, other=0.0).to(tl.float32)[None, :]
-        for i in tl.static_range(1, W):
-            w_i = tl.load(w + o_d * W + i, mask=m_d, other=0.0).to(tl.float32)
-            dxp += _dz(x, cache, w, bias, dy, i_b, p - i, o_d, m_d, T, D, sx_b, sx_t, W, HAS_CACHE, HAS_BIAS,
-                       SILU) * w_i[None, :]
-        s = p - (W - 1)
-        tl.store(dx + (i_b * T + s)[:, None] * D + o_d[None, :], dxp.to(dx.dtype.element_ty),
-                 mask=((s >= 0) & (s < T))[:, None] & m_d[None, :])
-        if HAS_CACHE:
-            tl.store(dcache + (i_b * (W - 1) + p)[:, None] * D + o_d[None, :], dxp.to(dcache.dtype.element_ty),
-                     mask=(p < W - 1)[:, None] & m_d[None, :])
+        s = (i_p * NB + j) * BT + tl.arange(0, BT)
+        m_s = s < T
+        g = tl.load(dy + (i_b * T + s)[:, None] * D + o_d[None, :], mask=m_s[:, None] & m_d[None, :],
+                    other=0.0).to(tl.float32)
+        if SILU:
+            z = _preact(x, cache, w, bias, i_b, s, o_d, m_d, T, D, sx_b, sx_t, W, HAS_CACHE, HAS_BIAS)
+            sig = tl.sigmoid(z)
+            g = g * sig * (1.0 + z * (1.0 - sig))
+        tl.store(dz + (i_b * T + s)[:, None] * D + o_d[None, :], g, mask=m_s[:, None] & m_d[None, :])
         for i in tl.static_range(W):
-            xp_i = _load_xp(x, cache, i_b, p + i, o_d, m_d, T, D, sx_b, sx_t, W, HAS_CACHE)
-            dw_acc += tl.where(o_w[:, None] == i, tl.sum(dz0 * xp_i, axis=0)[None, :], 0.0)
-        db_acc += tl.sum(dz0, axis=0)
+            xp_i = _load_xp(x, cache, i_b, s + i, o_d, m_d, T, D, sx_b, sx_t, W, HAS_CACHE)
+            dw_acc += tl.where(o_w[:, None] == i, tl.sum(g * xp_i, axis=0)[None, :], 0.0)
+        db_acc += tl.sum(g, axis=0)
     part = i_b * NP + i_p
     tl.store(dw_part + (part * W + o_w[:, None]) * D + o_d[None, :], dw_acc, mask=(o_w[:, None] < W) & m_d[None, :])
     if HAS_BIAS:
         tl.store(db_part + part * D + o_d, db_acc, mask=m_d)
+
+
+@fast_launch
+@triton.jit(do_not_specialize=["T"])
+def _conv_dx_kernel(w, dz, dx, dcache, T, D, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+                    HAS_CACHE: tl.constexpr):
+    """Grid (cdiv(T + W - 1, BT), cdiv(D, BD), B): dxp_p = sum_i w_i ⊙ dz_{p-i} for one block of padded rows p,
+    written to dx (rows p >= W - 1) and to the cache's gradient (rows p < W - 1)."""
+    i_p, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    o_d = i_d * BD + tl.arange(0, BD)
+    m_d = o_d < D
+    p = i_p * BT + tl.arange(0, BT)
+    dxp = tl.zeros([BT, BD], dtype=tl.float32)
+    for i in tl.static_range(W):
+        s = p - i
+        m_s = (s >= 0) & (s < T)
+        w_i = tl.load(w + o_d * W + i, mask=m_d, other=0.0).to(tl.float32)
+        dxp += tl.load(dz + (i_b * T + s)[:, None] * D + o_d[None, :], mask=m_s[:, None] & m_d[None, :],
+                       other=0.0) * w_i[None, :]
+    s = p - (W - 1)
+    tl.store(dx + (i_b * T + s)[:, None] * D + o_d[None, :], dxp.to(dx.dtype.element_ty),
+             mask=((s >= 0) & (s < T))[:, None] & m_d[None, :])
+    if HAS_CACHE:
+        tl.store(dcache + (i_b * (W - 1) + p)[:, None] * D + o_d[None, :], dxp.to(dcache.dtype.element_ty),
+                 mask=(p < W - 1)[:, None] & m_d[None, :])
 
 
 def _rows_contiguous(x: torch.Tensor) -> torch.Tensor:
@@ -138,8 +154,7 @@ def _blocks(D: int) -> tuple[int, int]:
     return LAUNCH["BT"], min(LAUNCH["BD"], max(16, triton.next_power_of_2(D)))
 
 
-@torch.library.custom_op("linattn::short_conv_fwd", mutates_args=())
-def _short_conv_fwd(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
+def _conv_fwd(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
                     silu: bool) -> torch.Tensor:
     B, T, D = x.shape
     W = weight.shape[1]
@@ -152,37 +167,46 @@ def _short_conv_fwd(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.T
     return y
 
 
+_short_conv_fwd = torch.library.custom_op("linattn::short_conv_fwd", _conv_fwd, mutates_args=())
+
+
 @_short_conv_fwd.register_fake
 def _(x, cache, weight, bias, silu):
     return x.new_empty(x.shape)
 
 
-@torch.library.custom_op("linattn::short_conv_bwd", mutates_args=())
-def _short_conv_bwd(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
+def _conv_bwd(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
                     silu: bool, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, d_cache ([B, 0, D] without a cache), d_weight [D, W], d_bias ([D] zeros without a bias))."""
     B, T, D = x.shape
     W = weight.shape[1]
     x, dy = _rows_contiguous(x), dy.contiguous()
     BT, BD = _blocks(D)
-    # each program walks NB row blocks, so the float32 partial sums of dw stay small next to x (<= 1/16 of the
-    # blocks for long inputs) while about LAUNCH["bwd_programs"] programs keep the GPU busy
-    blocks = triton.cdiv(T + W - 1, BT)
+    # each program of the dz kernel walks NB row blocks, so the float32 partial sums of dw stay small next to x
+    # (<= 1/16 of the blocks for long inputs) while about LAUNCH["bwd_programs"] programs keep the GPU busy
+    blocks = triton.cdiv(T, BT)
     NB = max(1, min(LAUNCH["bwd_max_blocks"], blocks * triton.cdiv(D, BD) * B // LAUNCH["bwd_programs"]))
     NP = triton.cdiv(blocks, NB)
+    dz = torch.empty(B, T, D, device=x.device, dtype=torch.float32)
     dx = torch.empty(B, T, D, device=x.device, dtype=x.dtype)
     dcache = torch.empty(B, W - 1 if _has_cache(cache) else 0, D, device=x.device,
                          dtype=x.dtype if cache is None else cache.dtype)
     dw_part = torch.empty(B, NP, W, D, device=x.device, dtype=torch.float32)
     db_part = torch.empty(B, NP, D if bias is not None else 0, device=x.device, dtype=torch.float32)
-    _conv_bwd_kernel[(NP, triton.cdiv(D, BD), B)](
-        x, cache if _has_cache(cache) else x, weight, bias if bias is not None else weight, dy, dx,
-        dcache if _has_cache(cache) else dx, dw_part, db_part if bias is not None else dw_part, T, D, x.stride(0),
-        x.stride(1), NP, NB, W, triton.next_power_of_2(W), BT, BD, _has_cache(cache), bias is not None, silu,
-        num_warps=LAUNCH["bwd_warps"])
+    _conv_dz_kernel[(NP, triton.cdiv(D, BD), B)](
+        x=x, cache=cache if _has_cache(cache) else x, w=weight, bias=bias if bias is not None else weight, dy=dy,
+        dz=dz, dw_part=dw_part, db_part=db_part if bias is not None else dw_part, T=T, D=D, sx_b=x.stride(0),
+        sx_t=x.stride(1), NP=NP, NB=NB, W=W, BW=triton.next_power_of_2(W), BT=BT, BD=BD, HAS_CACHE=_has_cache(cache),
+        HAS_BIAS=bias is not None, SILU=silu, num_warps=LAUNCH["bwd_warps"])
+    _conv_dx_kernel[(triton.cdiv(T + W - 1, BT), triton.cdiv(D, BD), B)](
+        w=weight, dz=dz, dx=dx, dcache=dcache if _has_cache(cache) else dx, T=T, D=D, W=W, BT=BT, BD=BD,
+        HAS_CACHE=_has_cache(cache), num_warps=LAUNCH["bwd_warps"])
     dw = dw_part.sum((0, 1)).transpose(0, 1).contiguous().to(weight.dtype)  # [W, D] -> [D, W]
     db = db_part.sum((0, 1)).to(weight.dtype if bias is None else bias.dtype)
     return dx, dcache, dw, db
+
+
+_short_conv_bwd = torch.library.custom_op("linattn::short_conv_bwd", _conv_bwd, mutates_args=())
 
 
 @_short_conv_bwd.register_fake
@@ -203,11 +227,13 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dy):
     x, cache, weight, bias = ctx.saved_tensors
-    dx, dcache, dw, db = _short_conv_bwd(x, cache, weight, bias, ctx.silu, dy)
+    run_bwd = _conv_bwd if eager_backward(ctx) else _short_conv_bwd
+    dx, dcache, dw, db = run_bwd(x, cache, weight, bias, ctx.silu, torch.zeros_like(x) if dy is None else dy)
     return dx, (dcache if cache is not None else None), dw, (db if bias is not None else None), None
 
 
 _short_conv_fwd.register_autograd(_backward, setup_context=_setup_context)
+_Eager = eager_function("ShortConvTriton", _conv_fwd, _setup_context, _backward)
 
 
 def causal_conv_triton(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -220,4 +246,5 @@ def causal_conv_triton(x: torch.Tensor, cache: torch.Tensor | None, weight: torc
         raise ValueError(f"ShortConv backend 'triton' needs CUDA tensors, got x on {x.device} "
                          "(set TRITON_INTERPRET=1 to run the kernels on the CPU)")
     cache = None if cache is None else cache.contiguous()
-    return _short_conv_fwd(x, cache, weight.contiguous(), bias, bool(silu))
+    run = _short_conv_fwd if use_custom_op(x) else _Eager.apply  # custom ops for torch.compile; eagerly less host time
+    return run(x, cache, weight.contiguous(), bias, bool(silu))

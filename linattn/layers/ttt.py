@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from linattn.ops.ttt import MiniBatchState, titans, titans_step, ttt_linear, ttt_linear_step
 
 from .base import MixerLayer, MixOut, Streams, TokenArgs
-from .delta import l2norm
+from .norms import l2norm
 from .static_cache import StaticLayerCache, StaticMiniBatch, copy_rows_
 
 

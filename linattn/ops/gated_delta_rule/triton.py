@@ -47,7 +47,8 @@ import triton
 import triton.language as tl
 
 from ..common.checks import DELTA_TRITON_CHUNK_SIZES
-from ..common.triton_ops import needs_backward
+from ..common.triton_launch import fast_launch
+from ..common.triton_ops import eager_backward, eager_function, needs_backward, use_custom_op
 from ..common.triton_tril import unit_lower_inverse
 from ..common.triton_utils import block as _block
 from ..common.triton_utils import dot_precision, launch_options, launch_overrides, mm, upcast_dots
@@ -83,6 +84,7 @@ def _read_key(p, kc, offs, mask, HAS_P: tl.constexpr):
         return kc
 
 
+@fast_launch
 @triton.jit(do_not_specialize=["T"])
 def _prepare_kernel(k, p, v, beta, g, tm, w, u, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, HAS_P: tl.constexpr,
@@ -119,6 +121,7 @@ def _prepare_kernel(k, p, v, beta, g, tm, w, u, T, H: tl.constexpr, K: tl.conste
         tl.store(u + r0 * V + row[:, None] * V + o_v[None, :], mm(Tq, vb, PREC, UP).to(u.dtype.element_ty), mask=m_cv)
 
 
+@fast_launch
 @triton.jit(do_not_specialize=["T"])
 def _state_fwd_kernel(k, w, u, g, h, dlt, h0, ht, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
@@ -153,6 +156,7 @@ def _state_fwd_kernel(k, w, u, g, h, dlt, h0, ht, T, H: tl.constexpr, K: tl.cons
     tl.store(ht + i_bh.to(tl.int64) * K * V + kv, S, mask=m_kv)
 
 
+@fast_launch
 @triton.jit(do_not_specialize=["T"])
 def _dv_local_kernel(q, k, g, do, dd, scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                      C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
@@ -177,6 +181,7 @@ def _dv_local_kernel(q, k, g, do, dd, scale, T, H: tl.constexpr, K: tl.constexpr
              mask=m_cv)
 
 
+@fast_launch
 @triton.jit(do_not_specialize=["T"])
 def _state_bwd_kernel(q, k, w, g, do, dd, dh, dht, dh0, scale, T, H: tl.constexpr, K: tl.constexpr,
                       V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
@@ -227,6 +232,7 @@ def _state_bwd_kernel(q, k, w, g, do, dd, dh, dht, dh0, scale, T, H: tl.constexp
     tl.store(dh0 + i_bh.to(tl.int64) * K * V + kv, dS, mask=m_kv)
 
 
+@fast_launch
 @triton.jit(do_not_specialize=["T"])
 def _grads_qk_kernel(q, k, g, h, dlt, dd, do, dh, dq, dk, dw, db, scale, T, H: tl.constexpr, K: tl.constexpr,
                      V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
@@ -289,6 +295,7 @@ def _grads_qk_kernel(q, k, g, h, dlt, dd, do, dh, dq, dk, dw, db, scale, T, H: t
         tl.store(db + i_k * (tl.num_programs(2).to(tl.int64) * T) + r0 + row, dbv, mask=m_t)
 
 
+@fast_launch
 @triton.jit(do_not_specialize=["T"])
 def _grads_wy_kernel(k, p, v, beta, g, tm, dd, dw, dk, dp, dv, dbeta, db, dg, T, H: tl.constexpr, K: tl.constexpr,
                      V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NKQ: tl.constexpr,
@@ -452,7 +459,7 @@ def _output(q, k, dlt, g, h, scale, C):
 
 def gated_delta_triton_forward(q, k, v, g, beta, scale, initial_state, C, p=None, keep_tm=False):
     """Forward pass: (o, final state float32, Tm [B, T, H, C] for the backward pass, or None unless ``keep_tm``).
-    Inputs contiguous [B, T, H, *]; g (or None), beta float32 [B, T, H]; p (or None: p = k) like k."""
+    Inputs contiguous [B, T, H, *]; g (or None), beta [B, T, H] (bf16, fp16 or float32); p (or None: p = k) like k."""
     w, u, tm = _prepare(k, v, beta, g, C, p, keep_tm=keep_tm)
     h, dlt, ht = _states(k, w, u, g, initial_state, C)
     return _output(q, k, dlt, g, h, scale, C), ht, tm
@@ -499,13 +506,15 @@ def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, d
     return dq, dk, dv, dg, dbeta, dh0, dp
 
 
-@torch.library.custom_op("linattn::gated_delta_rule_triton_fwd", mutates_args=())
-def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, beta: torch.Tensor,
+def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, beta: torch.Tensor,
             initial_state: torch.Tensor | None, scale: float, chunk_size: int, p: torch.Tensor | None = None,
             keep_tm: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(o, final state, Tm [B, T, H, C] kept for the backward pass when ``keep_tm``, else an empty tensor)."""
     o, ht, tm = gated_delta_triton_forward(q, k, v, g, beta, scale, initial_state, chunk_size, p, keep_tm)
     return o, ht, (q.new_empty(0) if tm is None else tm)
+
+
+_fwd_op = torch.library.custom_op("linattn::gated_delta_rule_triton_fwd", _fwd, mutates_args=())
 
 
 @_fwd_op.register_fake
@@ -515,8 +524,7 @@ def _(q, k, v, g, beta, initial_state, scale, chunk_size, p=None, keep_tm=False)
     return torch.empty_like(v), q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32), tm
 
 
-@torch.library.custom_op("linattn::gated_delta_rule_triton_bwd", mutates_args=())
-def _bwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, beta: torch.Tensor,
+def _bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, beta: torch.Tensor,
             initial_state: torch.Tensor | None, scale: float, chunk_size: int, do: torch.Tensor,
             dht: torch.Tensor | None, p: torch.Tensor | None = None, tm: torch.Tensor | None = None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
@@ -529,11 +537,15 @@ def _bwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor |
     return dq, dk, dv, dg, dbeta, dh0, (q.new_empty(0) if dp is None else dp)
 
 
+_bwd_op = torch.library.custom_op("linattn::gated_delta_rule_triton_bwd", _bwd, mutates_args=())
+
+
 @_bwd_op.register_fake
 def _(q, k, v, g, beta, initial_state, scale, chunk_size, do, dht, p=None, tm=None):
     B, T, H, K = q.shape
-    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(beta),
-            torch.empty_like(beta), q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32),
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            torch.empty_like(beta) if g is None else torch.empty_like(g), torch.empty_like(beta),
+            q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32),
             q.new_empty(0) if p is None else torch.empty_like(p))
 
 
@@ -545,13 +557,21 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, do, dht, dtm):
     q, k, v, g, beta, initial_state, p, tm = ctx.saved_tensors
-    dq, dk, dv, dg, dbeta, dh0, dp = _bwd_op(q, k, v, g, beta, initial_state, ctx.scale, ctx.chunk_size,
-                                             do.contiguous(), None if dht is None else dht.contiguous(), p, tm)
+    run_bwd = _bwd if eager_backward(ctx) else _bwd_op
+    do = torch.zeros_like(v) if do is None else do.contiguous()
+    dq, dk, dv, dg, dbeta, dh0, dp = run_bwd(q, k, v, g, beta, initial_state, ctx.scale, ctx.chunk_size, do,
+                                             None if dht is None else dht.contiguous(), p, tm)
     return (dq, dk, dv, (dg if g is not None else None), dbeta, (dh0 if initial_state is not None else None),
             None, None, (dp if p is not None else None), None)
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
+_Eager = eager_function("GatedDeltaTriton", _fwd, _setup_context, _backward, non_differentiable=(2,))
+
+
+def _own_dtype(x: torch.Tensor) -> torch.Tensor:
+    """A gate as the kernels read it: bf16, fp16 or float32 as given (float64 as float32), contiguous."""
+    return x.contiguous() if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else x.float().contiguous()
 
 
 def gated_delta_triton(
@@ -581,11 +601,14 @@ def gated_delta_triton(
     dtype = in_dtype if in_dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
     q, k, v = (x.to(dtype).contiguous() for x in (q, k, v))
     p = None if p is None else p.to(dtype).contiguous()
-    g = None if g is None else g.float().contiguous()
-    beta = beta.float().contiguous()
+    # the kernels read g and beta in their own dtype and compute in float32 (bf16 gates from a layer under autocast
+    # need no conversion kernels; their gradients come back in the same dtype)
+    g = None if g is None else _own_dtype(g)
+    beta = _own_dtype(beta)
     s0 = None if initial_state is None else initial_state.float().contiguous()
     # Tm (a [C]-row per token, the input dtype) is kept for the backward pass only when one will follow
-    o, ht, _ = _fwd_op(q, k, v, g, beta, s0, float(scale), chunk_size, p, needs_backward(q, k, v, g, beta, s0, p))
+    run = _fwd_op if use_custom_op(q) else _Eager.apply
+    o, ht, _ = run(q, k, v, g, beta, s0, float(scale), chunk_size, p, needs_backward(q, k, v, g, beta, s0, p))
     state_dtype = torch.float64 if in_dtype == torch.float64 else torch.float32
     return o.to(in_dtype), (ht.to(state_dtype) if output_final_state else None)
 

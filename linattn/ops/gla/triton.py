@@ -69,6 +69,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.triton_launch import fast_launch
 from ..common.triton_ops import gated_rnn_backend
 from ..common.triton_utils import block as _block
 from ..common.triton_utils import dot_precision, launch_options, launch_overrides, mm, upcast_dots
@@ -115,6 +116,7 @@ def _suffix(x):
     return tl.cumsum(x, axis=0, reverse=True) - x
 
 
+@fast_launch
 @triton.jit(do_not_specialize=["T"])
 def _state_fwd_kernel(k, v, g, h, h0, ht, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                       BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, PREC: tl.constexpr,
@@ -141,6 +143,7 @@ def _state_fwd_kernel(k, v, g, h, h0, ht, T, H: tl.constexpr, K: tl.constexpr, V
     tl.store(ht + i_bh * K * V + kv, S, mask=m_kv)
 
 
+@fast_launch
 @triton.jit(do_not_specialize=["T"])
 def _scores_kernel(q, k, g, A, scale, T, H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                    SUBC: tl.constexpr, LIMIT: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
@@ -187,6 +190,7 @@ def _scores_kernel(q, k, g, A, scale, T, H: tl.constexpr, K: tl.constexpr, C: tl
         tl.store(a_ptr + j * SUBC, tl.zeros([SUBC, SUBC], dtype=A.dtype.element_ty), mask=m_i[:, None])
 
 
+@fast_launch
 @triton.jit(do_not_specialize=["T"])
 def _output_kernel(q, v, g, h, A, o, scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                    BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
@@ -209,6 +213,7 @@ def _output_kernel(q, v, g, h, A, o, scale, T, H: tl.constexpr, K: tl.constexpr,
     tl.store(o + row[:, None] * V + o_v[None, :], acc.to(o.dtype.element_ty), mask=m_cv)
 
 
+@fast_launch
 @triton.jit(do_not_specialize=["T"])
 def _state_bwd_kernel(q, g, do, dh, dht, dh0, scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
@@ -236,6 +241,7 @@ def _state_bwd_kernel(q, g, do, dh, dht, dh0, scale, T, H: tl.constexpr, K: tl.c
     tl.store(dh0 + i_bh * K * V + kv, dS, mask=m_kv)
 
 
+@fast_launch
 @triton.jit(do_not_specialize=["T"])
 def _inter_bwd_kernel(q, k, v, g, h, A, do, dh, dv, dA, dq, dk, dL, scale, T, H: tl.constexpr, K: tl.constexpr,
                       V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
@@ -280,6 +286,7 @@ def _inter_bwd_kernel(q, k, v, g, h, A, do, dh, dv, dA, dq, dk, dL, scale, T, H:
     tl.store(dL + (i_bh * N + n) * K + o_k, dL_n, mask=o_k < K)
 
 
+@fast_launch
 @triton.jit(do_not_specialize=["T"])
 def _intra_bwd_kernel(q, k, g, dA, dq_in, dk_in, dL, dq, dk, dg, scale, T, H: tl.constexpr, K: tl.constexpr,
                       C: tl.constexpr, BK: tl.constexpr, SUBC: tl.constexpr, LIMIT: tl.constexpr, PREC: tl.constexpr,

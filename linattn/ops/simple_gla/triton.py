@@ -32,11 +32,13 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.triton_launch import fast_launch
 from ..common.triton_ops import gated_rnn_backend
 from ..common.triton_utils import block as _block
 from ..common.triton_utils import dot_precision, launch_options, launch_overrides, mm, upcast_dots
 
 
+@fast_launch
 @triton.jit(do_not_specialize=["T"])
 def _state_fwd_kernel(k, v, g, h, h0, ht, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
@@ -66,6 +68,7 @@ def _state_fwd_kernel(k, v, g, h, h0, ht, T, H: tl.constexpr, K: tl.constexpr, V
     tl.store(ht + i_bh * K * V + kv, S, mask=m_kv)
 
 
+@fast_launch
 @triton.jit(do_not_specialize=["T"])
 def _output_fwd_kernel(q, k, v, g, h, o, scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                        C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
@@ -95,6 +98,7 @@ def _output_fwd_kernel(q, k, v, g, h, o, scale, T, H: tl.constexpr, K: tl.conste
     tl.store(o + row[:, None] * V + o_v[None, :], acc.to(o.dtype.element_ty), mask=m_cv)
 
 
+@fast_launch
 @triton.jit(do_not_specialize=["T"])
 def _state_bwd_kernel(q, g, do, dh, dht, dh0, scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
@@ -125,6 +129,7 @@ def _state_bwd_kernel(q, g, do, dh, dht, dh0, scale, T, H: tl.constexpr, K: tl.c
     tl.store(dh0 + i_bh * K * V + kv, dS, mask=m_kv)
 
 
+@fast_launch
 @triton.jit(do_not_specialize=["T"])
 def _grads_bwd_kernel(q, k, v, g, h, do, dh, dq, dk, dv, dG, scale, T, H: tl.constexpr, K: tl.constexpr,
                       V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,

@@ -1,0 +1,601 @@
+"""``linattn bench model``: what a user of a whole model sees, per mixer, next to softmax attention.
+
+Training: one full step of a :class:`~linattn.models.CausalLM` (forward, next-token cross-entropy,
+backward, AdamW step, zero_grad) per mixer, batch shape and mode ("eager", or "compiled":
+``torch.compile(model)``, its compile time reported apart and kept out of the timing). Tokens/s is
+``B * T`` over the median step time after warm-up; peak memory is the CUDA allocator's peak over the
+timed steps (weights, gradients, optimizer state and activations; none on the CPU). On CUDA the step
+runs under bf16 autocast with fused AdamW, as a user would train.
+
+Decoding: per mixer, batch size and context length, milliseconds per generated token (greedy,
+cached single-token calls) after an untimed prefill of random tokens, with the weights in bf16 on
+CUDA; every timing goes through :func:`time_decoding`, whose ``path`` picks how tokens are generated.
+
+softmax_attn (the reference) always runs with the same config in the same process, first, and every
+row carries its ratio to it: ``speed_ratio`` = tokens/s over softmax_attn's (above 1: faster) and, for
+training, ``memory_ratio`` = peak memory over softmax_attn's (below 1: less). An exception in one row
+(out of memory, a compiler failure, a mixer's bug) is recorded in that row's ``error`` and the run goes
+on. ``--profile`` adds, per training row, the top kernels of one profiled step and how much of the
+step's wall time the GPU spent in kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import shlex
+import sys
+from collections.abc import Callable, Container, Iterator
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+
+from linattn.models import CausalLM, ModelConfig, list_mixers
+from linattn.models.decode_bench import time_per_token
+
+from .profile_op import kernel_times
+from .timing import environment, median_ms, write_rows
+
+REFERENCE = "softmax_attn"
+DEFAULT_MIXERS = "gated_delta_rule,delta_rule,gla,mamba2,retention,comba"
+MODES = ("eager", "compiled")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+GIB = 2**30
+# The reference config on CUDA (head dim 128); on the CPU a size that runs in seconds.
+DEFAULTS = {
+    "cuda": dict(d_model=1024, layers=12, heads=8, vocab=32000, shapes="8x2048,2x8192,1x32768",
+                 modes="eager,compiled", steps=10, warmup=3, decode_batch="1,16", decode_context="512,8192",
+                 decode_tokens=64),
+    "cpu": dict(d_model=64, layers=2, heads=4, vocab=256, shapes="2x128", modes="eager", steps=3, warmup=1,
+                decode_batch="1", decode_context="64", decode_tokens=8),
+}
+
+
+@dataclass
+class ModelBenchPlan:
+    """What one run measures. ``mixers`` starts with the reference; ``mixer_kwargs`` maps a mixer
+    name to its layer's keyword arguments; ``dtype`` is the autocast dtype of training and the weight
+    dtype of decoding (float32: neither)."""
+
+    device: torch.device
+    dtype: torch.dtype
+    mixers: list[str]
+    d_model: int
+    n_layers: int
+    n_heads: int
+    vocab_size: int
+    mixer_kwargs: dict[str, dict]
+    shapes: list[tuple[int, int]]
+    modes: list[str]
+    steps: int
+    warmup: int
+    compile_backend: str
+    compile_scope: str
+    profile: bool
+    decode_batches: list[int]
+    decode_contexts: list[int]
+    decode_tokens: int
+    decode_path: str
+    seed: int = 0
+
+    def model_config(self, mixer: str) -> ModelConfig:
+        """The model config of ``mixer`` at this plan's size (ValueError on a bad size or layer argument)."""
+        return ModelConfig(mixer=mixer, d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads,
+                           vocab_size=self.vocab_size, mixer_kwargs=dict(self.mixer_kwargs.get(mixer, {})))
+
+    def settings(self) -> dict:
+        """What every row depends on (rows of an earlier run are reused by --resume only when these match)."""
+        return {"device": self.device.type, "dtype": str(self.dtype).replace("torch.", ""), "d_model": self.d_model,
+                "n_layers": self.n_layers, "n_heads": self.n_heads, "vocab_size": self.vocab_size,
+                "mixer_kwargs": self.mixer_kwargs, "steps": self.steps, "warmup": self.warmup,
+                "compile_backend": self.compile_backend, "compile_scope": self.compile_scope,
+                "decode_tokens": self.decode_tokens, "seed": self.seed}
+
+    def lists(self) -> dict:
+        """What is measured: mixers, shapes, modes, decoding batches and contexts."""
+        return {"mixers": self.mixers, "shapes": [f"{b}x{t}" for b, t in self.shapes], "modes": self.modes,
+                "decode_batch": self.decode_batches, "decode_context": self.decode_contexts,
+                "decode_path": self.decode_path, "profile": self.profile}
+
+
+@dataclass
+class TrainRow:
+    """One training measurement; times in ms, memory in GiB, ``params_m`` in millions; None: not measured."""
+
+    mixer: str
+    batch: int
+    seq_len: int
+    mode: str
+    kind: str = "train"
+    tokens_per_s: float | None = None
+    ms_per_step: float | None = None
+    peak_gib: float | None = None
+    compile_s: float | None = None
+    graph_breaks: int | None = None
+    params_m: float | None = None
+    speed_ratio: float | None = None
+    memory_ratio: float | None = None
+    error: str | None = None
+    profile: dict | None = None
+
+
+@dataclass
+class DecodeRow:
+    """One decoding measurement: ``tokens_per_s`` counts every sequence of the batch."""
+
+    mixer: str
+    batch: int
+    context: int
+    path: str
+    kind: str = "decode"
+    new_tokens: int = 0
+    ms_per_token: float | None = None
+    tokens_per_s: float | None = None
+    speed_ratio: float | None = None
+    error: str | None = None
+
+
+# --- arguments ------------------------------------------------------------------------------------------
+def parse_ints(text: str, what: str) -> list[int]:
+    """``"1,16"`` -> [1, 16] (positive ints)."""
+    try:
+        values = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise ValueError(f"{what} must be comma-separated integers, got {text!r}") from None
+    if any(v < 1 for v in values):
+        raise ValueError(f"{what} must be positive, got {text!r}")
+    return values
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """``"8x2048,1x32768"`` -> [(8, 2048), (1, 32768)] (batch x sequence length)."""
+    shapes = []
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        b, _, t = item.partition("x")
+        if not (b.isdigit() and t.isdigit() and int(b) > 0 and int(t) > 1):
+            raise ValueError(f"--shapes: each shape is BxT with B >= 1 and T >= 2 (e.g. 8x2048), got {item!r}")
+        shapes.append((int(b), int(t)))
+    return shapes
+
+
+def _mixer_list(text: str) -> list[str]:
+    names = [REFERENCE] + [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in names if m not in list_mixers()]
+    if unknown:
+        raise ValueError(f"--mixers: unknown mixer(s) {', '.join(unknown)}; valid: {', '.join(list_mixers())}")
+    return list(dict.fromkeys(names))  # the reference first, each name once
+
+
+def plan_from_args(args: argparse.Namespace) -> ModelBenchPlan:
+    """The plan of ``linattn bench model`` options; options left out take the device's defaults
+    (:data:`DEFAULTS`). Raises ValueError naming a bad option."""
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available here (torch.cuda.is_available() is False)")
+    d = DEFAULTS[device.type]
+    pick = lambda name: d[name] if getattr(args, name) is None else getattr(args, name)
+    modes = [m for m in pick("modes").split(",") if m]
+    if not modes or set(modes) - set(MODES):
+        raise ValueError(f"--modes: choose from {', '.join(MODES)}, got {pick('modes')!r}")
+    kwargs = json.loads(args.mixer_kwargs) if args.mixer_kwargs else {}
+    if not isinstance(kwargs, dict) or not all(isinstance(v, dict) for v in kwargs.values()):
+        raise ValueError('--mixer-kwargs must be a JSON object of mixer -> layer arguments, e.g. '
+                         '\'{"gla": {"chunk_size": 64}}\'')
+    dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    plan = ModelBenchPlan(
+        device=device, dtype=dtype, mixers=_mixer_list(args.mixers or DEFAULT_MIXERS), d_model=pick("d_model"),
+        n_layers=pick("layers"), n_heads=pick("heads"), vocab_size=pick("vocab"), mixer_kwargs=kwargs,
+        shapes=[] if args.no_train else parse_shapes(pick("shapes")), modes=modes, steps=pick("steps"),
+        warmup=pick("warmup"), compile_backend=args.compile_backend,
+        compile_scope=args.compile_scope, profile=args.profile,
+        decode_batches=[] if args.no_decode else parse_ints(pick("decode_batch"), "--decode-batch"),
+        decode_contexts=parse_ints(pick("decode_context"), "--decode-context"),
+        decode_tokens=pick("decode_tokens"), decode_path=args.decode_path, seed=args.seed)
+    if plan.decode_path not in DECODE_PATHS:
+        raise ValueError(f"--decode-path: choose from {', '.join(DECODE_PATHS)}, got {plan.decode_path!r}")
+    if plan.steps < 1 or plan.warmup < 0 or plan.decode_tokens < 1:
+        raise ValueError(f"need --steps >= 1, --warmup >= 0, --decode-tokens >= 1; got {plan.steps}, "
+                         f"{plan.warmup}, {plan.decode_tokens}")
+    for mixer in plan.mixers:  # a bad size or layer argument fails now, not after an hour of measuring
+        plan.model_config(mixer)
+    return plan
+
+
+# --- one model ------------------------------------------------------------------------------------------
+def build_model(plan: ModelBenchPlan, mixer: str) -> CausalLM:
+    """A freshly initialised CausalLM of ``mixer`` on the plan's device (same seed for every mixer)."""
+    torch.manual_seed(plan.seed)
+    with plan.device:  # initialise on the device: a 200M-parameter model is slow to initialise on the CPU
+        model = CausalLM(plan.model_config(mixer))
+    return model.to(plan.device)
+
+
+def make_optimizer(model: torch.nn.Module, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW; the fused CUDA kernel on CUDA (one launch for every parameter), as one would train."""
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+
+
+def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager:
+    """Mixed precision in ``dtype`` on ``device``; float32: none."""
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def make_train_step(model: Callable, optimizer: torch.optim.Optimizer, ids: torch.Tensor, device: torch.device,
+                    dtype: torch.dtype) -> Callable[[], None]:
+    """One full training step on ``ids`` [B, T + 1]: forward of the first T tokens (``model`` may be
+    compiled), mean cross-entropy against the next tokens, backward, optimizer step, zero_grad."""
+    inputs, targets = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+
+    def step() -> None:
+        with autocast(device, dtype):
+            logits, _ = model(inputs, use_cache=False)  # no decoding cache: training keeps none
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def _seconds(fn: Callable[[], object], device: torch.device) -> float:
+    """Wall seconds of one call, synchronised on CUDA."""
+    return median_ms(fn, device, repeats=1, warmup=0) / 1e3
+
+
+def profile_step(step: Callable[[], None], device: torch.device, step_ms: float, top: int = 10) -> dict:
+    """One ``step`` under torch.profiler: its top kernels by device time (on the CPU: top-level operators
+    by CPU time), the sum of kernel time, the profiled wall time, and ``device_share`` = kernel time over
+    ``step_ms`` (the unprofiled median): near 1 the GPU is busy; far below, the step waits on the host."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        wall_s = _seconds(step, device)
+    times = kernel_times(prof, on_device=cuda)
+    device_ms = sum(ms for _, ms, _ in times) if cuda else None
+    return {"timed": "device kernels" if cuda else "top-level CPU operators", "wall_ms": 1e3 * wall_s,
+            "device_ms": device_ms, "device_share": None if device_ms is None else device_ms / step_ms,
+            "top": [{"name": name, "ms": ms, "calls": calls} for name, ms, calls in times[:top]]}
+
+
+def _graph_break_count() -> int | None:
+    """Graph breaks Dynamo has counted in this process (a compiled model that breaks into pieces runs partly
+    eager: the count explains a compiled row no faster than the eager one)."""
+    try:
+        from torch._dynamo.utils import counters  # not a public API: the count is a hint, not a measurement
+    except ImportError:
+        return None
+    return sum(counters["graph_break"].values())
+
+
+COMPILE_SCOPES = ("model", "blocks")
+
+
+def compile_model(model: CausalLM, backend: str, scope: str = "model") -> Callable:
+    """``torch.compile(model)`` ("model": one graph of the whole forward), or each block compiled in place
+    ("blocks": identical blocks share one compiled graph, so compiling takes about one block's time; the
+    embedding, final norm and LM head stay eager). Dynamo's cache is reset first: entries of earlier models
+    would count towards the recompile limit, past which Dynamo silently runs eager."""
+    if scope not in COMPILE_SCOPES:
+        raise ValueError(f"compile scope must be one of {', '.join(COMPILE_SCOPES)}, got {scope!r}")
+    torch.compiler.reset()
+    if scope == "blocks":
+        for block in model.blocks:
+            block.compile(backend=backend)
+        return model
+    return torch.compile(model, backend=backend)
+
+
+def first_compiled_step(step: Callable[[], None], device: torch.device) -> tuple[float, int | None]:
+    """Run the first step of a compiled model (the one that compiles): (its seconds, graph breaks counted)."""
+    before = _graph_break_count()
+    seconds = _seconds(step, device)
+    after = _graph_break_count()
+    return seconds, None if after is None or before is None else after - before
+
+
+def time_steps(step: Callable[[], None], plan: ModelBenchPlan) -> tuple[float, float | None]:
+    """(median ms of ``plan.steps`` steps after ``plan.warmup`` untimed ones, CUDA peak GiB over the timed
+    steps or None on the CPU)."""
+    for _ in range(plan.warmup):
+        step()
+    cuda = plan.device.type == "cuda"
+    if cuda:  # after warm-up the optimizer state exists: the peak is that of steady training
+        torch.cuda.synchronize(plan.device)
+        torch.cuda.reset_peak_memory_stats(plan.device)
+    ms = median_ms(step, plan.device, repeats=plan.steps, warmup=0)
+    return ms, torch.cuda.max_memory_allocated(plan.device) / GIB if cuda else None
+
+
+def _train_once(plan: ModelBenchPlan, row: TrainRow) -> None:
+    """Fill ``row``'s measurements (raises on any failure; the caller records it)."""
+    model = build_model(plan, row.mixer)
+    row.params_m = sum(p.numel() for p in model.parameters()) / 1e6
+    optimizer = make_optimizer(model, plan.device)
+    gen = torch.Generator().manual_seed(plan.seed)
+    ids = torch.randint(0, plan.vocab_size, (row.batch, row.seq_len + 1), generator=gen).to(plan.device)
+    compiled = row.mode == "compiled"
+    net = compile_model(model, plan.compile_backend, plan.compile_scope) if compiled else model
+    step = make_train_step(net, optimizer, ids, plan.device, plan.dtype)
+    if compiled:  # compile time apart, and out of the timing
+        row.compile_s, row.graph_breaks = first_compiled_step(step, plan.device)
+    row.ms_per_step, row.peak_gib = time_steps(step, plan)
+    row.tokens_per_s = row.batch * row.seq_len / (row.ms_per_step / 1e3)
+    if plan.profile:
+        row.profile = profile_step(step, plan.device, row.ms_per_step)
+
+
+def error_text(err: BaseException, limit: int = 600) -> str:
+    """``Type: message`` of an exception, cut to ``limit`` characters (compiler errors run to pages)."""
+    return f"{type(err).__name__}: {str(err).strip()}"[:limit]
+
+
+@contextlib.contextmanager
+def recorded_errors(row: TrainRow | DecodeRow) -> Iterator[None]:
+    """Record an exception of the block in ``row.error`` instead of raising it."""
+    try:
+        yield
+    except Exception as err:  # out of memory, a compiler failure, a mixer's bug: this row says so, the run goes on
+        row.error = error_text(err)
+
+
+def free_memory(device: torch.device) -> None:
+    """Return what the last model held, so that the next one starts from an empty allocator."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def measure_training(plan: ModelBenchPlan, mixer: str, batch: int, seq_len: int, mode: str) -> TrainRow:
+    """One training row; an exception is recorded in it. Memory is freed before returning."""
+    row = TrainRow(mixer, batch, seq_len, mode)
+    with recorded_errors(row):
+        _train_once(plan, row)
+    if mode == "compiled":
+        torch.compiler.reset()  # Dynamo's cache refers to the model: drop it before the next one
+    free_memory(plan.device)
+    return row
+
+
+# --- decoding -------------------------------------------------------------------------------------------
+def _eager_decoding(model: CausalLM, batch: int, context: int, tokens: int) -> float:
+    return time_per_token(model, [context], tokens, batch_size=batch)[0]
+
+
+# How tokens are generated, by --decode-path: (model, batch, context, new tokens) -> median seconds per token.
+DECODE_PATHS: dict[str, Callable[[CausalLM, int, int, int], float]] = {"eager": _eager_decoding}
+
+
+def time_decoding(model: CausalLM, batch: int, context: int, tokens: int, path: str = "eager") -> float:
+    """Median seconds per generated token (greedy) for ``batch`` sequences after an untimed prefill of
+    ``context`` random tokens, generating ``tokens`` tokens the ``path`` way ("eager": ``model(ids)``
+    then ``model(next_ids[:, None], cache)`` per token)."""
+    if path not in DECODE_PATHS:
+        raise ValueError(f"unknown decode path {path!r}; available: {', '.join(DECODE_PATHS)}")
+    return DECODE_PATHS[path](model, batch, context, tokens)
+
+
+def measure_decoding(plan: ModelBenchPlan, rows: list[DecodeRow]) -> Iterator[DecodeRow]:
+    """Measure ``rows`` (of one mixer: one model serves them all), yielding each as it completes; an
+    exception is recorded in its row (one while building the model, in every row)."""
+    model, failed = None, None
+    try:
+        model = build_model(plan, rows[0].mixer).eval().to(plan.dtype)
+    except Exception as err:  # e.g. out of memory: every row of this mixer says so
+        failed = error_text(err)
+    for row in rows:
+        row.error = failed
+        if model is not None:
+            with recorded_errors(row):
+                seconds = time_decoding(model, row.batch, row.context, row.new_tokens, row.path)
+                row.ms_per_token, row.tokens_per_s = 1e3 * seconds, row.batch / seconds
+        yield row
+    del model
+    free_memory(plan.device)
+
+
+# --- the run --------------------------------------------------------------------------------------------
+def row_key(row: dict) -> tuple:
+    """What identifies a row across runs (for --resume and to find its reference row)."""
+    if row["kind"] == "train":
+        return ("train", row["mixer"], row["batch"], row["seq_len"], row["mode"])
+    return ("decode", row["mixer"], row["batch"], row["context"], row["path"])
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
+def attach_ratios(row: dict, rows: list[dict]) -> dict:
+    """Set ``row``'s ratios to the reference row of the same key measured in the same run among ``rows``."""
+    ref_key = row_key({**row, "mixer": REFERENCE})
+    same = [r for r in rows if row_key(r) == ref_key and r.get("run", 0) == row.get("run", 0)]
+    ref = row if row["mixer"] == REFERENCE else (same[-1] if same else None)
+    if ref is not None:
+        row["speed_ratio"] = _ratio(row["tokens_per_s"], ref["tokens_per_s"])
+        if row["kind"] == "train":
+            row["memory_ratio"] = _ratio(row["peak_gib"], ref["peak_gib"])
+    return row
+
+
+def training_todo(plan: ModelBenchPlan, skip: Container[tuple] = ()) -> list[tuple[str, int, int, str]]:
+    """(mixer, batch, seq_len, mode) of the training rows to measure, in order: per shape and mode the
+    reference first, measured again whenever another mixer's row is (ratios are taken within one process);
+    rows whose :func:`row_key` is in ``skip`` are left out."""
+    todo = []
+    for batch, seq_len in plan.shapes:
+        for mode in plan.modes:
+            group = [m for m in plan.mixers if ("train", m, batch, seq_len, mode) not in skip]
+            if group and group[0] != REFERENCE:
+                group.insert(0, REFERENCE)
+            todo += [(m, batch, seq_len, mode) for m in group]
+    return todo
+
+
+def decoding_todo(plan: ModelBenchPlan, skip: Container[tuple] = ()) -> dict[str, list[DecodeRow]]:
+    """The decoding rows to measure by mixer (the reference first, at every batch and context that another
+    mixer is measured at), leaving out those whose :func:`row_key` is in ``skip``."""
+    grid = [(b, c) for b in plan.decode_batches for c in plan.decode_contexts]
+    new = lambda mixer, b, c: DecodeRow(mixer, b, c, plan.decode_path, new_tokens=plan.decode_tokens)
+    todo = {m: [new(m, b, c) for b, c in grid if ("decode", m, b, c, plan.decode_path) not in skip]
+            for m in plan.mixers}
+    needed = {(r.batch, r.context) for rows in todo.values() for r in rows}
+    todo[REFERENCE] = [new(REFERENCE, b, c) for b, c in grid if (b, c) in needed]
+    return {m: rows for m, rows in todo.items() if rows}
+
+
+def run_model_bench(plan: ModelBenchPlan, done: list[dict] | None = None, run: int = 0,
+                    on_row: Callable[[list[dict]], None] | None = None,
+                    on_start: Callable[[str], None] | None = None) -> list[dict]:
+    """Measure every training row (shape x mode x mixer, the reference first) then every decoding row
+    (mixer x batch x context); rows whose key is among ``done`` (an earlier run's rows) are not measured
+    again, except the reference's where another mixer's are. Returns all rows (``done`` first) as dicts,
+    each with ``run`` (which invocation measured it) and its ratios. ``on_row(rows)`` is called with all
+    rows so far as each row completes, ``on_start(label)`` before a model is measured."""
+    rows = list(done or [])
+    skip = {row_key(r) for r in rows}
+    start = on_start or (lambda label: None)
+
+    def add(row: TrainRow | DecodeRow) -> None:
+        rows.append(attach_ratios({**asdict(row), "run": run}, rows))
+        if on_row is not None:
+            on_row(rows)
+
+    for mixer, batch, seq_len, mode in training_todo(plan, skip):
+        start(f"train {mixer} {batch}x{seq_len} {mode}")
+        add(measure_training(plan, mixer, batch, seq_len, mode))
+    for mixer, todo in decoding_todo(plan, skip).items():
+        start(f"decode {mixer} ({plan.decode_path})")
+        for row in measure_decoding(plan, todo):
+            add(row)
+    return rows
+
+
+# --- output ---------------------------------------------------------------------------------------------
+def _cell(x: float | None, fmt: str = ".2f") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _note(row: dict) -> str:
+    return "" if not row.get("error") else row["error"].splitlines()[0][:80]
+
+
+def _shape(r: dict) -> str:
+    return f"{r['batch']}x{r['seq_len']}"
+
+
+def _top_kernel(r: dict) -> str:
+    top = r["profile"]["top"]
+    return f"{top[0]['name'][:50]} ({top[0]['ms']:.2f} ms)" if top else "-"
+
+
+# Columns of the printed tables: (header, right-aligned, cell of a row).
+Column = tuple[str, bool, Callable[[dict], str]]
+TRAIN_COLUMNS: list[Column] = [
+    ("mixer", False, lambda r: r["mixer"]), ("B x T", False, _shape), ("mode", False, lambda r: r["mode"]),
+    ("tokens/s", True, lambda r: _cell(r["tokens_per_s"], ",.0f")),
+    (f"x {REFERENCE}", True, lambda r: _cell(r["speed_ratio"])),
+    ("ms/step", True, lambda r: _cell(r["ms_per_step"], ".1f")), ("peak GiB", True, lambda r: _cell(r["peak_gib"])),
+    (f"memory x {REFERENCE}", True, lambda r: _cell(r["memory_ratio"])),
+    ("compile s", True, lambda r: _cell(r["compile_s"], ".1f")),
+    ("graph breaks", True, lambda r: _cell(r["graph_breaks"], "d")), ("error", False, _note)]
+DECODE_COLUMNS: list[Column] = [
+    ("mixer", False, lambda r: r["mixer"]), ("B", True, lambda r: str(r["batch"])),
+    ("context", True, lambda r: str(r["context"])), ("path", False, lambda r: r["path"]),
+    ("ms/token", True, lambda r: _cell(r["ms_per_token"], ".3f")),
+    ("tokens/s", True, lambda r: _cell(r["tokens_per_s"], ",.1f")),
+    (f"x {REFERENCE}", True, lambda r: _cell(r["speed_ratio"])), ("error", False, _note)]
+PROFILE_COLUMNS: list[Column] = [
+    ("mixer", False, lambda r: r["mixer"]), ("B x T", False, _shape), ("mode", False, lambda r: r["mode"]),
+    ("step ms", True, lambda r: _cell(r["ms_per_step"], ".1f")),
+    ("profiled step ms", True, lambda r: _cell(r["profile"]["wall_ms"], ".1f")),
+    ("kernel ms", True, lambda r: _cell(r["profile"]["device_ms"], ".1f")),
+    ("kernel share", True, lambda r: _cell(r["profile"]["device_share"], ".0%")), ("top", False, _top_kernel)]
+
+
+def markdown_table(columns: list[Column], rows: list[dict]) -> str:
+    """A Markdown table of ``rows`` with ``columns``."""
+    lines = ["| " + " | ".join(head for head, _, _ in columns) + " |",
+             "| " + " | ".join("---:" if right else "---" for _, right, _ in columns) + " |"]
+    lines += ["| " + " | ".join(cell(r) for _, _, cell in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def format_tables(rows: list[dict]) -> dict[str, str]:
+    """The printed tables by name ("train", "profile", "decode"): those with at least one row. Rows of
+    several runs (--resume) get a column "run": a ratio is taken to the reference row of its own run."""
+    tables = {"train": (TRAIN_COLUMNS, [r for r in rows if r["kind"] == "train"]),
+              "profile": (PROFILE_COLUMNS, [r for r in rows if r["kind"] == "train" and r.get("profile")]),
+              "decode": (DECODE_COLUMNS, [r for r in rows if r["kind"] == "decode"])}
+    first: list[Column] = [("run", True, lambda r: str(r.get("run", 0)))]
+    if len({r.get("run", 0) for r in rows}) < 2:
+        first = []
+    return {name: markdown_table(first + cols, chosen) for name, (cols, chosen) in tables.items() if chosen}
+
+
+def _progress_line(row: dict) -> str:
+    if row["kind"] == "train":
+        what, extra = f"{row['batch']}x{row['seq_len']} {row['mode']}", f"peak {_cell(row['peak_gib'])} GiB"
+    else:
+        what, extra = f"B={row['batch']} context={row['context']}", f"{_cell(row['ms_per_token'], '.3f')} ms/token"
+    if row["error"]:
+        return f"  {row['mixer']} {what}: ERROR {_note(row)}"
+    return f"  {row['mixer']} {what}: {row['tokens_per_s']:,.0f} tokens/s, x{_cell(row['speed_ratio'])}, {extra}"
+
+
+def _earlier_rows(path: str, plan: ModelBenchPlan, retry_errors: bool) -> tuple[list[dict], list[dict]]:
+    """Rows and headers of an earlier run written to ``path`` with the same settings (--resume); without
+    the rows that recorded an error when ``retry_errors`` (e.g. all those after a fault that left the CUDA
+    context unusable)."""
+    if not os.path.exists(path):
+        return [], []
+    with open(path) as f:
+        data = json.load(f)
+    header = data.get("header", {})
+    if header.get("settings") != json.loads(json.dumps(plan.settings())):
+        raise ValueError(f"--resume: {path} was measured with other settings ({header.get('settings')}); "
+                         f"use another --out")
+    rows = [r for r in data.get("rows", []) if not (retry_errors and r.get("error"))]
+    return rows, [*data.get("earlier_runs", []), header]
+
+
+def cli_bench_model(args: argparse.Namespace) -> int:
+    """``linattn bench model``: run the plan of ``args``, print the tables, write ``--out`` as rows complete."""
+    try:
+        plan = plan_from_args(args)
+        done, earlier = _earlier_rows(args.out, plan, args.retry_errors) if args.out and args.resume else ([], [])
+    except ValueError as err:
+        print(f"linattn bench model: {err}", file=sys.stderr)
+        return 2
+    argv = getattr(args, "argv", None)
+    command = "linattn " + shlex.join(sys.argv[1:] if argv is None else argv)
+    header = {**environment(plan.device), "command": command, "settings": plan.settings(), "measured": plan.lists()}
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    progress = (lambda text: print(text, file=sys.stderr, flush=True)) if not args.no_progress else None
+
+    def on_row(rows: list[dict]) -> None:  # save as we go: an interrupted run keeps what it measured
+        if progress is not None:
+            progress(_progress_line(rows[-1]))
+        if args.out:
+            write_rows(args.out, "model", {"header": header, "earlier_runs": earlier}, rows, announce=False)
+
+    rows = run_model_bench(plan, done, len(earlier), on_row=on_row, on_start=progress)
+    cfg = (f"d_model={plan.d_model} n_layers={plan.n_layers} n_heads={plan.n_heads} vocab={plan.vocab_size} "
+           f"dtype={str(plan.dtype).replace('torch.', '')}")
+    print(f"{header['device']}, torch {header['torch']}, triton {header['triton']}; {cfg}")
+    titles = {"train": f"training step (median of {plan.steps} after {plan.warmup} warm-up)",
+              "profile": "one profiled training step (kernel share: kernel time over the unprofiled step time)",
+              "decode": f"decoding ({plan.decode_tokens} tokens after an untimed prefill)"}
+    for name, table in format_tables(rows).items():
+        print(f"\n{titles[name]}\n\n{table}")
+    if args.out:
+        print(f"\nwrote {args.out}")
+    return 0

@@ -1,0 +1,234 @@
+"""Fused Triton kernels for the per-head normalisations around a mixer (CUDA, or the CPU under TRITON_INTERPRET=1).
+
+Row-wise over the last dim (a head's K or V channels), arithmetic in float32 for every input dtype:
+
+- L2 normalisation of q and k (delta rules):  y = x / max(||x||, eps)   (``F.normalize``).
+  Backward, r = 1 / max(||x||, eps):  dx = r dy - [||x|| > eps] r y (dy . y).
+- Output RMSNorm with an optional SiLU gate:  n = o rsqrt(mean(o^2) + eps) ⊙ w,  y = n ⊙ SiLU(gate).
+  Backward, ô = o rstd, dn = dy ⊙ SiLU(gate):  dgate = dy ⊙ n ⊙ SiLU'(gate),  dw = sum_rows dn ⊙ ô,
+  do = rstd (dn ⊙ w - ô mean(dn ⊙ w ⊙ ô)).
+
+In PyTorch each is a chain of elementwise kernels over float32 copies (under autocast, RMSNorm runs in float32):
+about ten passes over the tensor forward and backward instead of one read and one write each. Each kernel keeps
+the per-row reciprocal norm for its backward. Like the ops' kernels, they are custom ops with fake kernels under
+torch.compile and plain autograd Functions eagerly (less host time).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..ops.common.triton_compat import patch_interpreter
+from ..ops.common.triton_launch import fast_launch
+from ..ops.common.triton_ops import eager_backward, eager_function, use_custom_op
+
+patch_interpreter()
+
+ROWS_PER_PROGRAM = 16
+
+
+@fast_launch
+@triton.jit(do_not_specialize=["R"])
+def _l2norm_fwd_kernel(x, y, r, R, D: tl.constexpr, eps, BR: tl.constexpr, BD: tl.constexpr):
+    """Grid (cdiv(R, BR),): y = x / max(||x||, eps) for BR rows; r = 1 / max(||x||, eps) (float32)."""
+    rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    cols = tl.arange(0, BD)
+    m = (rows < R)[:, None] & (cols < D)[None, :]
+    xv = tl.load(x + rows[:, None] * D + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    inv = 1.0 / tl.maximum(tl.sqrt(tl.sum(xv * xv, axis=1)), eps)
+    tl.store(y + rows[:, None] * D + cols[None, :], (xv * inv[:, None]).to(y.dtype.element_ty), mask=m)
+    tl.store(r + rows, inv, mask=rows < R)
+
+
+@fast_launch
+@triton.jit(do_not_specialize=["R"])
+def _l2norm_bwd_kernel(x, r, dy, dx, R, D: tl.constexpr, eps, BR: tl.constexpr, BD: tl.constexpr):
+    """Grid (cdiv(R, BR),): dx = r dy - [||x|| > eps] r y (dy . y), y = r x."""
+    rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    cols = tl.arange(0, BD)
+    m = (rows < R)[:, None] & (cols < D)[None, :]
+    xv = tl.load(x + rows[:, None] * D + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    g = tl.load(dy + rows[:, None] * D + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    inv = tl.load(r + rows, mask=rows < R, other=1.0)
+    yv = xv * inv[:, None]
+    through_norm = tl.where(inv < 1.0 / eps, tl.sum(g * yv, axis=1), 0.0)  # the norm is clamped below eps
+    tl.store(dx + rows[:, None] * D + cols[None, :], (inv[:, None] * (g - yv * through_norm[:, None])).to(
+        dx.dtype.element_ty), mask=m)
+
+
+@fast_launch
+@triton.jit(do_not_specialize=["R"])
+def _rms_gate_fwd_kernel(o, w, gate, y, rstd, R, D: tl.constexpr, eps, HAS_GATE: tl.constexpr, BR: tl.constexpr,
+                         BD: tl.constexpr):
+    """Grid (cdiv(R, BR),): y = o rsqrt(mean(o^2) + eps) ⊙ w (⊙ SiLU(gate)); rstd per row (float32)."""
+    rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    cols = tl.arange(0, BD)
+    m = (rows < R)[:, None] & (cols < D)[None, :]
+    ov = tl.load(o + rows[:, None] * D + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(ov * ov, axis=1) / D + eps)
+    n = ov * inv[:, None] * tl.load(w + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
+    if HAS_GATE:
+        gv = tl.load(gate + rows[:, None] * D + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        n = n * gv * tl.sigmoid(gv)
+    tl.store(y + rows[:, None] * D + cols[None, :], n.to(y.dtype.element_ty), mask=m)
+    tl.store(rstd + rows, inv, mask=rows < R)
+
+
+@fast_launch
+@triton.jit(do_not_specialize=["R"])
+def _rms_gate_bwd_kernel(o, w, gate, rstd, dy, do, dgate, dw_part, R, D: tl.constexpr, HAS_GATE: tl.constexpr,
+                         BR: tl.constexpr, BD: tl.constexpr, NB: tl.constexpr):
+    """Grid (cdiv(R, BR * NB),): do, dgate for NB blocks of BR rows, and this program's partial sum of dw."""
+    pid = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BD)
+    m_c = cols < D
+    wv = tl.load(w + cols, mask=m_c, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros([BD], dtype=tl.float32)
+    for j in range(NB):
+        rows = (pid * NB + j) * BR + tl.arange(0, BR)
+        m = (rows < R)[:, None] & m_c[None, :]
+        offs = rows[:, None] * D + cols[None, :]
+        ov = tl.load(o + offs, mask=m, other=0.0).to(tl.float32)
+        inv = tl.load(rstd + rows, mask=rows < R, other=0.0)
+        oh = ov * inv[:, None]
+        dn = tl.load(dy + offs, mask=m, other=0.0).to(tl.float32)
+        if HAS_GATE:
+            gv = tl.load(gate + offs, mask=m, other=0.0).to(tl.float32)
+            sig = tl.sigmoid(gv)
+            tl.store(dgate + offs, (dn * oh * wv[None, :] * sig * (1.0 + gv * (1.0 - sig))).to(
+                dgate.dtype.element_ty), mask=m)
+            dn = dn * gv * sig
+        dw_acc += tl.sum(dn * oh, axis=0)
+        dnw = dn * wv[None, :]
+        mean = tl.sum(dnw * oh, axis=1) / D
+        tl.store(do + offs, (inv[:, None] * (dnw - oh * mean[:, None])).to(do.dtype.element_ty), mask=m)
+    tl.store(dw_part + pid * D + cols, dw_acc, mask=m_c)
+
+
+def _rows(x: torch.Tensor) -> tuple[int, int]:
+    return x.numel() // x.shape[-1], x.shape[-1]
+
+
+def _l2norm_fwd(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    R, D = _rows(x)
+    y = torch.empty_like(x)
+    r = torch.empty(x.shape[:-1], device=x.device, dtype=torch.float32)
+    _l2norm_fwd_kernel[(triton.cdiv(R, ROWS_PER_PROGRAM),)](
+        x=x, y=y, r=r, R=R, D=D, eps=eps, BR=ROWS_PER_PROGRAM, BD=triton.next_power_of_2(D))
+    return y, r
+
+
+def _l2norm_bwd(x: torch.Tensor, r: torch.Tensor, dy: torch.Tensor, eps: float) -> torch.Tensor:
+    R, D = _rows(x)
+    dx = torch.empty_like(x)
+    _l2norm_bwd_kernel[(triton.cdiv(R, ROWS_PER_PROGRAM),)](
+        x=x, r=r, dy=dy, dx=dx, R=R, D=D, eps=eps, BR=ROWS_PER_PROGRAM, BD=triton.next_power_of_2(D))
+    return dx
+
+
+_l2norm_fwd_op = torch.library.custom_op("linattn::l2norm_fwd", _l2norm_fwd, mutates_args=())
+_l2norm_bwd_op = torch.library.custom_op("linattn::l2norm_bwd", _l2norm_bwd, mutates_args=())
+
+
+@_l2norm_fwd_op.register_fake
+def _(x, eps):
+    return torch.empty_like(x), x.new_empty(x.shape[:-1], dtype=torch.float32)
+
+
+@_l2norm_bwd_op.register_fake
+def _(x, r, dy, eps):
+    return torch.empty_like(x)
+
+
+def _l2norm_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], output[1])
+    ctx.eps = inputs[1]
+
+
+def _l2norm_backward(ctx, dy, dr):
+    x, r = ctx.saved_tensors
+    run = _l2norm_bwd if eager_backward(ctx) else _l2norm_bwd_op
+    return run(x, r, dy.contiguous(), ctx.eps), None
+
+
+_l2norm_fwd_op.register_autograd(_l2norm_backward, setup_context=_l2norm_setup)
+_L2NormEager = eager_function("L2NormTriton", _l2norm_fwd, _l2norm_setup, _l2norm_backward, non_differentiable=(1,))
+
+
+def l2norm_triton(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x / max(||x||, eps) over the last dim (at most 1024 wide), in x's dtype, computed in float32."""
+    x = x.contiguous()
+    run = _l2norm_fwd_op if use_custom_op(x) else _L2NormEager.apply
+    return run(x, float(eps))[0]
+
+
+def _rms_gate_fwd(o: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None, eps: float
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    R, D = _rows(o)
+    y = torch.empty(o.shape, device=o.device, dtype=o.dtype if gate is None else gate.dtype)
+    rstd = torch.empty(o.shape[:-1], device=o.device, dtype=torch.float32)
+    _rms_gate_fwd_kernel[(triton.cdiv(R, ROWS_PER_PROGRAM),)](
+        o=o, w=weight, gate=o if gate is None else gate, y=y, rstd=rstd, R=R, D=D, eps=eps, HAS_GATE=gate is not None,
+        BR=ROWS_PER_PROGRAM, BD=triton.next_power_of_2(D))
+    return y, rstd
+
+
+def _rms_gate_bwd(o: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None, rstd: torch.Tensor,
+                  dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(do, dweight, dgate (empty without a gate))."""
+    R, D = _rows(o)
+    blocks = triton.cdiv(R, ROWS_PER_PROGRAM)
+    NB = max(1, min(64, blocks // 1024))  # about a thousand programs; few float32 partial rows of dw
+    programs = triton.cdiv(blocks, NB)
+    do = torch.empty_like(o)
+    dgate = torch.empty_like(gate) if gate is not None else o.new_empty(0)
+    dw_part = torch.empty(programs, D, device=o.device, dtype=torch.float32)
+    _rms_gate_bwd_kernel[(programs,)](
+        o=o, w=weight, gate=o if gate is None else gate, rstd=rstd, dy=dy, do=do, dgate=o if gate is None else dgate,
+        dw_part=dw_part, R=R, D=D, HAS_GATE=gate is not None, BR=ROWS_PER_PROGRAM, BD=triton.next_power_of_2(D),
+        NB=NB)
+    return do, dw_part.sum(0).to(weight.dtype), dgate
+
+
+_rms_fwd_op = torch.library.custom_op("linattn::rms_norm_gated_fwd", _rms_gate_fwd, mutates_args=())
+_rms_bwd_op = torch.library.custom_op("linattn::rms_norm_gated_bwd", _rms_gate_bwd, mutates_args=())
+
+
+@_rms_fwd_op.register_fake
+def _(o, weight, gate, eps):
+    y = o.new_empty(o.shape, dtype=o.dtype if gate is None else gate.dtype)
+    return y, o.new_empty(o.shape[:-1], dtype=torch.float32)
+
+
+@_rms_bwd_op.register_fake
+def _(o, weight, gate, rstd, dy):
+    return torch.empty_like(o), torch.empty_like(weight), (torch.empty_like(gate) if gate is not None
+                                                           else o.new_empty(0))
+
+
+def _rms_setup(ctx, inputs, output):
+    o, weight, gate, eps = inputs
+    ctx.save_for_backward(o, weight, gate, output[1])
+
+
+def _rms_backward(ctx, dy, drstd):
+    o, weight, gate, rstd = ctx.saved_tensors
+    run = _rms_gate_bwd if eager_backward(ctx) else _rms_bwd_op
+    do, dw, dgate = run(o, weight, gate, rstd, dy.contiguous())
+    return do, dw, (dgate if gate is not None else None), None
+
+
+_rms_fwd_op.register_autograd(_rms_backward, setup_context=_rms_setup)
+_RMSGateEager = eager_function("RMSNormGatedTriton", _rms_gate_fwd, _rms_setup, _rms_backward, non_differentiable=(1,))
+
+
+def rms_norm_gated_triton(o: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None, eps: float
+                          ) -> torch.Tensor:
+    """RMSNorm of o [..., D] over the last dim with ``weight`` [D], times SiLU(gate) (same shape as o) when given;
+    float32 arithmetic; returns gate's dtype (o's without a gate)."""
+    o = o.contiguous()
+    gate = None if gate is None else gate.contiguous()
+    run = _rms_fwd_op if use_custom_op(o) else _RMSGateEager.apply
+    return run(o, weight.contiguous(), gate, float(eps))[0]

@@ -1,0 +1,119 @@
+"""``linattn bench model`` runs end to end through the CLI at a tiny size (function, not timing): rows per
+mixer with ratios to softmax_attn, errors recorded per row, compiled mode, resume, the decode-path hook."""
+
+import json
+
+import pytest
+import torch
+
+from linattn.bench import model as bench_model
+from linattn.cli import main
+from linattn.layers import GLALayer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TINY = ["--d-model", "32", "--layers", "2", "--heads", "2", "--vocab", "64", "--shapes", "2x32", "--steps", "1",
+        "--warmup", "1", "--decode-batch", "1", "--decode-context", "8", "--decode-tokens", "2", "--no-progress"]
+
+
+def run(tmp_path, *extra: str) -> dict:
+    out = tmp_path / "model.json"
+    assert main(["bench", "model", *TINY, "--out", str(out), *extra]) == 0
+    return json.loads(out.read_text())
+
+
+def rows_of(data: dict, kind: str) -> dict:
+    return {(r["mixer"], r.get("mode", r.get("path"))): r for r in data["rows"] if r["kind"] == kind}
+
+
+def test_two_mixers_with_the_reference(tmp_path, capsys):
+    data = run(tmp_path, "--mixers", "gla,delta_rule", "--profile")
+    header = data["header"]
+    assert data["bench"] == "model" and {"date", "device", "torch", "triton", "command", "settings"} <= set(header)
+    assert header["command"].startswith("linattn bench model --d-model 32")
+    assert header["settings"]["d_model"] == 32 and header["measured"]["mixers"] == ["softmax_attn", "gla", "delta_rule"]
+    train, decode = rows_of(data, "train"), rows_of(data, "decode")
+    assert set(train) == {("softmax_attn", "eager"), ("gla", "eager"), ("delta_rule", "eager")}
+    assert set(decode) == {("softmax_attn", "eager"), ("gla", "eager"), ("delta_rule", "eager")}
+    assert data["rows"][0]["mixer"] == "softmax_attn"  # measured first: every later row has its ratio at once
+    for r in train.values():
+        assert r["error"] is None and r["tokens_per_s"] > 0 and r["ms_per_step"] > 0 and r["params_m"] > 0
+        ref = train[("softmax_attn", "eager")]
+        assert r["speed_ratio"] == pytest.approx(r["tokens_per_s"] / ref["tokens_per_s"])
+        assert r["peak_gib"] is None and r["memory_ratio"] is None  # no allocator peak on the CPU
+        assert r["profile"]["top"] and r["profile"]["wall_ms"] > 0
+    for r in decode.values():
+        assert r["error"] is None and r["ms_per_token"] > 0 and r["speed_ratio"] > 0
+        assert r["tokens_per_s"] == pytest.approx(1e3 / r["ms_per_token"])  # batch 1
+    printed = capsys.readouterr().out
+    assert "x softmax_attn" in printed and "| gla | 2x32 | eager |" in printed and "| delta_rule | 1 | 8 |" in printed
+
+
+def test_a_failing_mixer_is_an_error_row(tmp_path, monkeypatch):
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("mixer exploded")
+
+    monkeypatch.setattr(GLALayer, "forward", broken)
+    data = run(tmp_path, "--mixers", "gla,retention")
+    train, decode = rows_of(data, "train"), rows_of(data, "decode")
+    for rows in (train, decode):
+        failed = rows[("gla", "eager")]
+        assert failed["error"] == "RuntimeError: mixer exploded" and failed["tokens_per_s"] is None
+        assert failed["speed_ratio"] is None
+        for mixer in ("softmax_attn", "retention"):
+            assert rows[(mixer, "eager")]["error"] is None and rows[(mixer, "eager")]["tokens_per_s"] > 0
+    monkeypatch.undo()  # mended: --retry-errors measures the failed rows again, and only those
+    data = run(tmp_path, "--mixers", "gla,retention", "--resume", "--retry-errors")
+    again = [(r["kind"], r["mixer"]) for r in data["rows"] if r["run"] == 1]
+    assert again == [("train", "softmax_attn"), ("train", "gla"), ("decode", "softmax_attn"), ("decode", "gla")]
+    assert len(data["rows"]) == 8 and not any(r["error"] for r in data["rows"])
+
+
+@pytest.mark.parametrize("scope, modes", [("model", ("eager", "compiled")), ("blocks", ("compiled",))])
+def test_compiled_mode(tmp_path, scope, modes):
+    data = run(tmp_path, "--mixers", "gla", "--modes", ",".join(modes), "--compile-backend", "aot_eager",
+               "--compile-scope", scope, "--no-decode")
+    train = rows_of(data, "train")
+    assert set(train) == {(m, mode) for m in ("softmax_attn", "gla") for mode in modes}
+    for (_, mode), r in train.items():
+        assert r["error"] is None and r["tokens_per_s"] > 0
+        assert (r["compile_s"] is not None) == (mode == "compiled")
+    assert train[("gla", "compiled")]["compile_s"] > 0 and train[("gla", "compiled")]["graph_breaks"] >= 0
+    assert not rows_of(data, "decode")
+
+
+def test_resume_measures_only_missing_rows(tmp_path, monkeypatch):
+    run(tmp_path, "--mixers", "gla", "--no-decode")
+    measured = []
+    real = bench_model.measure_training
+    monkeypatch.setattr(bench_model, "measure_training",
+                        lambda plan, mixer, *a: measured.append(mixer) or real(plan, mixer, *a))
+    data = run(tmp_path, "--mixers", "gla,delta_rule", "--no-decode", "--resume")
+    assert measured == ["softmax_attn", "delta_rule"]  # the reference again: ratios are taken within one process
+    assert [(r["mixer"], r["run"]) for r in data["rows"]] == [("softmax_attn", 0), ("gla", 0), ("softmax_attn", 1),
+                                                              ("delta_rule", 1)]
+    new_ref, new = data["rows"][2:]
+    assert new["speed_ratio"] == pytest.approx(new["tokens_per_s"] / new_ref["tokens_per_s"])
+    assert len(data["earlier_runs"]) == 1
+    assert main(["bench", "model", *TINY, "--out", str(tmp_path / "model.json"), "--mixers", "gla,delta_rule",
+                 "--no-decode", "--resume"]) == 0
+    assert measured == ["softmax_attn", "delta_rule"]  # nothing left to measure
+    # other settings: the earlier rows are not comparable, and the run refuses to mix them
+    assert main(["bench", "model", *TINY, "--out", str(tmp_path / "model.json"), "--resume", "--steps", "2"]) == 2
+
+
+@pytest.mark.parametrize("argv", [["--mixers", "nope"], ["--shapes", "2by32"], ["--modes", "jit"],
+                                  ["--decode-path", "warp"], ["--mixer-kwargs", '{"gla": 3}'],
+                                  ["--mixer-kwargs", '{"gla": {"no_such_argument": 1}}'], ["--heads", "5"]]
+                         + ([["--device", "cuda"]] if not torch.cuda.is_available() else []))
+def test_bad_options_exit_2(argv, capsys):
+    assert main(["bench", "model", *TINY, *argv]) == 2
+    assert "linattn bench model:" in capsys.readouterr().err
+
+
+def test_decode_paths_plug_in(monkeypatch):
+    calls = []
+    monkeypatch.setitem(bench_model.DECODE_PATHS, "fake", lambda m, b, c, n: calls.append((b, c, n)) or 0.5)
+    assert bench_model.time_decoding(None, 2, 16, 4, path="fake") == 0.5 and calls == [(2, 16, 4)]
+    with pytest.raises(ValueError, match="unknown decode path 'warp'; available: eager"):
+        bench_model.time_decoding(None, 1, 8, 2, path="warp")

@@ -1,0 +1,76 @@
+"""The launch key of FastKernel is at least as fine as Triton's specialisation: what changes the compiled kernel
+(constexprs, options, dtypes, 16-byte alignment, ints equal to 1 or divisible by 16, widths) changes the key,
+and what Triton does not specialise on (a do_not_specialize int's value) does not."""
+
+import pytest
+import torch
+
+from linattn.ops.common.triton_compat import triton_available
+
+pytestmark = [pytest.mark.triton, pytest.mark.skipif(not triton_available(), reason="triton not installed")]
+
+
+def _kernel():
+    import triton.language as tl
+    from triton.runtime.jit import JITFunction
+
+    def k(x, y, n, T, s, FLAG: tl.constexpr, BLOCK: tl.constexpr):
+        pass
+
+    return JITFunction(k, do_not_specialize=["T"])
+
+
+def test_key_separates_what_triton_specialises_on(monkeypatch):
+    from linattn.ops.common.triton_launch import FastKernel
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # the key names the device; none here
+
+    fk = FastKernel(_kernel())
+    assert fk.direct
+    x = torch.zeros(64)
+    base = [x, x, 32, 100, 0.5, True, 16]
+    key = lambda values, options=(("num_warps", 4),): fk._key(values, options)
+    k0 = key(base)
+    assert key(list(base)) == k0
+    changed = {
+        "dtype": [x.half(), x, 32, 100, 0.5, True, 16],
+        "alignment": [x[1:], x, 32, 100, 0.5, True, 16],
+        "int == 1": [x, x, 1, 100, 0.5, True, 16],
+        "int % 16": [x, x, 33, 100, 0.5, True, 16],
+        "int width": [x, x, 2**40, 100, 0.5, True, 16],
+        "constexpr": [x, x, 32, 100, 0.5, False, 16],
+        "constexpr 2": [x, x, 32, 100, 0.5, True, 32],
+        "None pointer": [x, None, 32, 100, 0.5, True, 16],
+    }
+    for what, values in changed.items():
+        assert key(values) != k0, what
+    assert key(base, (("num_warps", 8),)) != k0, "launch options"
+    assert key([x, x, 32, 101, 0.5, True, 16]) == k0, "T is not specialised on: its value is not in the key"
+    assert key([x, x, 32, 2**40, 0.5, True, 16]) != k0, "but its width is"
+    assert key([x, x, 32, 100, 0.25, True, 16]) == k0, "floats are not specialised on"
+    assert key([x, x, 32, 100, "a string", True, 16]) is None, "kinds the key does not cover go through Triton"
+
+
+def test_bind_orders_keyword_arguments_and_separates_options():
+    from linattn.ops.common.triton_launch import FastKernel
+
+    fk = FastKernel(_kernel())
+    x = torch.zeros(4)
+    values, options = fk._bind((x,), dict(y=x, n=3, T=5, s=0.5, FLAG=True, BLOCK=16, num_warps=4))
+    assert values == [x, x, 3, 5, 0.5, True, 16] and options == (("num_warps", 4),)
+    assert fk._bind((x,), dict(y=x))[0] is None, "a missing parameter leaves the launch to Triton"
+
+
+def test_repeated_launches_give_the_first_launchs_values():
+    """The first launch of a key goes through Triton, later ones through the kept kernel (on a GPU; under
+    TRITON_INTERPRET=1 all through Triton): same values, also after the alignment of the input changes."""
+    from linattn.layers.norms_triton import l2norm_triton
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    x = torch.randn(65, 8, device=device)
+    ref = torch.nn.functional.normalize(x, dim=-1)
+    for _ in range(3):
+        assert torch.allclose(l2norm_triton(x, 1e-6), ref, atol=1e-6)
+    flat = torch.randn(65 * 8 + 1, device=device)
+    shifted = flat[1:].view(65, 8)  # 4 bytes past an aligned address: a new key
+    assert torch.allclose(l2norm_triton(shifted, 1e-6), torch.nn.functional.normalize(shifted, dim=-1), atol=1e-6)

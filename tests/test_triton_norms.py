@@ -1,0 +1,109 @@
+"""The fused normalisation kernels (layers/norms_triton.py) equal PyTorch's F.normalize and RMSNorm (times
+SiLU(gate)), values and gradients, float32 and bf16; layers give the same outputs with either backend."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from linattn.layers import norms
+from linattn.ops.common.triton_compat import triton_available
+from linattn.testing import rel_rmse
+
+pytestmark = [pytest.mark.triton, pytest.mark.skipif(not triton_available(), reason="triton not installed")]
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _grads(fn, *xs):
+    leaves = [x.detach().clone().requires_grad_(True) for x in xs]
+    out = fn(*leaves)
+    gen = torch.Generator().manual_seed(1)
+    out.backward(torch.randn(out.shape, generator=gen).to(out))
+    return out.detach(), [x.grad for x in leaves]
+
+
+def _reference_l2(x):
+    return F.normalize(x.float(), p=2.0, dim=-1, eps=norms.L2_EPS).to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("D", [24, 128])
+def test_l2norm_equals_f_normalize(dtype, tol, D):
+    from linattn.layers.norms_triton import l2norm_triton
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 37, 2, D, generator=gen)
+    x[0, 0, 0] = 0.0  # a zero row: the norm is clamped at eps, the gradient does not pass through it
+    x[0, 1, 1] *= 1e-8
+    x = x.to(DEVICE, dtype)
+    out, grads = _grads(lambda t: l2norm_triton(t, norms.L2_EPS), x)
+    ref, ref_grads = _grads(_reference_l2, x)
+    assert out.dtype == dtype and torch.isfinite(grads[0]).all()
+    assert rel_rmse(out.float(), ref.float()) <= tol
+    assert rel_rmse(grads[0].float(), ref_grads[0].float()) <= (tol if dtype == torch.float32 else 2 * tol)
+
+
+def _reference_rms(o, w, gate, eps):
+    y = o.float() * torch.rsqrt(o.float().square().mean(-1, keepdim=True) + eps) * w.float()
+    y = y if gate is None else y * F.silu(gate.float())
+    return y.to(o.dtype if gate is None else gate.dtype)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("D", [24, 128])
+def test_rms_norm_gated_equals_reference(dtype, tol, gated, D):
+    from linattn.layers.norms_triton import rms_norm_gated_triton
+
+    gen = torch.Generator().manual_seed(0)
+    o, w = torch.randn(2, 41, 3, D, generator=gen), 1 + 0.1 * torch.randn(D, generator=gen)
+    gate = torch.randn(2, 41, 3, D, generator=gen) if gated else None
+    ts = [t.to(DEVICE, dtype) for t in (o, w) + ((gate,) if gated else ())]
+    fused = lambda o, w, *g: rms_norm_gated_triton(o, w, g[0] if g else None, 1e-5)
+    ref = lambda o, w, *g: _reference_rms(o, w, g[0] if g else None, 1e-5)
+    out, grads = _grads(fused, *ts)
+    ref_out, ref_grads = _grads(ref, *ts)
+    assert rel_rmse(out.float(), ref_out.float()) <= tol
+    for name, a, b in zip(["o", "weight", "gate"], grads, ref_grads):
+        assert rel_rmse(a.float(), b.float()) <= (tol if dtype == torch.float32 else 2 * tol), name
+
+
+@pytest.mark.parametrize("mixer", ["gated_delta_rule", "delta_rule"])
+def test_layer_is_the_same_with_either_norm_backend(mixer, monkeypatch):
+    from linattn.layers.registry import build_mixer
+
+    torch.manual_seed(0)
+    layer = build_mixer(mixer, 32, 2, backend="chunk", chunk_size=16).to(DEVICE)
+    x = torch.randn(2, 23, 32, device=DEVICE)
+    outs = {}
+    for backend in ("torch", "triton"):
+        monkeypatch.setattr(norms, "NORM_BACKEND", backend)
+        layer.zero_grad()
+        y, _ = layer(x, use_cache=False)
+        y.square().mean().backward()
+        outs[backend] = (y.detach(), {n: p.grad.clone() for n, p in layer.named_parameters()})
+    assert rel_rmse(outs["triton"][0], outs["torch"][0]) <= 1e-5
+    for name, grad in outs["torch"][1].items():
+        assert rel_rmse(outs["triton"][1][name], grad) <= 1e-5, name
+
+
+def test_backend_switch_checks_its_argument():
+    with pytest.raises(ValueError, match="backend must be one of 'auto', 'torch', 'triton'"):
+        norms.set_norm_backend("cuda")
+
+
+def test_compiled_equals_eager():
+    """Custom ops under torch.compile, autograd Functions eagerly: same numbers."""
+    from linattn.layers.norms_triton import l2norm_triton, rms_norm_gated_triton
+
+    gen = torch.Generator().manual_seed(0)
+    x, w, g = (torch.randn(*s, generator=gen).to(DEVICE) for s in ((2, 9, 2, 16), (16,), (2, 9, 2, 16)))
+    leaves = [t.requires_grad_(True) for t in (x, w, g)]
+
+    def loss(x, w, g):
+        return rms_norm_gated_triton(l2norm_triton(x, 1e-6), w, g, 1e-5).square().sum()
+
+    eager = loss(*leaves)
+    eager_grads = torch.autograd.grad(eager, leaves)
+    value = torch.compile(loss, fullgraph=True, backend="aot_eager")(*leaves)
+    for a, b in zip(torch.autograd.grad(value, leaves), eager_grads):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
