@@ -184,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-context", help="comma-separated prefill lengths (cuda default 512,8192)")
     p.add_argument("--decode-tokens", type=int, help="generated tokens timed per row (cuda default 64)")
     p.add_argument("--decode-path", default="eager", help="how tokens are generated (eager: a cached "
-                   "model(next_ids, cache) call per token)")
+                   "model(next_ids, cache) call per token; static: StaticDecoder, a CUDA graph replay per token)")
     p.add_argument("--no-train", action="store_true", help="decoding rows only")
     p.add_argument("--no-decode", action="store_true", help="training rows only")
     p.add_argument("--seed", type=int, default=0)

@@ -207,3 +207,17 @@ def test_compiled_static_step_equals_the_plain_one(mixer):
         for t in range(4):
             ids = torch.tensor([t, 2 * t])
             assert_close(compiled.step(ids), plain.step(ids), 1e-5, f"{mixer}: compiled static step {t}")
+
+
+def test_bench_model_static_decode_path(tmp_path):
+    import json
+
+    from linattn.cli import main
+
+    out = tmp_path / "model.json"
+    assert main(["bench", "model", "--d-model", "32", "--layers", "1", "--heads", "2", "--vocab", "64", "--mixers",
+                 "gla", "--no-train", "--decode-batch", "2", "--decode-context", "5", "--decode-tokens", "2",
+                 "--decode-path", "static", "--no-progress", "--out", str(out)]) == 0
+    rows = [r for r in json.loads(out.read_text())["rows"] if r["kind"] == "decode"]
+    assert {r["mixer"] for r in rows} == {"softmax_attn", "gla"}
+    assert all(r["path"] == "static" and r["error"] is None and r["tokens_per_s"] > 0 for r in rows)

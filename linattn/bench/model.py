@@ -369,14 +369,20 @@ def _eager_decoding(model: CausalLM, batch: int, context: int, tokens: int) -> f
     return time_per_token(model, [context], tokens, batch_size=batch)[0]
 
 
+def _static_decoding(model: CausalLM, batch: int, context: int, tokens: int) -> float:
+    return time_per_token(model, [context], tokens, batch_size=batch, path="static")[0]
+
+
 # How tokens are generated, by --decode-path: (model, batch, context, new tokens) -> median seconds per token.
-DECODE_PATHS: dict[str, Callable[[CausalLM, int, int, int], float]] = {"eager": _eager_decoding}
+DECODE_PATHS: dict[str, Callable[[CausalLM, int, int, int], float]] = {"eager": _eager_decoding,
+                                                                       "static": _static_decoding}
 
 
 def time_decoding(model: CausalLM, batch: int, context: int, tokens: int, path: str = "eager") -> float:
     """Median seconds per generated token (greedy) for ``batch`` sequences after an untimed prefill of
     ``context`` random tokens, generating ``tokens`` tokens the ``path`` way ("eager": ``model(ids)``
-    then ``model(next_ids[:, None], cache)`` per token)."""
+    then ``model(next_ids[:, None], cache)`` per token; "static": a StaticDecoder's steps, replaying one CUDA
+    graph per token on CUDA)."""
     if path not in DECODE_PATHS:
         raise ValueError(f"unknown decode path {path!r}; available: {', '.join(DECODE_PATHS)}")
     return DECODE_PATHS[path](model, batch, context, tokens)
