@@ -20,12 +20,14 @@ import triton
 import triton.language as tl
 
 from ..ops.common.triton_compat import patch_interpreter
+from ..ops.common.triton_launch import fast_launch
 
 patch_interpreter()
 
 LAUNCH = {"BD": 256, "num_warps": 4}
 
 
+@fast_launch
 @triton.jit
 def _conv_step_kernel(x, cache, w, bias, y, cache_out, D, sx_b, W: tl.constexpr, BD: tl.constexpr,
                       HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
