@@ -132,6 +132,15 @@ def test_conv_step_kernel_equals_muladd(W, activation, bias, dtype):
     assert torch.equal(buf, ref_cache) and torch.equal(new, ref_cache)  # the cache holds inputs: exact
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="the error is for CPU tensors without the interpreter")
+def test_conv_step_kernel_on_the_cpu_needs_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET")
+    conv = ShortConv(8)
+    conv.backend = "triton"
+    with torch.no_grad(), pytest.raises(ValueError, match="ShortConv backend 'triton' needs CUDA tensors"):
+        conv.static_step(torch.randn(1, 1, 8), torch.zeros(1, 3, 8))
+
+
 @pytest.mark.parametrize("mixer", ["gated_delta_rule", "delta_rule", "gla", "mamba2", "retention", "linear_attn"])
 def test_model_static_steps_on_the_kernels(mixer, step_backend, monkeypatch):
     """ShortConvs on q, k, v; fused op steps and conv steps (triton) on static buffers == cached PyTorch steps."""

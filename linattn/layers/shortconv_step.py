@@ -15,6 +15,8 @@ TRITON_INTERPRET=1.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -59,6 +61,9 @@ def conv_step_triton(x: torch.Tensor, cache: torch.Tensor, weight: torch.Tensor,
     """One token: x [B, D] (channels contiguous), cache [B, W-1, D], weight [D, W] -> (y [B, D] in x's dtype,
     the new cache). ``cache_out``: where the new cache goes (``cache`` itself for an in-place shift; a contiguous
     [B, W-1, D] tensor); None allocates one in the cache's dtype."""
+    if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"ShortConv backend 'triton' needs CUDA tensors, got x on {x.device} "
+                         "(set TRITON_INTERPRET=1 to run the kernels on the CPU)")
     B, D = x.shape
     W = weight.shape[-1]
     if x.stride(-1) != 1:
