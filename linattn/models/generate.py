@@ -67,7 +67,7 @@ def _rows_of(prompts: object, attention_mask: object, vocab_size: int) -> list[t
 
 
 @torch.no_grad()
-def generate(model: CausalLM, prompts: torch.Tensor | Sequence[torch.Tensor], max_new_tokens: int, *,
+def generate(model: CausalLM, input_ids: torch.Tensor | Sequence[torch.Tensor], max_new_tokens: int, *,
              attention_mask: torch.Tensor | None = None, temperature: float = 0.0, top_k: int | None = None,
              top_p: float | None = None, eos_token_id: int | Sequence[int] | None = None,
              pad_token_id: int | None = None, generator: torch.Generator | None = None, static: bool = True,
@@ -75,8 +75,8 @@ def generate(model: CausalLM, prompts: torch.Tensor | Sequence[torch.Tensor], ma
              stop_check_interval: int = 16) -> torch.Tensor | list[torch.Tensor]:
     """Continue each prompt by up to ``max_new_tokens`` tokens.
 
-    prompts: input_ids [B, T] (with ``attention_mask`` for left-padded prompts of different lengths) or a list
-    of 1-D token tensors. temperature 0: greedy; otherwise sample softmax(logits / temperature), restricted to
+    input_ids: the prompts, [B, T] (with ``attention_mask`` for left-padded prompts of different lengths) or a
+    list of 1-D token tensors. temperature 0: greedy; otherwise sample softmax(logits / temperature), restricted to
     the ``top_k`` most likely tokens and to the nucleus of mass ``top_p`` when given (``generator``, on the
     model's device, makes samples reproducible). eos_token_id: stop id(s); pad_token_id: emitted after a row's
     stop (default: the first stop id). static: decode with :class:`StaticDecoder` (a CUDA graph on CUDA unless
@@ -103,7 +103,7 @@ def generate(model: CausalLM, prompts: torch.Tensor | Sequence[torch.Tensor], ma
         raise ValueError(f"stop_check_interval must be a positive int, got {stop_check_interval!r}")
     if not isinstance(static, bool):
         raise TypeError(f"static must be a bool, got {type(static).__name__}")
-    rows = [r.to(device) for r in _rows_of(prompts, attention_mask, vocab)]
+    rows = [r.to(device) for r in _rows_of(input_ids, attention_mask, vocab)]
     B, longest = len(rows), max(int(r.numel()) for r in rows)
     if decoder is not None:
         needed = longest + max_new_tokens - 1
@@ -112,7 +112,7 @@ def generate(model: CausalLM, prompts: torch.Tensor | Sequence[torch.Tensor], ma
             raise ValueError(f"decoder must be a StaticDecoder of this model with batch_size {B} and max_length >= "
                              f"{needed} (static=True)")
     if max_new_tokens == 0:
-        return prompts
+        return input_ids
 
     if not static:
         dec = EagerDecoder(model)
@@ -120,8 +120,8 @@ def generate(model: CausalLM, prompts: torch.Tensor | Sequence[torch.Tensor], ma
         dec = decoder or StaticDecoder(model, B, longest + max_new_tokens - 1, use_cuda_graph=use_cuda_graph)
     tokens = decode_loop(dec, rows, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, stops=stops,
                          pad=pad, generator=generator, stop_check_interval=stop_check_interval)
-    if isinstance(prompts, torch.Tensor):
-        return torch.cat([prompts.to(device), tokens.to(prompts.dtype)], dim=1)
+    if isinstance(input_ids, torch.Tensor):
+        return torch.cat([input_ids.to(device), tokens.to(input_ids.dtype)], dim=1)
     out = []
     for r, t in zip(rows, tokens.cpu()):
         hit = torch.isin(t, torch.tensor(stops)).nonzero() if stops else []

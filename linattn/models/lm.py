@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -14,6 +14,9 @@ from linattn.ops.common.values import value_checks_enabled
 from .blocks import Block
 from .config import ModelConfig
 from .static_cache import StaticCache
+
+if TYPE_CHECKING:  # decode.py imports this module
+    from .decode import StaticDecoder
 
 
 def check_input_ids(name: str, ids: object, vocab_size: int) -> torch.Tensor:
@@ -107,12 +110,18 @@ class CausalLM(nn.Module):
         return logits
 
     @torch.no_grad()
-    def generate(self, prompts: torch.Tensor | Sequence[torch.Tensor], max_new_tokens: int, **kwargs: Any
+    def generate(self, input_ids: torch.Tensor | Sequence[torch.Tensor], max_new_tokens: int, *,
+                 attention_mask: torch.Tensor | None = None, temperature: float = 0.0, top_k: int | None = None,
+                 top_p: float | None = None, eos_token_id: int | Sequence[int] | None = None,
+                 pad_token_id: int | None = None, generator: torch.Generator | None = None, static: bool = True,
+                 decoder: StaticDecoder | None = None, use_cuda_graph: bool | None = None, stop_check_interval: int = 16
                  ) -> torch.Tensor | list[torch.Tensor]:
-        """Greedy or sampled continuation of ``prompts``; see :func:`linattn.models.generate.generate` for the
-        keyword arguments (temperature, top_k, top_p, eos_token_id, pad_token_id, attention_mask, generator,
-        static, ...). The static decoder (a CUDA graph on CUDA) runs by default; ``static=False`` runs the
-        cached eager path."""
+        """Greedy or sampled continuation of ``input_ids`` ([B, T], or a list of 1-D prompts): see
+        :func:`linattn.models.generate.generate`. The static decoder (a CUDA graph on CUDA) runs by default;
+        ``static=False`` runs the cached eager path."""
         from .generate import generate
 
-        return generate(self, prompts, max_new_tokens, **kwargs)
+        return generate(self, input_ids, max_new_tokens, attention_mask=attention_mask, temperature=temperature,
+                        top_k=top_k, top_p=top_p, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+                        generator=generator, static=static, decoder=decoder, use_cuda_graph=use_cuda_graph,
+                        stop_check_interval=stop_check_interval)
