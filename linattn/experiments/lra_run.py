@@ -258,7 +258,8 @@ def train_lra_from_config(config: dict, out_dir: str | Path | None = None, devic
             splits["train"], t["mask_ratio"], seed=cfg["seed"])
         pre_cfg = _train_config(cfg, device, progress, max_steps=t["pretrain_steps"], target_value=None,
                                 warmup_steps=min(cfg["train"].get("warmup_steps", 50), t["pretrain_steps"]))
-        pre = Trainer(lm, LRABatches(view, pre_cfg.batch_size, cfg["seed"]), pre_cfg, out_dir=out / "pretrain")
+        pre = Trainer(lm, LRABatches(view, pre_cfg.batch_size, cfg["seed"]), pre_cfg, out_dir=out / "pretrain",
+                      run_config=cfg)
         res = pre.fit(deadline=deadline)
         wall += res.wall_s
         if res.status == "interrupted":
@@ -268,7 +269,7 @@ def train_lra_from_config(config: dict, out_dir: str | Path | None = None, devic
         transfer(pre.model, clf)
     ft_cfg = _train_config(cfg, device, progress, max_steps=total - t["pretrain_steps"])
     ft = Trainer(clf, LRABatches(splits["train"], ft_cfg.batch_size, cfg["seed"]), ft_cfg,
-                 eval_data=whole_split(splits["val"]), out_dir=out / "finetune")
+                 eval_data=whole_split(splits["val"]), out_dir=out / "finetune", run_config=cfg)
     res = ft.fit(deadline=deadline)
     wall += res.wall_s
     if res.status == "interrupted":
