@@ -76,6 +76,10 @@ class DataError(UserError, ValueError):
     file and, for text files, the line."""
 
 
+class GenerationError(UserError, RuntimeError):
+    """A data generator cannot make what its settings ask for (e.g. too few distinct items within the bounds)."""
+
+
 class CheckpointError(UserError, RuntimeError):
     """A checkpoint file is unreadable, truncated, fails its checksum, or does not match the run."""
 

@@ -8,8 +8,9 @@ and YAML 1.1 reads ``1e-3`` (no dot) as a string.
 
 from __future__ import annotations
 
+import argparse
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -51,7 +52,7 @@ def check_float(field: str, value: object, low: float | None = None, high: float
                 low_open: bool = False, high_open: bool = False) -> float:
     """``value`` must be a finite number (int or float, not a bool) within the bounds; returned as a float."""
     expected = f"a finite number {_bounds(low, high, low_open, high_open)}".rstrip()
-    if isinstance(value, str) and _parses_as_float(value):
+    if isinstance(value, str) and is_number(value):
         expected += " (YAML reads 1e-3 without a dot as text: write 1.0e-3)"
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or not _in_bounds(value, low, high, low_open, high_open):
@@ -59,7 +60,8 @@ def check_float(field: str, value: object, low: float | None = None, high: float
     return float(value)
 
 
-def _parses_as_float(text: str) -> bool:
+def is_number(text: str) -> bool:
+    """Whether ``float(text)`` succeeds."""
     try:
         float(text)
     except ValueError:
@@ -119,3 +121,19 @@ def check_device(field: str, value: object, allow_auto: bool = True) -> str:
         if device.index is not None and device.index >= count:
             raise bad_value(field, value, f"a GPU index below {count} (the visible GPUs)")
     return value
+
+
+def int_arg(low: int) -> Callable[[str], int]:
+    """An argparse ``type`` for an int flag >= ``low``: argparse then names the flag, the value and the bound
+    (exit code 2) instead of accepting e.g. ``--batches 0`` and doing nothing."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low:
+            raise argparse.ArgumentTypeError(f"expected an int >= {low}, got {text!r}")
+        return value
+
+    parse.__name__ = f"int >= {low}"
+    return parse
