@@ -97,6 +97,7 @@ def _write(path, config) -> str:
     ("model", {"norm_eps": -1}, r"run\.yaml: model\.norm_eps: expected a finite number > 0, got -1"),
     ("task", {"vocab": "many"}, r"run\.yaml: task: vocab must be an int"),
     ("task", {"colour": 3}, r"run\.yaml: task: .*colour"),
+    ("task", {"random_non_queries": "no"}, r"run\.yaml: task\.random_non_queries: expected true or false, got 'no'"),
 ])
 def test_run_config_errors_name_the_file_and_the_field(tmp_path, section, changes, match):
     config = {**RUN, section: {**RUN[section], **changes}}
