@@ -1,4 +1,4 @@
-"""Reading YAML config files: a missing file or a syntax error names the file (and the line)."""
+"""Reading YAML configs: a missing file or a syntax error names the file (and the line)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,14 @@ def read_yaml(path: str | Path, what: str = "config file") -> object:
         raise ConfigError(_syntax_problem(exc), source=path) from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"not a UTF-8 text file ({exc.reason} at byte {exc.start})", source=path) from None
+
+
+def parse_yaml(text: str) -> object:
+    """The parsed content of YAML ``text``; a syntax error is a ConfigError saying where (no file to name)."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(_syntax_problem(exc)) from None
 
 
 def _syntax_problem(exc: yaml.YAMLError) -> str:

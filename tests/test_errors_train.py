@@ -69,6 +69,18 @@ def test_model_config_fields_are_checked_strictly(field, value, match):
         ModelConfig(**{"mixer": "gla", field: value})
 
 
+def test_model_config_yaml_errors(tmp_path):
+    path = tmp_path / "model.yaml"
+    path.write_text("mixer: gla\nnorm_eps: -1.0\n")
+    with pytest.raises(ConfigError, match=rf"^{path}: norm_eps: expected a finite number > 0, got -1.0$"):
+        ModelConfig.from_yaml(path)
+    path.write_text("mixer: [gla\n")
+    with pytest.raises(ConfigError, match=rf"^{path}: invalid YAML at line 2"):
+        ModelConfig.from_yaml(path)
+    with pytest.raises(ConfigError, match=r"^invalid YAML at line 2, column 8"):
+        ModelConfig.from_yaml("mixer: [gla\nd_model: 3")
+
+
 def test_errors_are_user_errors_and_keep_their_builtin_types():
     with pytest.raises(UserError):
         TrainConfig(lr=-1)

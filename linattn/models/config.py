@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from linattn.config_files import read_yaml
+from linattn.config_files import parse_yaml, read_yaml
 from linattn.errors import ConfigError, bad_value, located
 from linattn.layers.registry import build_mixer, mixer_class, mixer_kwarg_names
 from linattn.validation import check_bool, check_float, check_int
@@ -95,6 +95,6 @@ class ModelConfig:
         is_file = isinstance(source, Path) or str(source).endswith((".yaml", ".yml")) or (
             "\n" not in str(source) and Path(str(source)).is_file())
         if not is_file:
-            return cls.from_dict(yaml.safe_load(source))
+            return cls.from_dict(parse_yaml(source))
         with located(source=source):
             return cls.from_dict(read_yaml(source))

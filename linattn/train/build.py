@@ -101,7 +101,8 @@ def build_run(config: dict, out_dir: str | Path | None = None, device: str | Non
         check_device("--device", device)
     task_params = dict(cfg["task"])
     task = _from_section("task", lambda: make_task(task_params.pop("name"), **task_params))
-    model_cfg = ModelConfig.from_dict({"vocab_size": task.vocab_size, **cfg["model"]})
+    with located("model"):
+        model_cfg = ModelConfig.from_dict({"vocab_size": task.vocab_size, **cfg["model"]})
     if model_cfg.vocab_size < task.vocab_size:
         raise ConfigError(f"{model_cfg.vocab_size} < the task's vocabulary {task.vocab_size}", field="model.vocab_size")
     train = dict(cfg["train"], seed=cfg["seed"])
