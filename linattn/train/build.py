@@ -63,6 +63,8 @@ def check_run_config(config: dict) -> dict:
     cfg.setdefault("eval_seed", 1234)
     if "name" not in cfg["task"]:
         raise ConfigError("run config 'task' needs a 'name' (one of linattn.data.list_tasks())")
+    from linattn.models import ModelConfig
+
     check_int("seed", cfg["seed"], 0)
     check_int("eval_examples", cfg["eval_examples"], 1)
     check_int("eval_seed", cfg["eval_seed"], 0)
@@ -71,8 +73,6 @@ def check_run_config(config: dict) -> dict:
     with located("train"):
         TrainConfig.from_dict(dict(cfg["train"], seed=cfg["seed"]))
     with located("model"):
-        from linattn.models import ModelConfig
-
         # vocab_size defaults to the task's, known only once the task is built: any valid one checks the rest
         ModelConfig.from_dict({"vocab_size": 1, **cfg["model"]})
     return cfg
