@@ -157,7 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int_arg(1), default=2)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.set_defaults(func=_cmd_bench_decode)
-    p = bench.add_parser("model", parents=[debug], help="whole-model training step and decoding per mixer, next to softmax_attn",
+    p = bench.add_parser("model", parents=[debug],
+                         help="whole-model training step and decoding per mixer, next to softmax_attn",
                          description="A CausalLM per mixer (softmax_attn always included, same config and process): "
                          "tokens/s and peak memory of a full training step (eager and torch.compile), ms per "
                          "generated token. Options left out take the device's defaults: on cuda the reference "
