@@ -1,10 +1,20 @@
-"""Command line: ``linattn list | run | train | bench ops | bench decode | bench model | data``."""
+"""Command line: ``linattn list | run | train | bench ops | bench decode | bench model | data``.
+
+A user error (:class:`linattn.errors.UserError`: a bad config, flag or file) prints one line
+``linattn: error: <message>`` and exits with code 2; any other exception is a bug and keeps its traceback.
+``--debug`` shows the traceback of user errors too.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+
+from linattn.errors import ConfigError, UserError
+from linattn.validation import check_device, int_arg
+
+USER_ERROR_EXIT = 2
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
@@ -33,7 +43,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     from linattn.train.build import cli_train
 
-    return cli_train(args.config, device=args.device, out_dir=args.out)
+    return cli_train(args.config, device=args.device, out_dir=args.out, override_config=args.override_config)
 
 
 def _cmd_bench_ops(args: argparse.Namespace) -> int:
@@ -41,12 +51,13 @@ def _cmd_bench_ops(args: argparse.Namespace) -> int:
 
     from linattn.bench.ops import format_table, rows_as_dicts, run_ops_bench
 
+    check_device("--device", args.device, allow_auto=False)
     cuda = args.device == "cuda"
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[
         args.dtype or ("bfloat16" if cuda else "float32")]
     shape = dict(B=args.B or (4 if cuda else 1), H=args.H or (16 if cuda else 4),
                  K=args.K or (128 if cuda else 64), V=args.V or (128 if cuda else 64))
-    lengths = [int(t) for t in (args.lengths or ("2048,4096,8192,16384,32768,65536" if cuda else "2048")).split(",")]
+    lengths = _int_list("--lengths", args.lengths or ("2048,4096,8192,16384,32768,65536" if cuda else "2048"))
     impls = (args.impls or ("chunk,triton,fla,sdpa" if cuda else "recurrent,chunk,sdpa")).split(",")
     ops = (args.ops or "simple_gla,gla,delta_rule,gated_delta_rule").split(",")
     header = (f"device={args.device} dtype={str(dtype).replace('torch.', '')} "
@@ -74,7 +85,11 @@ def _cmd_bench_decode(args: argparse.Namespace) -> int:
     from linattn.models import list_mixers
     from linattn.models.decode_bench import decode_cost_ratio
 
+    check_device("--device", args.device, allow_auto=False)
     mixers = args.mixers.split(",") if args.mixers else list_mixers()
+    unknown = [m for m in mixers if m not in list_mixers()]
+    if unknown:
+        raise ConfigError(f"unknown mixer(s) {unknown}; valid: {', '.join(list_mixers())}", field="--mixers")
     paths = ["eager", "static"] if args.path == "both" else [args.path]
     print(f"time per generated token at context {args.long} over {args.short} (device={args.device}, "
           f"d_model={args.d_model}, {args.layers} layers, batch {args.batch_size}, {args.dtype}; recurrent target "
@@ -111,39 +126,55 @@ def _cmd_bench_model(args: argparse.Namespace) -> int:
 def _cmd_data(args: argparse.Namespace) -> int:
     from linattn.data.lra.__main__ import main as lra_main
 
-    lra_main(args.rest)
+    lra_main(args.rest, prog="linattn data")
     return 0
 
 
+def _int_list(flag: str, text: str) -> list[int]:
+    """``"2048,4096"`` -> [2048, 4096]; ConfigError naming ``flag`` otherwise."""
+    try:
+        values = [int(t) for t in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise ConfigError(f"expected a comma list of ints >= 1, got {text!r}", field=flag)
+    return values
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="linattn", description=__doc__)
+    parser = argparse.ArgumentParser(prog="linattn", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help="show the Python traceback of every error")
+    # every subcommand takes --debug too; SUPPRESS keeps a flag given before the subcommand
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("list", help="list the ops with their backends and equations")
+    p = sub.add_parser("list", parents=[debug], help="list the ops with their backends and equations")
     p.add_argument("--json", action="store_true", help="print machine-readable metadata")
     p.set_defaults(func=_cmd_list)
     bench = sub.add_parser("bench", help="speed / memory benchmarks").add_subparsers(dest="what", required=True)
-    p = bench.add_parser("ops", help="time every backend of the ops (and SDPA, FLA) at several lengths")
+    p = bench.add_parser("ops", parents=[debug],
+                         help="time every backend of the ops (and SDPA, FLA) at several lengths")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--ops", help="comma-separated op names (default: simple_gla,gla,delta_rule,gated_delta_rule)")
     p.add_argument("--lengths", help="comma-separated T values (cpu default 2048; cuda 2048..65536)")
     p.add_argument("--impls", help="comma-separated: recurrent,parallel,chunk,triton,fla,sdpa")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
     for name in ("B", "H", "K", "V"):
-        p.add_argument(f"--{name}", type=int)
-    p.add_argument("--repeats", type=int, default=5)
+        p.add_argument(f"--{name}", type=int_arg(1))
+    p.add_argument("--repeats", type=int_arg(1), default=5)
     p.add_argument("--no-memory", action="store_true", help="skip peak-memory measurement")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--out", help="also write the rows as JSON to this file")
     p.set_defaults(func=_cmd_bench_ops)
-    p = bench.add_parser("decode", help="time per generated token at a long vs a short context")
+    p = bench.add_parser("decode", parents=[debug], help="time per generated token at a long vs a short context")
     p.add_argument("--mixers", help="comma-separated mixer names (default: every mixer)")
-    p.add_argument("--short", type=int, default=512)
-    p.add_argument("--long", type=int, default=8192)
-    p.add_argument("--tokens", type=int, default=32, help="generated tokens timed per context")
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--short", type=int_arg(1), default=512)
+    p.add_argument("--long", type=int_arg(1), default=8192)
+    p.add_argument("--tokens", type=int_arg(1), default=32, help="generated tokens timed per context")
+    p.add_argument("--d-model", type=int_arg(1), default=256)
+    p.add_argument("--layers", type=int_arg(1), default=2)
+    p.add_argument("--heads", type=int_arg(1), default=4)
+    p.add_argument("--batch-size", type=int_arg(1), default=1)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="parameters and activations (states and KV buffers stay float32)")
     p.add_argument("--path", default="eager", choices=["eager", "static", "both"],
@@ -153,7 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--out", help="also write the rows as JSON to this file")
     p.set_defaults(func=_cmd_bench_decode)
-    p = bench.add_parser("model", help="whole-model training step and decoding per mixer, next to softmax_attn",
+    p = bench.add_parser("model", parents=[debug],
+                         help="whole-model training step and decoding per mixer, next to softmax_attn",
                          description="A CausalLM per mixer (softmax_attn always included, same config and process): "
                          "tokens/s and peak memory of a full training step (eager and torch.compile), ms per "
                          "generated token. Options left out take the device's defaults: on cuda the reference "
@@ -195,26 +227,39 @@ def build_parser() -> argparse.ArgumentParser:
                    "recorded an error")
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=_cmd_bench_model)
-    p = sub.add_parser("data", help="generate data sets: `linattn data listops|pathfinder --out DIR ...`")
+    p = sub.add_parser("data", parents=[debug],
+                       help="generate data sets: `linattn data listops|pathfinder --out DIR ...`")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of python -m linattn.data.lra")
     p.set_defaults(func=_cmd_data)
     from linattn.experiments import add_run_arguments
 
-    p = sub.add_parser("run", help="run a named study (e.g. shortconv) or a study YAML file")
+    p = sub.add_parser("run", parents=[debug], help="run a named study (e.g. shortconv) or a study YAML file")
     add_run_arguments(p)
     p.set_defaults(func=_cmd_run)
-    p = sub.add_parser("train", help="one training run from a YAML config (under torchrun: data parallel)")
+    p = sub.add_parser("train", parents=[debug],
+                       help="one training run from a YAML config (under torchrun: data parallel)")
     p.add_argument("config")
     p.add_argument("--device", default=None)
     p.add_argument("--out", default=None, help="run folder (checkpoints, metrics.jsonl)")
+    p.add_argument("--override-config", action="store_true",
+                   help="resume a checkpoint written under a different config, with this config's values "
+                        "(each changed field is printed: old -> new)")
     p.set_defaults(func=_cmd_train)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command of ``argv``; returns the exit code (2 for a user error, printed as one line)."""
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # the command line, for benchmark headers
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except UserError as exc:
+        if args.debug:
+            raise
+        message = " ".join(str(exc).split())  # one line, whatever the message's layout
+        print(f"linattn: error: {message} (--debug shows the traceback)", file=sys.stderr)
+        return USER_ERROR_EXIT
 
 
 if __name__ == "__main__":

@@ -116,7 +116,7 @@ def test_cli_run_with_a_yaml_study(tmp_path, capsys):
     assert "2 runs finished, 0 left" in capsys.readouterr().out
     with pytest.raises(ValueError, match="study must be one of"):
         cli_run(argparse.Namespace(**{**vars(args), "study": "nope"}))
-    with pytest.raises(ValueError, match="--threads must be >= 1"):
+    with pytest.raises(ValueError, match="--threads: expected an int >= 1, got 0"):
         cli_run(argparse.Namespace(**{**vars(args), "threads": 0}))
     out = tmp_path / "runs1"
     assert cli_run(argparse.Namespace(**{**vars(args), "threads": 1, "out": str(out)})) == 0

@@ -151,7 +151,7 @@ def test_seeds_and_steps_from_the_command_line():
     for bad in ("0,x", "1.5", "two"):
         with pytest.raises(ValueError, match=rf"--seeds must be a comma list of integers, got '{bad}'"):
             lra_study_from_args(argparse.Namespace(preset="smoke", seeds=bad))
-    with pytest.raises(ValueError, match="--run-minutes must be > 0"):
+    with pytest.raises(ValueError, match="--run-minutes: expected a finite number > 0, got 0.0"):
         lra.lra_study_within_budget(argparse.Namespace(preset="smoke", run_minutes=0.0, out="x", resume=False), 1)
 
 

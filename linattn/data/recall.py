@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from linattn.data.base import IGNORE_INDEX, SyntheticTask, check_float, check_int, random_choice
+from linattn.validation import check_bool
 
 
 def _check_recall(task: MultiQueryAR, context_len: int) -> None:
@@ -29,6 +30,7 @@ def _check_recall(task: MultiQueryAR, context_len: int) -> None:
     num_keys = task.vocab // 2 - 1
     check_int("num_kv_pairs", task.num_kv_pairs, 1, num_keys)
     check_float("power_a", task.power_a, 1e-6, 1.0)
+    check_bool("random_non_queries", task.random_non_queries)
     slots = (task.seq_len - context_len) // 2
     if slots < task.num_kv_pairs:
         raise ValueError(f"seq_len {task.seq_len} leaves {max(slots, 0)} query slots after a context of "

@@ -6,7 +6,8 @@ import argparse
 import os
 
 from linattn.experiments.registry import get_study, list_studies
-from linattn.experiments.runner import run_study
+from linattn.experiments.runner import resumable_study_dir, run_study
+from linattn.validation import check_device, check_float, check_int
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,13 +37,23 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                           "every run at the same concurrency (saved beside the study; --resume reuses it)")
 
 
+def check_run_flags(args: argparse.Namespace) -> None:
+    """ConfigError naming the first flag of ``linattn run`` out of range (argparse checked the types)."""
+    for flag in ("threads", "workers"):
+        if getattr(args, flag, None) is not None:
+            check_int(f"--{flag}", getattr(args, flag), 1)
+    for flag in ("max_minutes", "run_minutes"):
+        if getattr(args, flag, None) is not None:
+            check_float(f"--{flag.replace('_', '-')}", getattr(args, flag), 0, low_open=True)
+    check_device("--device", args.device, allow_auto=False)
+
+
 def cli_run(args: argparse.Namespace) -> int:
     """Run the study; prints where the report is; exit code 0 when complete, 3 when runs are left
     (time budget), 1 when some runs failed."""
     import torch
 
-    if getattr(args, "threads", None) is not None and args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    check_run_flags(args)
     workers = args.workers
     if workers is None:
         gpus = max(1, torch.cuda.device_count())
@@ -50,6 +61,8 @@ def cli_run(args: argparse.Namespace) -> int:
     if args.study == "lra":
         from linattn.experiments.lra import lra_report, lra_study_from_args, lra_study_within_budget
 
+        if args.resume:  # before the budget probe, which takes minutes
+            resumable_study_dir(args.out, "lra")
         if getattr(args, "run_minutes", None) is not None:
             study = lra_study_within_budget(args, workers=workers)
         else:

@@ -16,9 +16,11 @@ from pathlib import Path
 
 from linattn.data.lra import list_lra_tasks
 from linattn.data.lra.__main__ import LISTOPS_SMOKE
+from linattn.errors import ConfigError
 from linattn.experiments.lra_run import SPT_MODES, check_lra_config
 from linattn.experiments.report import Cell, write_report
 from linattn.experiments.study import Study
+from linattn.validation import check_float
 
 # the paper's Transformer (RoPE) test accuracy (%): trained from scratch -> causal SPT (None: failed)
 PAPER_TRANSFORMER: dict[str, tuple[float | None, float]] = {
@@ -80,7 +82,7 @@ def lra_study(preset: str = "smoke", *, tasks: Sequence[str] = ("listops",), mod
     the preset's. ``steps`` maps a task to its total steps (SPT pretrains for half of them, evaluation
     twice), overriding the preset's per task."""
     if preset not in PRESETS:
-        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
+        raise ConfigError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
     p = PRESETS[preset]
     tasks = list(tasks)
     by_mixer = {mixer: label for label, mixer in MODELS.items()}
@@ -90,7 +92,7 @@ def lra_study(preset: str = "smoke", *, tasks: Sequence[str] = ("listops",), mod
                                 ("spt", spt, list(SPT_MODES))):
         bad = [v for v in values if v not in valid]
         if not values or bad:
-            raise ValueError(f"{name} must be a non-empty list from {valid}, got {values}")
+            raise ConfigError(f"{name} must be a non-empty list from {valid}, got {values}")
     task = {**p["task"], **(task_options or {}), "name": f"lra/{tasks[0]}"}
     if data_dir is not None:
         task["data_dir"] = str(data_dir)
@@ -114,7 +116,7 @@ def _steps_overrides(total: int | None) -> dict:
     if total is None:
         return {}
     if isinstance(total, bool) or not isinstance(total, int) or total < 2:
-        raise ValueError(f"steps per task must be an int >= 2, got {total!r}")
+        raise ConfigError(f"steps per task must be an int >= 2, got {total!r}")
     return {"train.max_steps": total, "task.pretrain_steps": total // 2, "train.eval_every": max(1, total // 2),
             "train.warmup_steps": max(1, total // 20)}
 
@@ -204,7 +206,7 @@ def lra_study_from_args(args: argparse.Namespace, steps: dict[str, int] | None =
         try:
             seeds = [int(s) for s in seeds]
         except ValueError:
-            raise ValueError(f"--seeds must be a comma list of integers, got {args.seeds!r}") from None
+            raise ConfigError(f"--seeds must be a comma list of integers, got {args.seeds!r}") from None
     if steps is None and getattr(args, "steps", None) is not None:
         steps = {t: args.steps for t in tasks}
     return lra_study(args.preset, tasks=tasks, models=_names(getattr(args, "model", None)),
@@ -221,8 +223,7 @@ def lra_study_within_budget(args: argparse.Namespace, workers: int) -> Study:
     processes measures the speed; the result is saved as ``<out>/lra-budget.json`` and reused by --resume."""
     from linattn.experiments.lra_budget import BUDGET_FILE, load_budget, measure, save_budget, steps_for_budget
 
-    if args.run_minutes <= 0:
-        raise ValueError(f"--run-minutes must be > 0, got {args.run_minutes}")
+    check_float("--run-minutes", args.run_minutes, 0, low_open=True)
     budget_s = 60.0 * args.run_minutes
     path = Path(args.out) / BUDGET_FILE
     steps = load_budget(path, budget_s) if args.resume else None

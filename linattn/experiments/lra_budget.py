@@ -22,6 +22,7 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from linattn.errors import ConfigError
 from linattn.experiments.runner import load_results, run_study
 from linattn.experiments.study import Study
 from linattn.train.trainer import read_metrics
@@ -94,7 +95,7 @@ def steps_for_budget(timings: list[StepTiming], budget_s: float, safety: float =
         fixed = max(t.fixed_s for t in mine)
         steps = math.floor((safety * budget_s - fixed) / per_step)
         if steps < 20:
-            raise ValueError(f"task {task}: a {budget_s:.0f} s budget leaves {steps} steps ({fixed:.1f} s fixed "
+            raise ConfigError(f"task {task}: a {budget_s:.0f} s budget leaves {steps} steps ({fixed:.1f} s fixed "
                              f"cost, {per_step:.3f} s per step at this concurrency); give more time or fewer runs")
         out[task] = steps - steps % 2
     return out

@@ -55,9 +55,11 @@ from linattn.data.lra import (
     write_listops,
 )
 from linattn.data.lra.vocab import PAD_ID
+from linattn.errors import ConfigError, bad_value
 from linattn.train.build import check_run_config
 from linattn.train.config import TrainConfig
 from linattn.train.trainer import Trainer, TrainResult
+from linattn.validation import check_choice, check_float, check_int, check_str
 
 PREFIX = "lra/"
 SPT_MODES = ("none", "causal", "masked")
@@ -70,32 +72,38 @@ def is_lra_config(config: dict) -> bool:
 
 
 def check_lra_config(config: dict) -> dict:
-    """A normalised copy of LRA run ``config``; ValueError naming a bad key or value."""
+    """A normalised copy of LRA run ``config``; ConfigError naming a bad key or value."""
     cfg = check_run_config(config)
     t = cfg["task"]
     unknown = sorted(set(t) - set(LRA_TASK_KEYS))
     if unknown:
-        raise ValueError(f"unknown LRA task key(s) {unknown}; expected a subset of {list(LRA_TASK_KEYS)}")
+        raise ConfigError(f"unknown LRA task key(s) {unknown}; expected a subset of {list(LRA_TASK_KEYS)}")
     name = str(t["name"])
     if not name.startswith(PREFIX):
-        raise ValueError(f"task.name must be 'lra/<task>', got {name!r}")
-    task_info(name[len(PREFIX):])  # ValueError listing the LRA tasks
+        raise bad_value("task.name", name, "'lra/<task>'")
+    try:
+        task_info(name[len(PREFIX):])
+    except ValueError as exc:  # lists the LRA tasks
+        raise ConfigError(str(exc), field="task.name") from None
     t.setdefault("data_dir", None)
     t.setdefault("spt", "none")
     t.setdefault("pretrain_steps", 0)
     t.setdefault("mask_ratio", None)
     t.setdefault("generate", None)
-    if t["spt"] not in SPT_MODES:
-        raise ValueError(f"task.spt must be one of {SPT_MODES}, got {t['spt']!r}")
-    total = TrainConfig.from_dict(dict(cfg["train"])).max_steps
-    steps = t["pretrain_steps"]
+    check_choice("task.spt", t["spt"], SPT_MODES)
+    if t["data_dir"] is not None:
+        check_str("task.data_dir", t["data_dir"])
+    if t["mask_ratio"] is not None:
+        check_float("task.mask_ratio", t["mask_ratio"], 0, 1, low_open=True, high_open=True)
+    if t.get("max_len") is not None:
+        check_int("task.max_len", t["max_len"], 1)
+    total = cfg["train"].get("max_steps", TrainConfig.max_steps)
     if t["spt"] == "none":
         t["pretrain_steps"] = 0
-    elif isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps < total:
-        raise ValueError(f"task.pretrain_steps must be an int in [1, train.max_steps={total}) for spt "
-                         f"{t['spt']!r}, got {steps!r}")
+    else:
+        check_int("task.pretrain_steps", t["pretrain_steps"], 1, total - 1)
     if t["generate"] is not None and not isinstance(t["generate"], dict):
-        raise ValueError(f"task.generate must be null or a mapping of ListOpsConfig fields, got {t['generate']!r}")
+        raise bad_value("task.generate", t["generate"], "null or a mapping of ListOpsConfig fields")
     return cfg
 
 
@@ -114,9 +122,9 @@ def resolve_data_dir(task: dict, out_dir: Path) -> Path:
             if task["generate"] is None:
                 raise
     elif task["generate"] is None:
-        raise ValueError(f"task.data_dir is null and task.generate is not set: nothing to read {lra!r} from")
+        raise ConfigError(f"task.data_dir is null and task.generate is not set: nothing to read {lra!r} from")
     if lra != "listops":
-        raise ValueError(f"task.generate only makes ListOps; {lra!r} needs its files in task.data_dir")
+        raise ConfigError(f"task.generate only makes ListOps; {lra!r} needs its files in task.data_dir")
     cfg = ListOpsConfig(**task["generate"])
     # run folders are <study>/runs/<run_id>; a lone run generates next to itself
     root = out_dir.parent.parent if out_dir.parent.name == "runs" else out_dir
@@ -139,7 +147,8 @@ class LRABatches:
 
     def __init__(self, data: LRADataset | CausalLMView | MaskedLMView, batch_size: int, seed: int) -> None:
         if not 1 <= batch_size <= len(data):
-            raise ValueError(f"batch_size must be in [1, {len(data)}] (the split's size), got {batch_size}")
+            raise ConfigError(f"batch_size must be in [1, {len(data)}] (the split's size), got {batch_size}",
+                              field="train.batch_size")
         self.data, self.batch_size, self.seed = data, batch_size, seed
         self.per_epoch = len(data) // batch_size
         self._perm: tuple[int, torch.Tensor] | None = None
@@ -258,7 +267,8 @@ def train_lra_from_config(config: dict, out_dir: str | Path | None = None, devic
             splits["train"], t["mask_ratio"], seed=cfg["seed"])
         pre_cfg = _train_config(cfg, device, progress, max_steps=t["pretrain_steps"], target_value=None,
                                 warmup_steps=min(cfg["train"].get("warmup_steps", 50), t["pretrain_steps"]))
-        pre = Trainer(lm, LRABatches(view, pre_cfg.batch_size, cfg["seed"]), pre_cfg, out_dir=out / "pretrain")
+        pre = Trainer(lm, LRABatches(view, pre_cfg.batch_size, cfg["seed"]), pre_cfg, out_dir=out / "pretrain",
+                      run_config=cfg)
         res = pre.fit(deadline=deadline)
         wall += res.wall_s
         if res.status == "interrupted":
@@ -268,7 +278,7 @@ def train_lra_from_config(config: dict, out_dir: str | Path | None = None, devic
         transfer(pre.model, clf)
     ft_cfg = _train_config(cfg, device, progress, max_steps=total - t["pretrain_steps"])
     ft = Trainer(clf, LRABatches(splits["train"], ft_cfg.batch_size, cfg["seed"]), ft_cfg,
-                 eval_data=whole_split(splits["val"]), out_dir=out / "finetune")
+                 eval_data=whole_split(splits["val"]), out_dir=out / "finetune", run_config=cfg)
     res = ft.fit(deadline=deadline)
     wall += res.wall_s
     if res.status == "interrupted":

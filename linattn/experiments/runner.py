@@ -28,7 +28,10 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
+from linattn.config_files import read_yaml
+from linattn.errors import ResumeError
 from linattn.experiments.study import RunSpec, Study
+from linattn.train.resume import config_changes, format_changes
 from linattn.train.trainer import NonFiniteLossError
 
 RESULT_NAME = "result.json"
@@ -48,21 +51,32 @@ class StudyOutcome:
         return self.pending == 0 and not self.failed
 
 
+def resumable_study_dir(out_root: str | Path, name: str) -> Path:
+    """The newest ``<out_root>/<name>/<stamp>/`` holding a study record (config.yaml); ResumeError when
+    there is none, so ``--resume`` never silently starts a new study."""
+    base = Path(out_root) / name
+    stamps = sorted(p for p in base.iterdir() if (p / "config.yaml").is_file()) if base.is_dir() else []
+    if not stamps:
+        raise ResumeError(f"--resume: nothing to resume: no earlier run of study {name!r} under {base} (no folder "
+                          f"with a config.yaml); run without --resume to start one, or pass the --out it was run with")
+    return stamps[-1]
+
+
 def find_study_dir(study: Study, out_root: str | Path, resume: bool) -> Path:
-    """A new ``<out_root>/<study>/<UTC stamp>/``; with ``resume`` the newest existing one of the same
-    definition (ValueError when the newest was made from a different definition)."""
-    base = Path(out_root) / study.name
-    if resume and base.is_dir():
-        stamps = sorted(p for p in base.iterdir() if (p / "config.yaml").is_file())
-        if stamps:
-            latest = stamps[-1]
-            saved = yaml.safe_load((latest / "config.yaml").read_text())
-            if saved.get("fingerprint") != study.fingerprint():
-                raise ValueError(f"--resume: {latest} was made by a different definition of study {study.name!r} "
-                                 f"(another preset or edited settings); rerun without --resume or pass its --out")
-            return latest
+    """A new ``<out_root>/<study>/<UTC stamp>/``; with ``resume`` the newest existing one, which must have
+    been made from the same definition (ResumeError listing the differences otherwise, or when there is none)."""
+    if resume:
+        latest = resumable_study_dir(out_root, study.name)
+        saved = read_yaml(latest / "config.yaml", "study record")
+        if not isinstance(saved, dict) or saved.get("fingerprint") != study.fingerprint():
+            record = {k: v for k, v in saved.items() if k != "fingerprint"} if isinstance(saved, dict) else {}
+            diff = format_changes(config_changes(record, study.to_dict()))
+            raise ResumeError(f"--resume: {latest} was made by a different definition of study {study.name!r} "
+                              f"(another preset or edited settings{': ' + diff if diff else ''}); rerun without "
+                              f"--resume or pass its --out")
+        return latest
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    path = base / stamp
+    path = Path(out_root) / study.name / stamp
     path.mkdir(parents=True, exist_ok=False)
     (path / "config.yaml").write_text(yaml.safe_dump({**study.to_dict(), "fingerprint": study.fingerprint()},
                                                      sort_keys=False))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from linattn.errors import ConfigError
 from linattn.experiments.report import Cell, write_report
 from linattn.experiments.study import Study
 
@@ -77,7 +78,7 @@ PRESETS: dict[str, dict] = {
 def shortconv_study(preset: str = "smoke") -> Study:
     """The study for ``preset`` ("smoke" or "full")."""
     if preset not in PRESETS:
-        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
+        raise ConfigError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
     p = PRESETS[preset]
     return Study.from_dict({
         "name": "shortconv", "description": f"Short convolution placement on associative recall (preset {preset}). "

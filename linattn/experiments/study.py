@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from linattn.config_files import read_yaml
+from linattn.errors import ConfigError, bad_value, located
 from linattn.train.build import check_run_config
+from linattn.validation import check_float, check_int, check_str
 
 STUDY_KEYS = ("name", "base", "axes", "exclude", "seeds", "lrs", "metric", "report", "description")
 
@@ -64,7 +65,7 @@ def set_path(config: dict, path: str, value: Any) -> None:
     for k in keys[:-1]:
         node = node.setdefault(k, {})
         if not isinstance(node, dict):
-            raise ValueError(f"override path {path!r}: {k!r} is not a mapping")
+            raise ConfigError(f"override path {path!r}: {k!r} is not a mapping")
     node[keys[-1]] = copy.deepcopy(value)
 
 
@@ -72,10 +73,10 @@ def _normalise_axis(name: str, axis: Any) -> dict[str, dict]:
     if isinstance(axis, dict) and set(axis) == {"path", "values"}:
         return {str(v): {axis["path"]: v} for v in axis["values"]}
     if not isinstance(axis, dict) or not axis:
-        raise ValueError(f"axis {name!r} must map labels to override dicts, or be {{path, values}}; got {axis!r}")
+        raise ConfigError(f"axis {name!r} must map labels to override dicts, or be {{path, values}}; got {axis!r}")
     for label, overrides in axis.items():
         if not isinstance(overrides, dict):
-            raise ValueError(f"axis {name!r} label {label!r}: overrides must be a dict of dotted paths, "
+            raise ConfigError(f"axis {name!r} label {label!r}: overrides must be a dict of dotted paths, "
                              f"got {overrides!r}")
     return {str(k): v for k, v in axis.items()}
 
@@ -96,32 +97,43 @@ class Study:
 
     @classmethod
     def from_dict(cls, d: dict) -> Study:
+        """The study of mapping ``d``; ConfigError naming the bad key or value (every run config included)."""
         if not isinstance(d, dict):
-            raise TypeError(f"a study must be a mapping, got {type(d).__name__}")
+            raise ConfigError(f"a study must be a mapping, got {type(d).__name__}")
         unknown = sorted(set(d) - set(STUDY_KEYS))
         if unknown:
-            raise ValueError(f"unknown study key(s) {unknown}; expected a subset of {list(STUDY_KEYS)}")
+            raise ConfigError(f"unknown study key(s) {unknown}; expected a subset of {list(STUDY_KEYS)}")
         for key in ("name", "base", "seeds", "lrs"):
             if key not in d:
-                raise ValueError(f"a study needs {key!r}")
+                raise ConfigError(f"a study needs {key!r}")
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", str(d["name"])):
-            raise ValueError(f"study name must be file-safe ([A-Za-z0-9_.-]+), got {d['name']!r}")
-        seeds, lrs = list(d["seeds"]), [float(x) for x in d["lrs"]]
-        if not seeds or not lrs:
-            raise ValueError(f"seeds and lrs must be non-empty lists, got seeds={seeds}, lrs={lrs}")
+            raise ConfigError(f"study name must be file-safe ([A-Za-z0-9_.-]+), got {d['name']!r}", field="name")
+        for key in ("seeds", "lrs"):
+            if not isinstance(d[key], list) or not d[key]:
+                raise bad_value(key, d[key], "a non-empty list")
+        seeds = [check_int(f"seeds[{i}]", s, 0) for i, s in enumerate(d["seeds"])]
+        lrs = [check_float(f"lrs[{i}]", x, 0, low_open=True) for i, x in enumerate(d["lrs"])]
+        if not isinstance(d["base"], dict):
+            raise bad_value("base", d["base"], "a run config mapping")
+        for key, kind in (("exclude", list), ("report", dict)):
+            if d.get(key) is not None and not isinstance(d[key], kind):
+                raise bad_value(key, d[key], f"a {kind.__name__}")
         axes = {str(k): _normalise_axis(str(k), v) for k, v in (d.get("axes") or {}).items()}
         study = cls(str(d["name"]), d["base"], axes, seeds, lrs, list(d.get("exclude") or []),
-                    d.get("metric", "accuracy"), dict(d.get("report") or {}), d.get("description", ""))
+                    check_str("metric", d.get("metric", "accuracy")), dict(d.get("report") or {}),
+                    str(d.get("description", "")))
         for e in study.exclude:
-            bad = set(e) - set(axes)
+            bad = set(e) - set(axes) if isinstance(e, dict) else {"(not a mapping)"}
             if bad:
-                raise ValueError(f"exclude entry {e} names unknown axes {sorted(bad)}")
+                raise ConfigError(f"exclude entry {e} names unknown axes {sorted(bad)}", field="exclude")
         study.runs()  # validates every override path and run config
         return study
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> Study:
-        return cls.from_dict(yaml.safe_load(Path(path).read_text()))
+        """The study of YAML file ``path``; errors name the file."""
+        with located(source=path):
+            return cls.from_dict(read_yaml(path, "study file"))
 
     def to_dict(self) -> dict:
         return {"name": self.name, "description": self.description, "base": self.base, "axes": self.axes,
@@ -157,5 +169,5 @@ class Study:
                 specs.append(RunSpec(labels, int(seed), lr, check_run_config(c)))
         ids = [s.run_id for s in specs]
         if len(set(ids)) != len(ids):
-            raise ValueError("two runs of the study share a run id; make the axis labels distinct")
+            raise ConfigError("two runs of the study share a run id; make the axis labels distinct")
         return specs

@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .fused import use_fused_kernels
+
 
 class MambaDecay(nn.Module):
     """Mamba2-style scalar decay per head: dt = softplus(W_a x + dt_bias), g = -exp(A_log) * dt.
@@ -24,7 +26,12 @@ class MambaDecay(nn.Module):
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        dt = F.softplus(self.a_proj(x).float() + self.dt_bias.float())
+        a = self.a_proj(x)
+        if use_fused_kernels(a):  # one kernel each way instead of a chain of small ones (gates_triton.py)
+            from .gates_triton import mamba_gate_triton
+
+            return mamba_gate_triton(a, self.A_log, self.dt_bias)
+        dt = F.softplus(a.float() + self.dt_bias.float())
         return -torch.exp(self.A_log.float()) * dt, dt
 
 

@@ -1,4 +1,4 @@
-"""ModelConfig: everything needed to build a model, with a YAML round trip."""
+"""ModelConfig: everything needed to build a model, checked strictly when built, with a YAML round trip."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ from typing import Any
 
 import yaml
 
+from linattn.config_files import parse_yaml, read_yaml
+from linattn.errors import ConfigError, bad_value, located
 from linattn.layers.registry import build_mixer, mixer_class, mixer_kwarg_names
+from linattn.validation import check_bool, check_float, check_int
 
 
 @dataclass
@@ -34,25 +37,29 @@ class ModelConfig:
     norm_eps: float = 1e-5
 
     def __post_init__(self) -> None:
-        mixer_class(self.mixer)
+        try:
+            mixer_class(self.mixer)
+        except ValueError as exc:  # the registry's message lists the valid names
+            raise ConfigError(str(exc), field="mixer") from None
         for name in ("d_model", "n_layers", "n_heads", "vocab_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if self.mlp_hidden is not None and (not isinstance(self.mlp_hidden, int) or self.mlp_hidden < 1):
-            raise ValueError(f"mlp_hidden must be None or a positive int, got {self.mlp_hidden!r}")
+            check_int(name, getattr(self, name), 1)
+        check_bool("mlp", self.mlp)
+        if self.mlp_hidden is not None:
+            check_int("mlp_hidden", self.mlp_hidden, 1)
+        check_bool("tie_embeddings", self.tie_embeddings)
+        self.norm_eps = check_float("norm_eps", self.norm_eps, 0, low_open=True)
         if not isinstance(self.mixer_kwargs, dict):
-            raise TypeError(f"mixer_kwargs must be a dict, got {type(self.mixer_kwargs).__name__}")
+            raise bad_value("mixer_kwargs", self.mixer_kwargs, "a mapping of the mixer's keyword arguments")
         self.mixer_kwargs = dict(self.mixer_kwargs)
         valid = mixer_kwarg_names(mixer_class(self.mixer))
         bad = sorted(set(self.mixer_kwargs) - set(valid))
         if bad:
-            raise ValueError(f"mixer_kwargs of mixer {self.mixer!r} has unknown key(s) {', '.join(bad)}; "
-                             f"valid: {', '.join(valid)}")
+            raise ConfigError(f"mixer_kwargs of mixer {self.mixer!r} has unknown key(s) {', '.join(bad)}; "
+                              f"valid: {', '.join(valid)}", field="mixer_kwargs")
         if "head_dim" not in self.mixer_kwargs and self.d_model % self.n_heads:
             divisors = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0]
-            raise ValueError(f"n_heads={self.n_heads} must divide d_model={self.d_model} "
-                             f"(valid n_heads: {divisors}), or set mixer_kwargs['head_dim']")
+            raise ConfigError(f"n_heads={self.n_heads} must divide d_model={self.d_model} "
+                              f"(valid n_heads: {divisors}), or set mixer_kwargs['head_dim']", field="n_heads")
 
     @property
     def ffn_hidden(self) -> int:
@@ -68,11 +75,11 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
         if not isinstance(data, dict):
-            raise TypeError(f"a ModelConfig must be read from a mapping, got {type(data).__name__}")
+            raise ConfigError(f"a ModelConfig must be read from a mapping, got {type(data).__name__}")
         valid = [f.name for f in dataclasses.fields(cls)]
         bad = sorted(set(data) - set(valid))
         if bad:
-            raise ValueError(f"unknown ModelConfig field(s) {', '.join(bad)}; valid: {', '.join(valid)}")
+            raise ConfigError(f"unknown ModelConfig field(s) {', '.join(bad)}; valid: {', '.join(valid)}")
         return cls(**data)
 
     def to_yaml(self, path: str | Path | None = None) -> str:
@@ -87,5 +94,7 @@ class ModelConfig:
         """Read a config from a ``.yaml``/``.yml`` file path or from YAML text."""
         is_file = isinstance(source, Path) or str(source).endswith((".yaml", ".yml")) or (
             "\n" not in str(source) and Path(str(source)).is_file())
-        text = Path(source).read_text() if is_file else source
-        return cls.from_dict(yaml.safe_load(text))
+        if not is_file:
+            return cls.from_dict(parse_yaml(source))
+        with located(source=source):
+            return cls.from_dict(read_yaml(source))

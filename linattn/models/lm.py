@@ -20,13 +20,19 @@ if TYPE_CHECKING:  # decode.py imports this module
 
 
 def check_input_ids(name: str, ids: object, vocab_size: int) -> torch.Tensor:
-    """``ids`` is an integer ``[B, T]`` tensor with T >= 1 and values in [0, vocab_size)."""
-    if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
-        what = f"dtype {ids.dtype}" if isinstance(ids, torch.Tensor) else type(ids).__name__
-        raise TypeError(f"{name} must be an integer torch.Tensor of shape [B, T], got {what}")
-    if ids.dim() != 2 or ids.shape[1] < 1:
-        raise ValueError(f"{name} must have shape [B, T] with T >= 1, got {list(ids.shape)}")
-    if ids.numel() and value_checks_enabled(ids):
+    """``ids`` is an integer ``[B, T]`` tensor (dtype int64, int32, int16 or uint8) with B >= 1, T >= 1 and
+    values in [0, vocab_size)."""
+    id_dtypes = (torch.int64, torch.int32, torch.int16, torch.uint8)
+    accepted = ", ".join(str(d).replace("torch.", "") for d in id_dtypes)
+    if not isinstance(ids, torch.Tensor):
+        raise TypeError(f"{name} must be an integer torch.Tensor of shape [B, T] (dtype {accepted}), "
+                        f"got {type(ids).__name__}")
+    if ids.dtype not in id_dtypes:
+        # int8 cannot hold ids >= 128; floats and bools are not ids
+        raise TypeError(f"{name} must have dtype {accepted}, got {str(ids.dtype).replace('torch.', '')}")
+    if ids.dim() != 2 or ids.shape[0] < 1 or ids.shape[1] < 1:
+        raise ValueError(f"{name} must have shape [B, T] with B >= 1 and T >= 1, got {list(ids.shape)}")
+    if value_checks_enabled(ids):
         lo, hi = torch.stack([ids.min(), ids.max()]).tolist()  # one host sync
         if lo < 0 or hi >= vocab_size:
             raise ValueError(f"{name} values must lie in [0, vocab_size={vocab_size}), got min {lo}, max {hi}")

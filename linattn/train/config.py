@@ -1,11 +1,23 @@
-"""TrainConfig: every knob of the Trainer, validated, round-trippable through a dict (YAML)."""
+"""TrainConfig: every knob of the Trainer, validated strictly when built, round-trippable through a dict (YAML).
+
+Every field is type- and range-checked in ``__post_init__`` (before any compute); a bad one raises
+:class:`linattn.errors.ConfigError` naming the field, the value and what was expected.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 
+from linattn.errors import ConfigError
+from linattn.validation import check_bool, check_choice, check_device, check_float, check_int, check_pair
+
 PRECISIONS = ("auto", "bf16", "fp32")
+EVAL_METRICS = ("loss", "accuracy", "seq_accuracy")
+# fields that may differ when a run resumes: where and how visibly it trains, not what it computes
+RESUME_FREE_FIELDS = ("device", "progress", "tensorboard")
+_POSITIVE_INTS = ("max_steps", "batch_size", "eval_every", "eval_batch_size", "log_every")
+_NON_NEGATIVE_INTS = ("warmup_steps", "checkpoint_every", "seed")
 
 
 @dataclass
@@ -14,8 +26,9 @@ class TrainConfig:
     ``warmup_steps`` then cosine decay to ``lr * min_lr_ratio`` at ``max_steps``, gradient clipping at
     ``grad_clip`` (0: off). ``batch_size`` is global (split over data-parallel ranks). Evaluation every
     ``eval_every`` steps and at the end; the run stops early once the eval ``target_metric`` reaches
-    ``target_value`` (>= for accuracies, <= for names containing "loss"). ``precision`` "auto" is bf16
-    autocast on CUDA and float32 on CPU."""
+    ``target_value`` (>= for accuracies, <= for names containing "loss"; ``target_metric`` is one of
+    :data:`EVAL_METRICS`). ``device``: "auto" (cuda when available), "cpu", "cuda" or "cuda:N".
+    ``precision`` "auto" is bf16 autocast on CUDA and float32 on CPU."""
 
     max_steps: int = 1000
     batch_size: int = 32
@@ -38,23 +51,24 @@ class TrainConfig:
     tensorboard: bool = False
 
     def __post_init__(self) -> None:
-        self.betas = tuple(self.betas)
-        for name in ("max_steps", "batch_size", "eval_every", "eval_batch_size", "log_every"):
-            _positive_int(name, getattr(self, name))
-        for name in ("warmup_steps", "checkpoint_every", "seed"):
-            _positive_int(name, getattr(self, name), low=0)
-        for name in ("lr", "weight_decay", "min_lr_ratio", "grad_clip"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"{name} must be a non-negative float, got {value!r}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            raise ValueError(f"betas must be two floats in [0, 1), got {self.betas!r}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
-        if not isinstance(self.device, str):
-            raise TypeError(f"device must be a str ('auto', 'cpu', 'cuda', 'cuda:1'), got {self.device!r}")
+        for name in _POSITIVE_INTS:
+            check_int(name, getattr(self, name), 1)
+        for name in _NON_NEGATIVE_INTS:
+            check_int(name, getattr(self, name), 0)
+        self.lr = check_float("lr", self.lr, 0, low_open=True)
+        self.weight_decay = check_float("weight_decay", self.weight_decay, 0)
+        self.min_lr_ratio = check_float("min_lr_ratio", self.min_lr_ratio, 0, 1)
+        self.grad_clip = check_float("grad_clip", self.grad_clip, 0)
+        self.betas = check_pair("betas", self.betas, 0, 1)
+        check_choice("target_metric", self.target_metric, EVAL_METRICS)
+        if self.target_value is not None:
+            # accuracies lie in [0, 1], losses in [0, inf): a target outside can never be reached
+            high = None if "loss" in self.target_metric else 1
+            self.target_value = check_float("target_value", self.target_value, 0, high)
+        check_device("device", self.device)
+        check_choice("precision", self.precision, PRECISIONS)
+        check_bool("progress", self.progress)
+        check_bool("tensorboard", self.tensorboard)
 
     @property
     def checkpoint_interval(self) -> int:
@@ -69,13 +83,11 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
         """Build from a mapping; unknown keys raise ValueError naming them."""
+        if not isinstance(d, dict):
+            raise ConfigError(f"expected a mapping of TrainConfig fields, got {type(d).__name__}")
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - fields)
         if unknown:
-            raise ValueError(f"unknown train config key(s) {unknown}; expected a subset of {sorted(fields)}")
+            raise ConfigError(f"unknown train config key(s) {unknown}; expected a subset of {sorted(fields)}")
         return cls(**d)
 
-
-def _positive_int(name: str, value: object, low: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")

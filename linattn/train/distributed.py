@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from linattn.validation import check_device
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -23,13 +25,12 @@ class DistInfo:
 
 
 def resolve_device(device: str) -> torch.device:
-    """"auto" is cuda when available, else cpu; anything else is passed to torch.device."""
+    """"auto" is cuda when available, else cpu; else "cpu", "cuda" or "cuda:N" (ConfigError when this
+    machine has no such device)."""
+    check_device("device", device)
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} requested but CUDA is not available")
-    return dev
+    return torch.device(device)
 
 
 def init_distributed(device: str = "auto") -> DistInfo:

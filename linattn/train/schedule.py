@@ -18,6 +18,8 @@ def warmup_cosine(step: int, warmup_steps: int, max_steps: int, min_ratio: float
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int, max_steps: int,
-                   min_ratio: float) -> torch.optim.lr_scheduler.LambdaLR:
+                   min_ratio: float, start_step: int = 0) -> torch.optim.lr_scheduler.LambdaLR:
+    """The warmup + cosine schedule of ``optimizer``, positioned at ``start_step`` (a resumed run whose
+    schedule changed restarts it there; the groups' ``initial_lr`` must then be set)."""
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: warmup_cosine(s, warmup_steps, max_steps, min_ratio))
+        optimizer, lambda s: warmup_cosine(s, warmup_steps, max_steps, min_ratio), last_epoch=start_step - 1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,11 +22,13 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from linattn.errors import UserError
 from linattn.ops.common.values import value_checks
 from linattn.train.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from linattn.train.config import TrainConfig
 from linattn.train.distributed import DistInfo, all_reduce_sum, barrier, init_distributed
 from linattn.train.metrics import MetricsLog, logits_of, sequence_correct, token_stats
+from linattn.train.resume import format_changes, refuse_changes, resume_changes
 from linattn.train.schedule import make_scheduler
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -36,8 +39,9 @@ class BatchSource(Protocol):
     def batch(self, index: int, rank: int = 0, world: int = 1) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
-class NonFiniteLossError(RuntimeError):
-    """Training produced a NaN/Inf loss or gradient; the last good checkpoint is kept."""
+class NonFiniteLossError(UserError, RuntimeError):
+    """Training produced a NaN/Inf loss or gradient; the last good checkpoint is kept. A user error: the
+    remedy is in the config (lr, warmup, clipping)."""
 
 
 @dataclass
@@ -58,12 +62,15 @@ def _is_lower_better(metric: str) -> bool:
 class Trainer:
     """Train ``model`` on ``train_data`` under ``config``; evaluate on the fixed ``eval_data``
     ``(inputs, targets)``. With ``out_dir`` it writes ``checkpoint.pt`` and ``metrics.jsonl`` there and
-    :meth:`fit` resumes from an existing checkpoint. Inside a torchrun job (or an initialised process
-    group) it trains data-parallel; rank 0 writes the files."""
+    :meth:`fit` resumes from an existing checkpoint, only under the config it was written with
+    (:mod:`linattn.train.resume`): ``run_config`` (the whole run's config, optional) is stored beside
+    ``config`` and compared too; ``override_config`` resumes under changed values, reporting each.
+    Inside a torchrun job (or an initialised process group) it trains data-parallel; rank 0 writes the files."""
 
     def __init__(self, model: nn.Module, train_data: BatchSource, config: TrainConfig,
                  eval_data: tuple[torch.Tensor, torch.Tensor] | None = None, out_dir: str | Path | None = None,
-                 on_eval: Callable[[int, dict], None] | None = None) -> None:
+                 on_eval: Callable[[int, dict], None] | None = None, *, run_config: dict | None = None,
+                 override_config: bool = False) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if not isinstance(config, TrainConfig):
@@ -72,7 +79,10 @@ class Trainer:
             raise TypeError("train_data must have a batch(index, rank, world) method (e.g. linattn.data.TaskStream)")
         if eval_data is not None and (len(eval_data) != 2 or eval_data[0].shape[0] != eval_data[1].shape[0]):
             raise ValueError("eval_data must be (inputs, targets) with the same number of rows")
+        if run_config is not None and not isinstance(run_config, dict):
+            raise TypeError(f"run_config must be None or a dict, got {type(run_config).__name__}")
         self.config, self.train_data, self.eval_data, self.on_eval = config, train_data, eval_data, on_eval
+        self.run_config, self.override_config = run_config, bool(override_config)
         self.dist: DistInfo = init_distributed(config.device)
         if config.batch_size % self.dist.world:
             raise ValueError(f"batch_size {config.batch_size} must be divisible by the world size {self.dist.world}")
@@ -87,7 +97,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=config.lr, betas=config.betas)
-        self.scheduler = make_scheduler(self.optimizer, config.warmup_steps, config.max_steps, config.min_lr_ratio)
+        self.scheduler = self._make_scheduler()
         use_bf16 = config.precision == "bf16" or (config.precision == "auto" and self.dist.device.type == "cuda")
         self.autocast_dtype = torch.bfloat16 if use_bf16 else None
         self.step, self.best, self.last_eval, self.elapsed = 0, None, {}, 0.0
@@ -105,22 +115,47 @@ class Trainer:
                 "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "rng": rng_state(), "step": self.step,
                 "data_position": self.step, "best": self.best, "last_eval": self.last_eval,
-                "elapsed": self.elapsed, "config": self.config.to_dict(), "world": self.dist.world})
+                "elapsed": self.elapsed, "config": self.config.to_dict(), "run_config": self.run_config,
+                "world": self.dist.world})
         self.checkpoint_step = self.step
         barrier(self.dist)
 
+    def _make_scheduler(self, start_step: int = 0) -> torch.optim.lr_scheduler.LambdaLR:
+        cfg = self.config
+        return make_scheduler(self.optimizer, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio, start_step)
+
     def _restore(self) -> None:
-        ckpt = load_checkpoint(self.checkpoint_path)
+        path = self.checkpoint_path
+        ckpt = load_checkpoint(path)
+        # compared before anything is loaded: a refused resume leaves the trainer as built
+        changes = resume_changes(ckpt, self.config.to_dict(), self.run_config)
+        if changes and not self.override_config:
+            refuse_changes(path, changes)
         try:
             self.model.load_state_dict(ckpt["model"])
             self.optimizer.load_state_dict(ckpt["optimizer"])
         except (RuntimeError, ValueError, KeyError) as exc:
-            raise CheckpointError(f"checkpoint {self.checkpoint_path} does not match this model/optimizer: {exc}") \
-                from exc
-        self.scheduler.load_state_dict(ckpt["scheduler"])
-        set_rng_state(ckpt["rng"])
+            raise CheckpointError(f"checkpoint {path} does not match this model/optimizer: {exc}") from exc
         self.step = self.checkpoint_step = int(ckpt["data_position"])
+        if changes:
+            self._apply_config()
+            if self.dist.is_main:
+                print(f"resuming {path} at step {self.step} with the config overridden: {format_changes(changes)}",
+                      file=sys.stderr, flush=True)
+        else:
+            self.scheduler.load_state_dict(ckpt["scheduler"])
+        set_rng_state(ckpt["rng"])
         self.best, self.last_eval, self.elapsed = ckpt["best"], ckpt["last_eval"], ckpt["elapsed"]
+
+    def _apply_config(self) -> None:
+        """Put this config's optimiser settings into the restored optimizer (which carries the checkpoint's)
+        and restart the schedule at the restored step."""
+        cfg = self.config
+        for i, group in enumerate(self.optimizer.param_groups):
+            group.update(initial_lr=cfg.lr, betas=cfg.betas)
+            if i == 0:  # the decayed group (>= 2-D weights); the other never decays
+                group["weight_decay"] = cfg.weight_decay
+        self.scheduler = self._make_scheduler(self.step)
 
     # -- compute -----------------------------------------------------------------------------------------
     def _autocast(self) -> contextlib.AbstractContextManager:

@@ -11,6 +11,8 @@ import argparse
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from linattn.validation import int_arg
+
 from .listops_gen import ListOpsConfig, write_listops
 from .pathfinder_gen import DIFFICULTIES, pathfinder_config, write_pathfinder
 
@@ -24,24 +26,25 @@ def _one_batch(args: tuple[str, int, str, int, int, int]) -> None:
                      seed=seed, first_batch=b)
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m linattn.data.lra", description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str = "python -m linattn.data.lra") -> None:
+    """Parse ``argv`` and write the data set; a bad flag exits with code 2 naming it (argparse)."""
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="task", required=True)
     lo = sub.add_parser("listops", help="write <out>/listops-1000/basic_{train,val,test}.tsv")
     lo.add_argument("--out", type=Path, required=True)
     lo.add_argument("--smoke", action="store_true", help=f"small set: {LISTOPS_SMOKE}")
-    lo.add_argument("--seed", type=int, default=0)
+    lo.add_argument("--seed", type=int_arg(0), default=0)
     for split, default in (("train", 96000), ("val", 2000), ("test", 2000)):
-        lo.add_argument(f"--num-{split}", type=int, default=None,
+        lo.add_argument(f"--num-{split}", type=int_arg(1), default=None,
                         help=f"trees in the {split} split (release: {default})")
     pf = sub.add_parser("pathfinder", help="write <out>/pathfinder<size>/<difficulty>/{imgs,metadata}")
     pf.add_argument("--out", type=Path, required=True)
     pf.add_argument("--size", type=int, choices=(32, 128), default=32)
     pf.add_argument("--difficulty", choices=list(DIFFICULTIES), default="curv_contour_length_14")
-    pf.add_argument("--batches", type=int, default=10)
-    pf.add_argument("--batch-size", type=int, default=100)
-    pf.add_argument("--seed", type=int, default=0)
-    pf.add_argument("--workers", type=int, default=1)
+    pf.add_argument("--batches", type=int_arg(1), default=10)
+    pf.add_argument("--batch-size", type=int_arg(1), default=100)
+    pf.add_argument("--seed", type=int_arg(0), default=0)
+    pf.add_argument("--workers", type=int_arg(1), default=1)
     a = p.parse_args(argv)
     if a.task == "listops":
         sizes = {f"num_{s}": getattr(a, f"num_{s}") for s in ("train", "val", "test")
@@ -50,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
         print(write_listops(a.out, cfg))
         return
     jobs = [(str(a.out), a.size, a.difficulty, b, a.batch_size, a.seed) for b in range(a.batches)]
-    with ProcessPoolExecutor(max_workers=max(1, a.workers)) as pool:
+    with ProcessPoolExecutor(max_workers=a.workers) as pool:
         list(pool.map(_one_batch, jobs))
     print(a.out / f"pathfinder{a.size}" / a.difficulty)
 

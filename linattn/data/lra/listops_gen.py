@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from linattn.data.base import check_int
+from linattn.errors import GenerationError
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
 END = "]"
@@ -107,8 +108,8 @@ def generate_trees(cfg: ListOpsConfig) -> list[Tree]:
         if cfg.min_length < tree_length(tree) < cfg.max_length:
             found[tree] = None
     if len(found) < want:
-        raise RuntimeError(f"only {len(found)} of {want} distinct ListOps trees with {cfg.min_length} < length < "
-                           f"{cfg.max_length} in {cfg.max_draws} draws; widen the bounds or raise max_draws")
+        raise GenerationError(f"only {len(found)} of {want} distinct ListOps trees with {cfg.min_length} < length < "
+                              f"{cfg.max_length} in {cfg.max_draws} draws; widen the bounds or raise max_draws")
     return list(found)
 
 

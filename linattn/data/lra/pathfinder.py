@@ -12,13 +12,16 @@ from pathlib import Path
 
 import numpy as np
 
+from linattn.errors import DataError
+
 from .dataset import LRADataset
-from .files import RELEASE, check_split, require
+from .files import RELEASE, check_not_empty, check_split, parse_label, require
 from .pathfinder_gen import DIFFICULTIES
 from .png import read_png
 from .vocab import PIXEL_VOCAB
 
 SPLIT_FRACTIONS = {"train": (0.0, 0.8), "val": (0.8, 0.9), "test": (0.9, 1.0)}
+NUM_CLASSES = 2  # 1 = the markers are connected
 
 
 def _read_grey(path: Path) -> np.ndarray:
@@ -46,7 +49,8 @@ class ImageTokens:
 
 
 def read_metadata(folder: Path) -> list[tuple[Path, int]]:
-    """(image path, label) of every line of ``folder/metadata/*.npy``, batches in numeric order."""
+    """(image path, label) of every line of ``folder/metadata/*.npy``, batches in numeric order; DataError
+    naming the file and line for a malformed line or a label other than 0/1."""
     def order(p: Path) -> tuple[int, int, str]:
         return (0, int(p.stem), "") if p.stem.isdigit() else (1, 0, p.stem)
 
@@ -58,8 +62,8 @@ def read_metadata(folder: Path) -> list[tuple[Path, int]]:
             if not fields:
                 continue
             if len(fields) < 4:
-                raise ValueError(f"{meta}, line {n}: expected '<folder> <file> <index> <label> ...', got {line!r}")
-            out.append((folder / fields[0] / fields[1], int(fields[3])))
+                raise DataError(f"{meta}, line {n}: expected '<folder> <file> <index> <label> ...', got {line!r}")
+            out.append((folder / fields[0] / fields[1], parse_label(fields[3], NUM_CLASSES, f"{meta}, line {n}")))
     return out
 
 
@@ -75,10 +79,12 @@ def load_pathfinder(data_dir: str | Path, split: str = "train", size: int = 32,
             f"or generate them: linattn.data.lra.write_pathfinder({str(data_dir)!r}, "
             f"pathfinder_config({size}, {difficulty!r}), {difficulty!r}).")
     items = read_metadata(folder)
-    if not items:
-        raise FileNotFoundError(f"LRA task 'pathfinder{size}': no image listed in {folder / 'metadata'}/*.npy")
+    check_not_empty(len(items), f"{folder / 'metadata'}/*.npy", "image listed")
     lo, hi = SPLIT_FRACTIONS[split]
-    items = items[int(round(lo * len(items))): int(round(hi * len(items)))]
+    listed = len(items)
+    items = items[int(round(lo * listed)): int(round(hi * listed))]
+    check_not_empty(len(items), f"{folder / 'metadata'}/*.npy",
+                    f"image in split {split!r} ({listed} listed; {split} takes {hi - lo:.0%} of them)")
     name = "pathfinder32" if size == 32 else ("pathx" if size == 128 else f"pathfinder{size}")
     load = ImageTokens([p for p, _ in items], size)
-    return LRADataset(name, split, PIXEL_VOCAB, 2, [lab for _, lab in items], load=load)
+    return LRADataset(name, split, PIXEL_VOCAB, NUM_CLASSES, [lab for _, lab in items], load=load)

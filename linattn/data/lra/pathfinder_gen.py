@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from linattn.data.base import check_float, check_int
+from linattn.errors import GenerationError
 
 from .pathfinder_draw import SAMPLE_STEP, Canvas
 from .png import write_png
@@ -109,8 +110,8 @@ def draw_pathfinder(cfg: PathfinderConfig, label: int, rng: np.random.Generator)
         for _ in range(cfg.num_distractors):
             canvas.grow(cfg.distractor_length, rnd)
         return canvas.image
-    raise RuntimeError(f"could not place two curves of {cfg.contour_length} dashes in {cfg.max_tries} tries at "
-                       f"size {cfg.size}; shorten the curves or the dashes")
+    raise GenerationError(f"could not place two curves of {cfg.contour_length} dashes in {cfg.max_tries} tries at "
+                          f"size {cfg.size}; shorten the curves or the dashes")
 
 
 def write_pathfinder(root: str | Path, cfg: PathfinderConfig | None = None,

@@ -7,13 +7,10 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from . import image, listops, pathfinder, text
 from .dataset import LRADataset
 from .files import check_split
-from .image import load_image
-from .listops import load_listops
-from .pathfinder import load_pathfinder
 from .spt import MASK_RATIOS
-from .text import load_retrieval, load_text
 from .vocab import BYTE_VOCAB, LISTOPS_VOCAB, PIXEL_VOCAB, Vocab
 
 
@@ -31,13 +28,16 @@ class LRATask:
 
 
 TASKS: dict[str, LRATask] = {
-    "listops": LRATask("listops", LISTOPS_VOCAB, 10, 2000, MASK_RATIOS["listops"], False, load_listops),
-    "text": LRATask("text", BYTE_VOCAB, 2, 4096, MASK_RATIOS["text"], False, load_text),
-    "retrieval": LRATask("retrieval", BYTE_VOCAB, 2, 4000, MASK_RATIOS["retrieval"], True, load_retrieval),
-    "image": LRATask("image", PIXEL_VOCAB, 10, 1024, MASK_RATIOS["image"], False, load_image),
-    "pathfinder32": LRATask("pathfinder32", PIXEL_VOCAB, 2, 1024, MASK_RATIOS["pathfinder32"], False,
-                            partial(load_pathfinder, size=32)),
-    "pathx": LRATask("pathx", PIXEL_VOCAB, 2, 16384, MASK_RATIOS["pathx"], False, partial(load_pathfinder, size=128)),
+    "listops": LRATask("listops", LISTOPS_VOCAB, listops.NUM_CLASSES, 2000, MASK_RATIOS["listops"], False,
+                       listops.load_listops),
+    "text": LRATask("text", BYTE_VOCAB, text.NUM_CLASSES, 4096, MASK_RATIOS["text"], False, text.load_text),
+    "retrieval": LRATask("retrieval", BYTE_VOCAB, text.NUM_CLASSES, 4000, MASK_RATIOS["retrieval"], True,
+                         text.load_retrieval),
+    "image": LRATask("image", PIXEL_VOCAB, image.NUM_CLASSES, 1024, MASK_RATIOS["image"], False, image.load_image),
+    "pathfinder32": LRATask("pathfinder32", PIXEL_VOCAB, pathfinder.NUM_CLASSES, 1024, MASK_RATIOS["pathfinder32"],
+                            False, partial(pathfinder.load_pathfinder, size=32)),
+    "pathx": LRATask("pathx", PIXEL_VOCAB, pathfinder.NUM_CLASSES, 16384, MASK_RATIOS["pathx"], False,
+                     partial(pathfinder.load_pathfinder, size=128)),
 }
 
 

@@ -19,14 +19,17 @@ from pathlib import Path
 import numpy as np
 
 from linattn.data.base import check_int
+from linattn.errors import DataError, MissingFileError
+from linattn.validation import is_number
 
 from .dataset import LRADataset
-from .files import RELEASE, check_split, require
+from .files import RELEASE, check_not_empty, check_split, parse_label, require
 from .vocab import BYTE_VOCAB
 
 TEXT_MAX_LEN = 4096
 RETRIEVAL_MAX_LEN = 4000
 RETRIEVAL_SPLIT_FILES = {"train": "train", "val": "eval", "test": "test"}
+NUM_CLASSES = 2  # both tasks: neg/pos, no citation/citation
 
 
 def encode_bytes(data: bytes, max_len: int) -> np.ndarray:
@@ -48,8 +51,8 @@ def load_text(data_dir: str | Path, split: str = "train", max_len: int = TEXT_MA
             seqs.append(encode_bytes(path.read_bytes(), max_len))
             labels.append(label)
     if not seqs:
-        raise FileNotFoundError(f"LRA task 'text': no *.txt reviews in {dirs[0]} or {dirs[1]}")
-    return LRADataset("text", split, BYTE_VOCAB, 2, labels, seqs=seqs)
+        raise MissingFileError(f"LRA task 'text': no *.txt reviews in {dirs[0]} or {dirs[1]}")
+    return LRADataset("text", split, BYTE_VOCAB, NUM_CLASSES, labels, seqs=seqs)
 
 
 def _document(field: str) -> bytes:
@@ -62,7 +65,8 @@ def _document(field: str) -> bytes:
 
 
 def load_retrieval(data_dir: str | Path, split: str = "train", max_len: int = RETRIEVAL_MAX_LEN) -> LRADataset:
-    """AAN document pairs at byte level (``input_ids``, ``input_ids2``); 2 classes (1 = cites)."""
+    """AAN document pairs at byte level (``input_ids``, ``input_ids2``); 2 classes (1 = cites). DataError
+    naming the file and line for a malformed row or a label other than 0/1, or a file without pairs."""
     split = check_split(split)
     check_int("max_len", max_len, 1)
     path = Path(data_dir) / "tsv_data" / f"new_aan_pairs.{RETRIEVAL_SPLIT_FILES[split]}.tsv"
@@ -73,15 +77,13 @@ def load_retrieval(data_dir: str | Path, split: str = "train", max_len: int = RE
     with open(path, newline="", encoding="utf-8") as f:
         for n, row in enumerate(csv.reader(f, delimiter="\t"), start=1):
             if len(row) != 5:
-                raise ValueError(f"{path}, line {n}: expected 5 tab-separated fields "
-                                 f"(label, id1, id2, text1, text2), got {len(row)}")
-            try:
-                label = int(float(row[0]))
-            except ValueError:
-                if n == 1:  # a header row
-                    continue
-                raise ValueError(f"{path}, line {n}: label must be 0 or 1, got {row[0]!r}") from None
-            labels.append(label)
+                raise DataError(f"{path}, line {n}: expected 5 tab-separated fields "
+                                f"(label, id1, id2, text1, text2), got {len(row)}")
+            if n == 1 and not is_number(row[0]):  # a header row
+                continue
+            labels.append(parse_label(row[0], NUM_CLASSES, f"{path}, line {n}"))
             seqs.append(encode_bytes(_document(row[3]), max_len))
             seqs2.append(encode_bytes(_document(row[4]), max_len))
-    return LRADataset("retrieval", split, BYTE_VOCAB, 2, labels, seqs=seqs, seqs2=seqs2)
+    check_not_empty(len(labels), path, "document pairs (the file is empty or a header alone)")
+    return LRADataset("retrieval", split, BYTE_VOCAB, NUM_CLASSES, labels, seqs=seqs, seqs2=seqs2)
+
