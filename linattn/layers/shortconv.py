@@ -20,14 +20,13 @@ T=2048, D=1024 conv1d was faster forward+backward (0.80 vs 1.25 ms).
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from linattn.ops.common.triton_compat import triton_available
+from linattn.ops.common.triton_compat import triton_importable
 
 CONV_MODES = ("learned", "shift", "identity")
 ACTIVATIONS = ("silu", None)
@@ -47,10 +46,7 @@ def auto_backend(x: torch.Tensor) -> str:
         return "muladd"
     if torch.is_grad_enabled() and x.requires_grad and x.numel() <= CONV1D_MAX_TRAINING_NUMEL:
         return "conv1d"
-    return "triton" if _triton_available() else "conv1d"
-
-
-_triton_available = functools.cache(triton_available)  # an import attempt, once per process
+    return "triton" if triton_importable() else "conv1d"
 
 
 class ShortConv(nn.Module):
