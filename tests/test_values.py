@@ -62,11 +62,12 @@ def test_set_value_checks_turns_them_off_for_this_context_only():
     o = contextvars.copy_context().run(off_then_call)  # a copy: this test's context keeps checks on
     assert torch.isfinite(o).all()
     assert values.value_checks_enabled()
+    previous = values.value_check_mode()
     values.set_value_checks(False)
     try:
         assert torch.isfinite(_call(1.5)).all()
     finally:
-        values.set_value_checks(True)
+        values.set_value_checks(previous)  # not True ("strict"): the tests after this one expect the default
     with pytest.raises(ValueError, match="beta must have values"):
         _call(1.5)
 
