@@ -69,13 +69,13 @@ def gla_intra_chunk_scores(
         return _scores_either(q_in, qs, k, G, Gs, Gb, rel.abs().amax() <= FACTOR_LIMIT)
     if factor_diagonal is None:
         factor_diagonal = bool(rel.abs().amax() <= FACTOR_LIMIT) if rel.numel() else True
-    A = _off_diagonal_scores(q_in, k, G, Gb, factor_diagonal)
+    A = _row_block_scores(q_in, k, G, Gb, factor_diagonal)
     if factor_diagonal:
         return A.masked_fill(~torch.ones(C, C, dtype=torch.bool, device=q.device).tril(), 0.0)
     return A + _explicit_diagonal(qs, k, Gs)
 
 
-def _off_diagonal_scores(q_in: torch.Tensor, k: torch.Tensor, G: torch.Tensor, Gb: torch.Tensor,
+def _row_block_scores(q_in: torch.Tensor, k: torch.Tensor, G: torch.Tensor, Gb: torch.Tensor,
                          with_diagonal: bool | torch.Tensor) -> torch.Tensor:
     """[..., C, C]: every row block against the keys of the earlier sub-chunks in one matmul, and against its own
     sub-chunk's keys too where ``with_diagonal`` (factored diagonal blocks; entries above the diagonal are then
@@ -115,7 +115,7 @@ def _scores_either(q_in: torch.Tensor, qs: torch.Tensor, k: torch.Tensor, G: tor
     they add exact zeros (and zero gradients); where it is not, the matmul leaves the diagonal blocks out, as
     eager mode does, so nothing overflows."""
     C = qs.shape[-3] * qs.shape[-2]
-    A = _off_diagonal_scores(q_in, k, G, Gb, factor)
+    A = _row_block_scores(q_in, k, G, Gb, factor)
     A = A.masked_fill(~torch.ones(C, C, dtype=torch.bool, device=qs.device).tril(), 0.0)
     return A + _explicit_diagonal(qs, k, Gs) * ~factor
 
