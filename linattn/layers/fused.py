@@ -7,16 +7,14 @@ Set it with :func:`set_fused_backend` or the environment variable ``LINATTN_FUSE
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
 
-from linattn.ops.common.triton_compat import triton_available
+from linattn.ops.common.triton_compat import triton_importable
 
 FUSED_BACKENDS = ("auto", "torch", "triton")
 FUSED_BACKEND = os.environ.get("LINATTN_FUSED_BACKEND", "auto")
-_triton_importable = functools.cache(triton_available)  # one import attempt per process
 
 
 def set_fused_backend(backend: str) -> None:
@@ -30,7 +28,7 @@ def set_fused_backend(backend: str) -> None:
 def use_fused_kernels(x: torch.Tensor) -> bool:
     """Whether the fused Triton kernels run for input ``x`` under the current ``FUSED_BACKEND``."""
     if FUSED_BACKEND == "auto":
-        return x.is_cuda and _triton_importable()
+        return x.is_cuda and triton_importable()
     if FUSED_BACKEND not in FUSED_BACKENDS:
         raise ValueError(f"LINATTN_FUSED_BACKEND must be one of {', '.join(FUSED_BACKENDS)}; got {FUSED_BACKEND!r}")
     return FUSED_BACKEND == "triton"

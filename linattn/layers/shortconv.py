@@ -24,14 +24,13 @@ shifts a preallocated cache in place (the static decoding path, linattn/models/d
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from linattn.ops.common.triton_compat import triton_available
+from linattn.ops.common.triton_compat import triton_importable
 
 CONV_MODES = ("learned", "shift", "identity")
 ACTIVATIONS = ("silu", None)
@@ -51,13 +50,10 @@ def auto_backend(x: torch.Tensor) -> str:
     if not x.is_cuda:
         return "muladd"
     if x.shape[1] == 1:
-        return "triton" if _triton_available() else "muladd"
+        return "triton" if triton_importable() else "muladd"
     if torch.is_grad_enabled() and x.requires_grad and x.numel() <= CONV1D_MAX_TRAINING_NUMEL:
         return "conv1d"
-    return "triton" if _triton_available() else "conv1d"
-
-
-_triton_available = functools.cache(triton_available)  # an import attempt, once per process
+    return "triton" if triton_importable() else "conv1d"
 
 
 class ShortConv(nn.Module):

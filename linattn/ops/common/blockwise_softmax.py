@@ -19,7 +19,10 @@ Python loop is over lags (over ceil(window / C) + 1 of them with a sliding windo
 A lag is skipped when an upper bound of its logits (|q_t| max |k_s| + the largest gate / ALiBi bias) is
 more than 80 below every row's running max: its weights would be < 2e-35. With forgetting gates g <= 0 or
 ALiBi the bias only falls with the lag, so the first lag pruned by a sequence-wide bound ends the loop:
-strong forgetting costs O(T) per query instead of O(T^2).
+strong forgetting costs O(T) per query instead of O(T^2). Skipping reads tensor values, so it is done in
+eager mode only: under torch.compile every lag is computed (a skipped lag adds exactly nothing, so the result is
+the same; only the work differs) and the graph has no data-dependent branch. Which entries of a lag are masked
+depends on positions alone and is decided from Python ints, the same eager and compiled.
 
 Forward keeps the running max, normaliser and output (flash-attention style) and saves only the
 row log-sum-exp; backward recomputes each lag's probabilities (dS = P (dP - rowsum(dO o))), so
@@ -108,7 +111,8 @@ class _Blocks:
             g = g.reshape(B, self.Nk, C, Hkv, self.G).permute(0, 3, 1, 4, 2)  # [B, H_kv, Nk, G, C]
             self.c = torch.cumsum(g, dim=-1)  # block-local cumulative gates
             self.totals = self.c[..., -1]  # [B, H_kv, Nk, G]
-        self.prunable = self.c is not None or self.slopes is not None
+        # lags are skipped only in eager mode (module docstring): the bounds read tensor values
+        self.prunable = (self.c is not None or self.slopes is not None) and may_skip_lags()
         if self.prunable:  # what bounds a lag's logits (see _pruned)
             self.q_norm = self.q.norm(dim=-1).view(B, Hkv, self.Nq, self.G, C)
             self.k_norm_max = self.k.norm(dim=-1).amax(dim=-1)  # [B, H_kv, Nk]
@@ -205,13 +209,28 @@ class _Blocks:
         if self.c is not None:  # G_i - G_j = (c_t + O_d) - c_s
             view.add_((self.c[:, :, self.n0 + a0: self.n0 + a1] + offset[:, :, a0:a1, :, None])[..., None])
             view.sub_(self.c[:, :, j0:j1, :, None, :])
+        if self._masks_some(d, j0, j1):
+            view.masked_fill_(~self._visible(dist, j0, j1)[:, None], float("-inf"))
+        return logits
+
+    def _visible(self, dist: torch.Tensor, j0: int, j1: int) -> torch.Tensor:
+        """[nb, C, C] which keys of blocks j0:j1 the queries see (causal, window, not padding)."""
         visible = dist >= 0 if self.causal else torch.ones_like(dist, dtype=torch.bool)
         if self.window is not None:
             visible = visible & (dist.abs() < self.window)
-        visible = visible & self.key_valid[j0:j1, None, :]  # [nb, C, C]
-        if not bool(visible.all()):
-            view.masked_fill_(~visible[:, None], float("-inf"))
-        return logits
+        return visible & self.key_valid[j0:j1, None, :]
+
+    def _masks_some(self, d: int, j0: int, j1: int) -> bool:
+        """Whether lag ``d`` (key blocks j0:j1) hides any entry of :meth:`_visible`, decided from Python ints (no
+        tensor read, so no host sync and no graph break): the lag's distances i - j span d C - (C - 1) ..
+        d C + (C - 1), and the padding keys lie in the first and the last key block."""
+        C = self.C
+        lowest, farthest = d * C - (C - 1), abs(d) * C + (C - 1)
+        if self.causal and lowest < 0:
+            return True
+        if self.window is not None and farthest >= self.window:
+            return True
+        return (j0 == 0 and self.P0 > 0) or (j1 == self.Nk and self.end_pad_k > 0)
 
 
 # exp of x <= -80 is below 2e-35, which no softmax sum in float32 or float64 can see: such weights are taken
@@ -225,9 +244,16 @@ def _exp_(x: torch.Tensor) -> torch.Tensor:
     return F.threshold_(x, UNDERFLOW, float("-inf")).exp_()
 
 
+def may_skip_lags() -> bool:
+    """Whether lags may be skipped by reading tensor values: in eager mode only. Under torch.compile such a
+    branch would break the graph (``bool(tensor)``); every lag is computed there, adding the same zeros."""
+    return not torch.compiler.is_compiling()
+
+
 def _negligible(row_max: torch.Tensor, base: torch.Tensor) -> bool:
-    """True when every probability of a lag is below exp(UNDERFLOW): the lag is skipped (its weights are 0)."""
-    return bool((row_max - base < UNDERFLOW).all())
+    """True when every probability of a lag is below exp(UNDERFLOW): the lag is skipped (its weights are 0).
+    Always False under torch.compile (:func:`may_skip_lags`)."""
+    return may_skip_lags() and bool((row_max - base < UNDERFLOW).all())
 
 
 def _safe(m: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 
 def triton_available() -> bool:
     """True when Triton imports (kernels can run: on CUDA, or on the CPU under TRITON_INTERPRET=1)."""
@@ -22,6 +24,18 @@ def triton_available() -> bool:
     except Exception:
         return False
     return True
+
+
+_IMPORTS: list[bool] = []  # the answer of triton_importable, once known
+
+
+@torch.compiler.assume_constant_result
+def triton_importable() -> bool:
+    """:func:`triton_available`, tried once per process. Backend choices made while torch.compile traces read
+    it as a constant: the import attempt is not traced (a functools.cache wrapper would be, with a warning)."""
+    if not _IMPORTS:
+        _IMPORTS.append(triton_available())
+    return _IMPORTS[0]
 
 
 def patch_interpreter() -> None:

@@ -29,12 +29,11 @@ from collections.abc import Callable
 import torch
 
 from .checks import check_choice
-from .triton_compat import triton_available
+from .triton_compat import triton_importable
 
 STEP_BACKENDS = ("auto", "torch", "triton")
 _FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _backend = check_choice("LINATTN_STEP_BACKEND", os.environ.get("LINATTN_STEP_BACKEND", "auto"), STEP_BACKENDS)
-_triton_available = functools.cache(triton_available)
 
 
 def set_step_backend(name: str) -> str:
@@ -53,7 +52,7 @@ def get_step_backend() -> str:
 
 
 def _fused_ok(q_t: torch.Tensor, tensors: tuple[torch.Tensor, ...]) -> bool:
-    if _backend == "torch" or not _triton_available():
+    if _backend == "torch" or not triton_importable():
         return False
     on_cuda = all(x.is_cuda for x in tensors)
     if not (on_cuda or (_backend == "triton" and os.environ.get("TRITON_INTERPRET") == "1")):

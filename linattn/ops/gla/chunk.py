@@ -19,7 +19,8 @@ two factors <= 1: the queries of sub-chunk i decayed to b_i, and every earlier k
 the whole row block is one batched matmul. For s and t in the same sub-chunk, exp(G_{b_i} - G_s)
 is >= 1; it is used in the same matmul only when every |G_t - G_{b_i}| <= 30 (typical gates:
 16 tokens of GLA's logsigmoid/16 gate); otherwise (e.g. g = -20) the [c, c, K] differences
-G_t - G_s (s <= t) are formed explicitly and exponentiated.
+G_t - G_s (s <= t) are formed explicitly and exponentiated. That choice reads the gates: eager mode
+branches on it (one host sync); under torch.compile it is made inside the graph, with the same result.
 
 Every exponent is <= 0, or <= 30 in the factored diagonal blocks, and masked entries are set to -inf
 before exp, so nothing overflows and no gradient is NaN; tiny decays underflow to 0, their true
@@ -54,7 +55,8 @@ def gla_intra_chunk_scores(
     exp(G_{b_i} - G_s) <= 1 in one matmul. The diagonal blocks s, t in sub-chunk i either use the
     same matmul with exp(G_{b_i} - G_s) >= 1 (``factor_diagonal``; allowed when every |G_t - G_{b_i}|
     <= FACTOR_LIMIT, so nothing overflows and q's factor stays >= e^-30) or the explicit [c, c, K]
-    differences (any gate). None picks the first whenever it is allowed.
+    differences (any gate). None picks the first whenever it is allowed: in eager mode by reading the
+    gates (one host sync), under torch.compile inside the graph (:func:`_scores_either`).
     """
     *lead, C, K = q.shape
     c = largest_divisor_at_most(C, sub)
@@ -62,27 +64,60 @@ def gla_intra_chunk_scores(
     qs, Gs = q.reshape(*lead, m, c, K), G.reshape(*lead, m, c, K)
     Gb = torch.cat([torch.zeros_like(Gs[..., :1, -1, :]), Gs[..., :-1, -1, :]], dim=-2)  # [..., m, K]
     rel = Gs - Gb[..., :, None, :]  # G_t - G_{b_i} for t in sub-chunk i
+    q_in = qs * torch.exp(rel)  # [..., m, c, K]; <= 1 when g <= 0
+    if factor_diagonal is None and rel.numel() and torch.compiler.is_compiling():
+        return _scores_either(q_in, qs, k, G, Gs, Gb, rel.abs().amax() <= FACTOR_LIMIT)
     if factor_diagonal is None:
         factor_diagonal = bool(rel.abs().amax() <= FACTOR_LIMIT) if rel.numel() else True
-    q_in = qs * torch.exp(rel)  # [..., m, c, K]; <= 1 when g <= 0
+    A = _row_block_scores(q_in, k, G, Gb, factor_diagonal)
+    if factor_diagonal:
+        return A.masked_fill(~torch.ones(C, C, dtype=torch.bool, device=q.device).tril(), 0.0)
+    return A + _explicit_diagonal(qs, k, Gs)
 
-    dev = q.device
+
+def _row_block_scores(q_in: torch.Tensor, k: torch.Tensor, G: torch.Tensor, Gb: torch.Tensor,
+                         with_diagonal: bool | torch.Tensor) -> torch.Tensor:
+    """[..., C, C]: every row block against the keys of the earlier sub-chunks in one matmul, and against its own
+    sub-chunk's keys too where ``with_diagonal`` (factored diagonal blocks; entries above the diagonal are then
+    not yet zeroed); a bool tensor decides inside the graph."""
+    *lead, m, c, K = q_in.shape
+    C = m * c
+    dev = q_in.device
     block = torch.arange(C, device=dev) // c  # sub-chunk of every key
     rows = torch.arange(m, device=dev)[:, None]
-    keys_used = (block[None, :] <= rows) if factor_diagonal else (block[None, :] < rows)  # [m, C]
+    keys_used = block[None, :] < rows  # [m, C]
+    if isinstance(with_diagonal, torch.Tensor):
+        keys_used = keys_used | ((block[None, :] == rows) & with_diagonal)
+    elif with_diagonal:
+        keys_used = block[None, :] <= rows
     k_rel = _masked_exp(Gb[..., :, None, :] - G[..., None, :, :], keys_used[..., None])  # [..., m, C, K]
     A = q_in @ (k[..., None, :, :] * k_rel).transpose(-1, -2)  # [..., m, c(t), C(s)]
-    A = A.reshape(*lead, C, C)
-    if factor_diagonal:
-        return A.masked_fill(~torch.ones(C, C, dtype=torch.bool, device=dev).tril(), 0.0)
+    return A.reshape(*lead, C, C)
 
-    # explicit diagonal blocks: [c, c, K] decay differences, s <= t
+
+def _explicit_diagonal(qs: torch.Tensor, k: torch.Tensor, Gs: torch.Tensor) -> torch.Tensor:
+    """[..., C, C]: the diagonal blocks from the explicit [c, c, K] decay differences (s <= t), 0 elsewhere."""
+    *lead, m, c, K = qs.shape
+    dev = qs.device
     ks = k.reshape(*lead, m, c, K)
     tril_c = torch.ones(c, c, dtype=torch.bool, device=dev).tril()[:, :, None]
     D = _masked_exp(Gs[..., :, None, :] - Gs[..., None, :, :], tril_c)  # [..., m, c, c, K]
     A_diag = (qs[..., :, None, :] * D * ks[..., None, :, :]).sum(-1)  # [..., m, c(t), c(s)]
-    eye = torch.eye(m, dtype=A.dtype, device=dev)
-    return A + (A_diag[..., :, :, None, :] * eye[:, None, :, None]).reshape(*lead, C, C)
+    eye = torch.eye(m, dtype=A_diag.dtype, device=dev)
+    return (A_diag[..., :, :, None, :] * eye[:, None, :, None]).reshape(*lead, m * c, m * c)
+
+
+def _scores_either(q_in: torch.Tensor, qs: torch.Tensor, k: torch.Tensor, G: torch.Tensor, Gs: torch.Tensor,
+                   Gb: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """The scores with eager mode's choice of diagonal blocks made by the bool tensor ``factor`` (no host sync, no
+    graph break; torch.cond cannot be used: its two branches' gradients differ in strides). The explicit
+    blocks are formed either way and masked out when factoring: where factoring is allowed they are finite, so
+    they add exact zeros (and zero gradients); where it is not, the matmul leaves the diagonal blocks out, as
+    eager mode does, so nothing overflows."""
+    C = qs.shape[-3] * qs.shape[-2]
+    A = _row_block_scores(q_in, k, G, Gb, factor)
+    A = A.masked_fill(~torch.ones(C, C, dtype=torch.bool, device=qs.device).tril(), 0.0)
+    return A + _explicit_diagonal(qs, k, Gs) * ~factor
 
 
 def gla_chunk(

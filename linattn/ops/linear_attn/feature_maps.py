@@ -68,12 +68,30 @@ def resolve_feature_map(
     return W, (2 * m if feature_map == "fourier" else m)
 
 
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward passes the gradient on contiguous (same values).
+
+    Placed after F.elu: elu's backward kernel lays its result out like the incoming gradient, which the chunk
+    backends hand back non-contiguous, while the rule torch.compile traces elu's backward with predicts a
+    contiguous result; a compiled backward that views it (backend "aot_eager") then fails at run time. With a
+    contiguous incoming gradient both agree. Eager mode copies no more than before: the layer's reshape of the
+    gradient made the same copy later."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
+
+
 def apply_feature_map(x: torch.Tensor, feature_map: str, W: torch.Tensor | None) -> torch.Tensor:
     """phi(x) for x [..., H, K] (already in the compute dtype) -> [..., H, M]."""
     if feature_map == "identity":
         return x
     if feature_map == "elu":
-        return F.elu(x) + 1
+        return _ContiguousGrad.apply(F.elu(x)) + 1
     if feature_map == "relu":
         return F.relu(x)
     W = W.to(device=x.device, dtype=x.dtype)
