@@ -107,17 +107,26 @@ class StaticDecoder:
 
     def _capture(self, warmup_steps: int) -> None:
         """Record one step in a CUDA graph, by PyTorch's documented pattern: warm-up steps on a side stream,
-        then the capture under ``torch.cuda.graph``. Both run on the zeroed buffers at position 0 (reset after
-        each warm-up step, so any max_length fits), and the buffers are zeroed again afterwards."""
+        then the capture under ``torch.cuda.graph`` on that same stream (so the libraries' per-stream handles
+        and workspaces exist before the capture). Both run on the zeroed buffers at position 0 (reset after
+        each warm-up step, so any max_length fits), and the buffers are zeroed again afterwards. The last
+        warm-up step (of two or more) runs with CUDA sync debugging set to "error": an operation that would
+        synchronise with the host, and so break the capture, raises there, naming itself."""
         side = torch.cuda.Stream(device=self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
+        previous = torch.cuda.get_sync_debug_mode()
         with torch.cuda.stream(side):
-            for _ in range(warmup_steps):
-                self._run()
+            for i in range(warmup_steps):
+                checked = warmup_steps > 1 and i == warmup_steps - 1  # the first steps may initialise libraries
+                torch.cuda.set_sync_debug_mode("error" if checked else previous)
+                try:
+                    self._run()
+                finally:
+                    torch.cuda.set_sync_debug_mode(previous)
                 self.cache.pos.zero_()
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, stream=side):
             self._logits = self._run()
         self._graph = graph
         self.cache.reset()
