@@ -97,14 +97,20 @@ def test_backend_switch_checks_its_argument():
 
 def test_compiled_equals_eager():
     """Custom ops under torch.compile, autograd Functions eagerly: same numbers."""
+    from linattn.layers.gates_triton import mamba_gate_triton
     from linattn.layers.norms_triton import l2norm_triton, rms_norm_gated_triton
 
     gen = torch.Generator().manual_seed(0)
     x, w, g = (torch.randn(*s, generator=gen).to(DEVICE) for s in ((2, 9, 2, 16), (16,), (2, 9, 2, 16)))
     leaves = [t.requires_grad_(True) for t in (x, w, g)]
 
-    def loss(x, w, g):
-        return rms_norm_gated_triton(l2norm_triton(x, 1e-6), w, g, 1e-5).square().sum()
+    shapes = ((2, 9, 3), (3,), (3,))
+    a, a_log, dt_bias = (torch.randn(*s, generator=gen).to(DEVICE).requires_grad_(True) for s in shapes)
+    leaves += [a, a_log, dt_bias]
+
+    def loss(x, w, g, a, a_log, dt_bias):
+        gate, dt = mamba_gate_triton(a, a_log, dt_bias)
+        return rms_norm_gated_triton(l2norm_triton(x, 1e-6), w, g, 1e-5).square().sum() + (gate * dt).sum()
 
     eager = loss(*leaves)
     eager_grads = torch.autograd.grad(eager, leaves)

@@ -94,8 +94,8 @@ def _gate_bwd(a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, dg: t
     part = torch.empty(programs, 2, H, device=a.device, dtype=torch.float32)
     _gate_bwd_kernel[(programs,)](a=a, a_log=a_log, dt_bias=dt_bias, dg=dg, ddt=dg if ddt is None else ddt, da=da,
                                   part=part, N=N, H=H, HAS_DDT=ddt is not None, BR=ROWS, BH=triton.next_power_of_2(H))
-    sums = part.sum(0)
-    return da, sums[1].to(a_log.dtype), sums[0].to(dt_bias.dtype)
+    # two separate reductions: a custom op's outputs must not alias one another (as two rows of one sum would)
+    return da, part[:, 1].sum(0).to(a_log.dtype), part[:, 0].sum(0).to(dt_bias.dtype)
 
 
 _fwd_op = torch.library.custom_op("linattn::mamba_gate_fwd", _gate_fwd, mutates_args=())
