@@ -14,15 +14,16 @@ pytestmark = [pytest.mark.triton, pytest.mark.skipif(not torch.cuda.is_available
 V = 64
 
 
-def model_of(mixer, d_model=64, dtype=torch.float32, seed=0):
+def model_of(mixer, d_model=64, dtype=torch.float32, seed=0, **mixer_kwargs):
     torch.manual_seed(seed)
-    cfg = ModelConfig(mixer=mixer, d_model=d_model, n_layers=2, n_heads=4, vocab_size=V)
+    cfg = ModelConfig(mixer=mixer, d_model=d_model, n_layers=2, n_heads=4, vocab_size=V, mixer_kwargs=mixer_kwargs)
     return CausalLM(cfg).to(device="cuda", dtype=dtype).eval()
 
 
 @pytest.mark.parametrize("mixer", list_mixers())
 def test_graph_replays_equal_eager_static_and_cached_steps(mixer):
-    model = model_of(mixer)
+    # MesaNet's exact solver cannot be captured (test_mesa_net_exact_solver_decodes_without_a_graph): cg here
+    model = model_of(mixer, **({"solver": "cg", "cg_steps": 16} if mixer == "mesa_net" else {}))
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, V, (n,), generator=gen).cuda() for n in (7, 3)]
     steps = torch.randint(0, V, (2, 6), generator=gen).cuda()
@@ -52,3 +53,10 @@ def test_greedy_tokens_equal_the_eager_path_in_bf16(mixer):
     static = model.generate(ids, 48)
     eager = model.generate(ids, 48, static=False)
     assert torch.equal(static, eager), f"{mixer}: greedy tokens of the CUDA-graph path differ from the eager path"
+
+
+def test_mesa_net_exact_solver_decodes_without_a_graph():
+    model = model_of("mesa_net")
+    assert not StaticDecoder(model, 2, 16).use_cuda_graph, "the default falls back to the eager static step"
+    with pytest.raises(ValueError, match="MesaNetLayer cannot be captured in a CUDA graph"):
+        StaticDecoder(model, 2, 16, use_cuda_graph=True)

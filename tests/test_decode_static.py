@@ -221,3 +221,12 @@ def test_bench_model_static_decode_path(tmp_path):
     rows = [r for r in json.loads(out.read_text())["rows"] if r["kind"] == "decode"]
     assert {r["mixer"] for r in rows} == {"softmax_attn", "gla"}
     assert all(r["path"] == "static" and r["error"] is None and r["tokens_per_s"] > 0 for r in rows)
+
+
+def test_only_mesa_nets_exact_solver_is_marked_uncapturable():
+    """StaticDecoder captures a CUDA graph only when every layer's step allows it (MesaNet's exact solver does not)."""
+    from linattn.layers import build_mixer
+
+    assert not build_mixer("mesa_net", 32, 2).graph_capturable
+    assert build_mixer("mesa_net", 32, 2, solver="cg").graph_capturable
+    assert all(build_mixer(m, 32, 2).graph_capturable for m in ("gated_delta_rule", "softmax_attn", "mamba2"))

@@ -53,6 +53,7 @@ class MixerLayer(nn.Module):
 
     op: Callable | None = None
     op_step: Callable | None = None
+    graph_capturable: bool = True  # whether a static decoding step can be captured in a CUDA graph
     default_short_conv: str = ""
     default_output_norm: bool = True
     default_output_gate: bool = False

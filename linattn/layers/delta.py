@@ -119,6 +119,12 @@ class MesaNetLayer(MixerLayer):
         lamb0 = float(torch.log(torch.expm1(torch.tensor(0.75))))  # softplus^-1(0.75)
         self.lamb_raw = nn.Parameter(torch.full((n_heads, self.head_dim), lamb0))
 
+    @property
+    def graph_capturable(self) -> bool:
+        """The exact solver's batched Cholesky factorisation (cuSOLVER) cannot be captured in a CUDA graph (on the
+        H100: "operation not permitted when stream is capturing"); conjugate gradient can."""
+        return self.solver != "exact"
+
     def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
         g = F.logsigmoid(self.a_proj(x)).to(q.dtype)
         beta = torch.sigmoid(self.b_proj(x)).to(q.dtype)

@@ -81,8 +81,12 @@ class StaticDecoder:
         self._step_fn = torch.compile(model.static_step, dynamic=False) if compile else model.static_step
         self.cache = model.allocate_static_cache(batch_size, max_length, dtype=dtype)
         self.device = self.cache.pos.device
+        uncapturable = sorted({type(m).__name__ for m in model.modules() if not getattr(m, "graph_capturable", True)})
         if use_cuda_graph is None:
-            use_cuda_graph = self.device.type == "cuda"
+            use_cuda_graph = self.device.type == "cuda" and not uncapturable
+        if use_cuda_graph and uncapturable:
+            raise ValueError(f"use_cuda_graph=True: the decoding step of {', '.join(uncapturable)} cannot be captured "
+                             "in a CUDA graph (MesaNet's exact solver; use solver='cg'), pass use_cuda_graph=False")
         if use_cuda_graph and self.device.type != "cuda":
             raise ValueError(f"use_cuda_graph=True needs the model on a CUDA device, it is on {self.device}")
         self.use_cuda_graph = bool(use_cuda_graph)
