@@ -1,4 +1,4 @@
-"""The LRA self-pretraining study (issue 6; Amos et al. 2023, "Never Train from Scratch").
+"""The LRA self-pretraining study (Amos et al. 2023, "Never Train from Scratch").
 
 Claim under test: pretraining on the task's own training inputs (SPT: causal next-token prediction or
 masked denoising) before fine-tuning beats training from scratch at the SAME total number of steps

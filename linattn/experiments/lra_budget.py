@@ -1,5 +1,4 @@
-"""Fit the LRA study's steps to a wall-clock budget per run, by measuring (issue 6: "at most 5 minutes
-per run, pretraining and fine-tuning together").
+"""Fit the LRA study's steps to a wall-clock budget per run (pretraining and fine-tuning together), by measuring.
 
 A run's speed depends on the machine and on how many runs share it, so the steps are not guessed: a
 *probe* runs every run of the real grid at the same concurrency for a few steps (``probe_steps``; SPT
