@@ -1,4 +1,4 @@
-"""The short-convolution study (DESIGN §5.1; seeds 000 and 001).
+"""The short-convolution study (the question of "Why does linear attention add Short Conv?").
 
 Claim under test (001): a short conv on the KEYS turns the state's online regression from "predict
 yourself" (k_t -> v_t from one token) into next-token prediction (k_{t-1}, k_t -> v_t), which binds a key

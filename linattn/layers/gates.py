@@ -1,4 +1,4 @@
-"""Gate parameterisations shared by several layers (DESIGN §4, FLA's defaults)."""
+"""Gate parameterisations shared by several layers (FLA's defaults)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
     y_t = act( sum_{i=0}^{W-1} w_i ⊙ x_{t-W+1+i} )      (x_s = 0 for s < 0, or the cached inputs)
 
-Modes (DESIGN §4): "learned" (trainable kernel, default), and two fixed controls for the study:
+Modes: "learned" (trainable kernel, default), and two fixed controls for the study:
 "shift" outputs exactly x_{t-1} (a pure shift, no activation) and "identity" outputs act(x_t)
 (the activation without any mixing over time). The cache holds the last W-1 inputs, so a
 T-token call followed by single-token calls equals one call over the whole sequence.

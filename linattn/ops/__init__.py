@@ -2,7 +2,7 @@
 
 Every op: ``op(q, k, v, <op args>, *, scale=None, initial_state=None, output_final_state=False,
 backend="auto", chunk_size=64) -> (o, final_state)`` and ``op_step(q_t, k_t, v_t, <args at t>,
-state) -> (o_t, state)``. See DESIGN §2 and ``list_ops()`` / ``op_info(name)``.
+state) -> (o_t, state)``. See ``list_ops()`` / ``op_info(name)``.
 """
 
 from .comba import comba, comba_step

@@ -2,7 +2,7 @@
 
 Every public op validates its inputs with these helpers *before* any compute, and raises
 ``ValueError`` (wrong shape, unknown option) or ``TypeError`` (wrong type or dtype) naming the
-argument, what it got and what was expected (DESIGN §2).
+argument, what it got and what was expected.
 """
 
 from __future__ import annotations

@@ -36,6 +36,6 @@ def chunk_local_cumsum(g: torch.Tensor, C: int) -> torch.Tensor:
     """[B, T, ...] log gates -> [B, N, C, ...] cumulative sums restarted at every chunk boundary.
 
     Only differences within one chunk are ever exponentiated, so nothing over- or underflows
-    for any T (DESIGN §2: never exp of a cumulative sum over more than one chunk).
+    for any T (never exp of a cumulative sum over more than one chunk).
     """
     return torch.cumsum(to_chunks(g, C), dim=2)
