@@ -127,6 +127,17 @@ def test_compiled_bidirectional_classifier_matches_eager(mixer):
     assert_training_step_matches(model, classifier_loss, batch(), "eager")
 
 
+def assert_compiled_equals_eager(loss, inputs: tuple) -> None:
+    """``loss(*inputs)`` and its gradients equal under torch.compile(fullgraph=True, aot_eager) and eagerly."""
+    expected = loss(*inputs)
+    expected_grads = torch.autograd.grad(expected, inputs)
+    actual = torch.compile(loss, fullgraph=True, backend="aot_eager")(*inputs)
+    actual_grads = torch.autograd.grad(actual, inputs)
+    assert_close(actual, expected, TOL, "loss")
+    for name, a, e in zip("qkvg", actual_grads, expected_grads):
+        assert_close(a, e, TOL, f"d{name}")
+
+
 def test_compiled_blockwise_softmax_without_lag_skipping_matches_eager_with_it():
     """Strong forgetting: eager mode skips the far lags (their weights are < e^-80), the compiled graph computes
     them (no data-dependent branch); outputs and gradients agree."""
@@ -139,14 +150,7 @@ def test_compiled_blockwise_softmax_without_lag_skipping_matches_eager_with_it()
         o, _ = forgetting_attn(q, k, v, g, backend="chunk", chunk_size=16)
         return o.square().sum()
 
-    inputs = (q, k, v, g)
-    expected = loss(*inputs)
-    expected_grads = torch.autograd.grad(expected, inputs)
-    actual = torch.compile(loss, fullgraph=True, backend="aot_eager")(*inputs)
-    actual_grads = torch.autograd.grad(actual, inputs)
-    assert_close(actual, expected, TOL, "loss")
-    for name, a, e in zip("qkvg", actual_grads, expected_grads):
-        assert_close(a, e, TOL, f"d{name}")
+    assert_compiled_equals_eager(loss, (q, k, v, g))
 
 
 @pytest.mark.parametrize("g_value", [-0.05, -20.0])
@@ -161,14 +165,7 @@ def test_compiled_gla_picks_the_eager_diagonal_blocks(g_value):
         o, state = gla(q, k, v, g, backend="chunk", chunk_size=32, output_final_state=True)
         return o.square().sum() + state.sum()
 
-    inputs = (q, k, v, g)
-    expected = loss(*inputs)
-    expected_grads = torch.autograd.grad(expected, inputs)
-    actual = torch.compile(loss, fullgraph=True, backend="aot_eager")(*inputs)
-    actual_grads = torch.autograd.grad(actual, inputs)
-    assert_close(actual, expected, TOL, "loss")
-    for name, a, e in zip("qkvg", actual_grads, expected_grads):
-        assert_close(a, e, TOL, f"d{name}")
+    assert_compiled_equals_eager(loss, (q, k, v, g))
 
 
 def test_bad_inputs_raise_named_errors():
