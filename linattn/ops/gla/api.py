@@ -51,7 +51,7 @@ def gla(
 
     Args: q, k [B, T, H, K]; v [B, T, H, V]; g [B, T, H, K] log decay (<= 0); initial_state
     [B, H, K, V]; backend "recurrent", "parallel", "chunk" or "auto" (triton on CUDA, else chunk); chunk_size, the
-    chunk length of the chunk backend (any positive int; 16, 32, 64, 128 are tested).
+    chunk length of the chunk backend (an int in [1, 4096]; 16, 32, 64, 128 are tested).
     Returns (o [B, T, H, V] in q's dtype, final state [B, H, K, V] float32 or None).
     """
     d = check_qkv(q, k, v)
