@@ -13,6 +13,7 @@ import torch
 from ..common.checks import (
     DELTA_TRITON_CHUNK_SIZES,
     check_chunk_size,
+    check_devices,
     check_initial_state,
     check_qkv,
     check_scalar_gate,
@@ -21,6 +22,7 @@ from ..common.checks import (
     resolve_scale,
 )
 from ..common.registry import OpSpec, register_op
+from ..common.values import check_bool
 from ..gated_delta_rule.api import (
     PURE_TORCH_BACKENDS,
     check_beta,
@@ -84,6 +86,8 @@ def comba(
     Returns (o [B, T, H, V] in q's dtype, final state [B, H, K, V] float32 (float64 for float64) or None).
     """
     d = check_qkv(q, k, v)
+    check_devices("q", q, p=p, g=g, beta=beta, initial_state=initial_state)
+    check_bool("output_final_state", output_final_state)
     check_shape("p", p, (d.B, d.T, d.H, d.K), "[B, T, H, K]")
     check_scalar_gate("g", g, d)
     check_beta(beta, d, allow_neg_eigval)
@@ -116,6 +120,7 @@ def comba_step(
     S = exp(g_t) S; S = S + b_t k_t (v_t - S^T p_t)^T;  o_t = S^T (scale q_t); returns (o_t, S).
     """
     d = check_step_qkv(q_t, k_t, v_t)
+    check_devices("q_t", q_t, p_t=p_t, g_t=g_t, beta_t=beta_t, state=state)
     check_shape("p_t", p_t, (d.B, d.H, d.K), "[B, H, K]")
     check_shape("g_t", g_t, (d.B, d.H), "[B, H]")
     check_step_beta(beta_t, d, allow_neg_eigval)

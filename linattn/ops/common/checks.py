@@ -7,13 +7,18 @@ argument, what it got and what was expected.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 CHUNK_SIZES = (16, 32, 64, 128)
+# the chunk backends build [C, C] tiles per batch and head (memory C^2, and padding short inputs up to C):
+# past this a "chunk" is the whole sequence at quadratic cost, and a typo such as 2**20 would reach the allocator
+MAX_CHUNK_SIZE = 4096
 # the delta family's Triton kernels: 128-token chunks spill registers and compile for minutes on a GPU
 DELTA_TRITON_CHUNK_SIZES = (16, 32, 64)
 
@@ -72,8 +77,7 @@ def check_qkv(q: object, k: object, v: object, *, qk_same_dim: bool = True) -> D
         raise ValueError(f"v must have shape [B, T, H, V] with B, T, H = {B}, {T}, {H}, got {_fmt(v.shape)}")
     if T < 1 or K < 1 or v.shape[3] < 1:
         raise ValueError(f"q, k, v must be non-empty, got q {_fmt(q.shape)} and v {_fmt(v.shape)}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    check_devices("q", q, k=k, v=v)
     return Dims(B, T, H, K, int(v.shape[3]))
 
 
@@ -103,19 +107,50 @@ def check_choice(name: str, value: object, choices: Iterable[object]) -> object:
 
 
 def check_chunk_size(chunk_size: object) -> int:
-    """chunk_size is a positive int; the chunk backends are tested at 16, 32, 64 and 128."""
-    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int (16, 32, 64 or 128), got {chunk_size!r}")
+    """chunk_size is an int in [1, MAX_CHUNK_SIZE]; the chunk backends are tested at 16, 32, 64 and 128."""
+    if (not isinstance(chunk_size, int) or isinstance(chunk_size, bool)
+            or not 1 <= chunk_size <= MAX_CHUNK_SIZE):
+        raise ValueError(f"chunk_size must be an int in [1, {MAX_CHUNK_SIZE}] (16, 32, 64 or 128 are tested), "
+                         f"got {chunk_size!r}")
     return chunk_size
 
 
 def resolve_scale(scale: float | None, K: int) -> float:
-    """Default query scale K^-1/2."""
+    """The query scale: K^-1/2 when None, else a finite number > 0 (NaN or inf would turn every output into NaN,
+    and a scale <= 0 flips or erases the attention logits)."""
     if scale is None:
         return K ** -0.5
     if not isinstance(scale, (int, float)) or isinstance(scale, bool):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+        raise TypeError(f"scale must be None (K^-1/2) or a finite number > 0, got {type(scale).__name__} {scale!r}")
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be None (K^-1/2) or a finite number > 0, got {scale!r}")
     return float(scale)
+
+
+def _named_tensors(name: str, x: object) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors inside an argument with their names: a tensor, a tuple/list of them (a pair state), or a
+    dataclass state (KVCache, MiniBatchState) whose fields hold tensors, tuples or dicts of tensors."""
+    if isinstance(x, torch.Tensor):
+        yield name, x
+    elif isinstance(x, (tuple, list)):
+        for i, item in enumerate(x):
+            yield from _named_tensors(f"{name}[{i}]", item)
+    elif isinstance(x, dict):
+        for key, item in x.items():
+            yield from _named_tensors(f"{name}[{key!r}]", item)
+    elif dataclasses.is_dataclass(x) and not isinstance(x, type):
+        for f in dataclasses.fields(x):
+            yield from _named_tensors(f"{name}.{f.name}", getattr(x, f.name))
+
+
+def check_devices(ref_name: str, ref: torch.Tensor, **args: object) -> None:
+    """Every tensor in ``args`` (None and non-tensors skipped: their own checks name them) must be on ``ref``'s
+    device. Compares ``.device`` only (no tensor read, no host sync); runs before any check that reads values,
+    where a tensor on another device would fail with torch's own error (or "item() on meta tensors")."""
+    for arg, value in args.items():
+        for name, x in _named_tensors(arg, value):
+            if x.device != ref.device:
+                raise ValueError(f"{name} must be on {ref_name}'s device {ref.device}, got {x.device}")
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -133,4 +168,5 @@ def check_step_qkv(q_t: object, k_t: object, v_t: object) -> Dims:
         raise ValueError(f"k_t must have the shape of q_t [B, H, K] = {_fmt(q_t.shape)}, got {_fmt(k_t.shape)}")
     if tuple(v_t.shape[:2]) != (B, H):
         raise ValueError(f"v_t must have shape [B, H, V] with B, H = {B}, {H}, got {_fmt(v_t.shape)}")
+    check_devices("q_t", q_t, k_t=k_t, v_t=v_t)
     return Dims(B, 1, H, K, int(v_t.shape[2]))

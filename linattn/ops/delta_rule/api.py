@@ -13,6 +13,7 @@ import torch
 from ..common.checks import (
     DELTA_TRITON_CHUNK_SIZES,
     check_chunk_size,
+    check_devices,
     check_initial_state,
     check_qkv,
     check_step_qkv,
@@ -20,6 +21,7 @@ from ..common.checks import (
 )
 from ..common.registry import OpSpec, register_op
 from ..common.triton_step import check_inplace, select_step
+from ..common.values import check_bool
 from ..gated_delta_rule.api import (
     PURE_TORCH_BACKENDS,
     check_beta,
@@ -79,6 +81,8 @@ def delta_rule(
     Returns (o [B, T, H, V] in q's dtype, final state [B, H, K, V] float32 (float64 for float64) or None).
     """
     d = check_qkv(q, k, v)
+    check_devices("q", q, beta=beta, initial_state=initial_state)
+    check_bool("output_final_state", output_final_state)
     check_beta(beta, d, allow_neg_eigval)
     check_initial_state(initial_state, d)
     check_chunk_size(chunk_size)
@@ -109,6 +113,7 @@ def delta_rule_step(
     ``inplace=True`` writes the new state into ``state`` (a tensor) and returns it (static decoding).
     """
     d = check_step_qkv(q_t, k_t, v_t)
+    check_devices("q_t", q_t, beta_t=beta_t, state=state)
     check_step_beta(beta_t, d, allow_neg_eigval)
     check_step_state(state, d)
     check_inplace(inplace, state)

@@ -6,6 +6,7 @@ import torch
 
 from ..common.checks import (
     check_chunk_size,
+    check_devices,
     check_qkv,
     check_scalar_gate,
     check_shape,
@@ -68,6 +69,7 @@ def deltaformer(
     inputs) or None).
     """
     d = check_qkv(q, k, v)
+    check_devices("q", q, beta=beta, initial_state=initial_state)
     check_scalar_gate("beta", beta, d)
     check_kv_cache("initial_state", initial_state, d, device=q.device)
     check_bool("output_final_state", output_final_state)
@@ -89,6 +91,7 @@ def deltaformer_step(
     """One decoding step of :func:`deltaformer`: q_t, k_t [B, H, K], v_t [B, H, V], beta_t [B, H];
     ``state`` the KVCache so far. Returns (o_t [B, H, V], the cache with this token appended)."""
     d = check_step_qkv(q_t, k_t, v_t)
+    check_devices("q_t", q_t, beta_t=beta_t, state=state)
     check_shape("beta_t", beta_t, (d.B, d.H), "[B, H]")
     check_kv_cache("state", state, d, device=q_t.device)
     o, cache = deltaformer_recurrent(q_t[:, None], k_t[:, None], v_t[:, None], beta_t[:, None],

@@ -15,11 +15,12 @@ from collections.abc import Callable
 
 import torch
 
-from ..common.checks import check_chunk_size, check_shape, resolve_scale
+from ..common.checks import check_chunk_size, check_devices, check_shape, resolve_scale
 from ..common.kv_cache import KVCache
 from ..common.positions import rope_config
 from ..common.registry import OpSpec, register_op
-from ..softmax_attn.checks import check_bool, check_grouped_qkv, check_kv_cache, check_window_size
+from ..common.values import check_bool
+from ..softmax_attn.checks import check_grouped_qkv, check_kv_cache, check_window_size
 from ..softmax_attn.core import run_attention
 
 EXTRAS = {"g": "[B, T0, H]"}
@@ -85,6 +86,7 @@ def forgetting_attn(
     (o [B, T, H, V] in q's dtype, the cache with this call's k, v, g appended or None).
     """
     d, H_kv = check_grouped_qkv(q, k, v)
+    check_devices("q", q, g=g, initial_state=initial_state)
     check_shape("g", g, (d.B, d.T, d.H), "[B, T, H]")
     _check_options(window_size, rope, d.K)
     check_kv_cache("initial_state", initial_state, d, H_kv, EXTRAS, q.device)
@@ -110,6 +112,7 @@ def forgetting_attn_step(
     o_t = sum_{s <= t} softmax_s(q_t . k_s scale + G_t - G_s) v_s. q_t [B, H, K], k_t [B, H_kv, K],
     v_t [B, H_kv, V], g_t [B, H]; returns (o_t [B, H, V], the cache one token longer)."""
     d, H_kv = check_grouped_qkv(q_t, k_t, v_t, step=True)
+    check_devices("q_t", q_t, g_t=g_t, state=state)
     check_shape("g_t", g_t, (d.B, d.H), "[B, H]")
     _check_options(window_size, rope, d.K)
     check_kv_cache("state", state, d, H_kv, EXTRAS, q_t.device)

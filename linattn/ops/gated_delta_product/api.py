@@ -8,12 +8,14 @@ from ..common.checks import (
     DELTA_TRITON_CHUNK_SIZES,
     Dims,
     check_chunk_size,
+    check_devices,
     check_float_tensor,
     check_initial_state,
     check_shape,
     resolve_scale,
 )
 from ..common.registry import OpSpec, register_op
+from ..common.values import check_bool
 from ..gated_delta_rule.api import SPEC as GDN_SPEC
 from ..gated_delta_rule.api import check_beta, check_step_beta, check_step_state, delta_example_inputs
 from .reference import gated_delta_product_recurrent, gated_delta_product_step_reference, via_substeps
@@ -56,8 +58,7 @@ def _check_product_inputs(q: object, k: object, v: object, num_householder: obje
     check_shape("v", v, (B, T * n, H, v.shape[-1]), "[B, T*num_householder, H, V]")
     if v.shape[-1] < 1:
         raise ValueError(f"v must be non-empty, got shape {list(v.shape)}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    check_devices("q", q, k=k, v=v)
     return Dims(B, T, H, K, int(v.shape[-1])), n
 
 
@@ -88,6 +89,8 @@ def gated_delta_product(
     counts sub-steps. Returns (o [B, T, H, V] in q's dtype, final state [B, H, K, V] float32 or None).
     """
     d, n = _check_product_inputs(q, k, v, num_householder)
+    check_devices("q", q, g=g, beta=beta, initial_state=initial_state)
+    check_bool("output_final_state", output_final_state)
     if g is not None:
         check_shape("g", g, (d.B, d.T, d.H), "[B, T, H]")
     check_beta(beta, d, allow_neg_eigval, T=d.T * n)
@@ -128,6 +131,7 @@ def gated_delta_product_step(
     check_shape("k_t", k_t, (B, n, H, K), "[B, n, H, K]")
     check_shape("v_t", v_t, (B, n, H, v_t.shape[-1]), "[B, n, H, V]")
     d = Dims(B, 1, H, K, int(v_t.shape[-1]))
+    check_devices("q_t", q_t, k_t=k_t, v_t=v_t, g_t=g_t, beta_t=beta_t, state=state)
     if g_t is not None:
         check_shape("g_t", g_t, (B, H), "[B, H]")
     check_step_beta(beta_t, d, allow_neg_eigval, shape=(B, n, H), layout="[B, n, H]")

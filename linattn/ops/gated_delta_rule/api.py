@@ -8,6 +8,7 @@ from ..common.checks import (
     DELTA_TRITON_CHUNK_SIZES,
     Dims,
     check_chunk_size,
+    check_devices,
     check_initial_state,
     check_qkv,
     check_scalar_gate,
@@ -87,6 +88,8 @@ def gated_delta_rule(
     Returns (o [B, T, H, V] in q's dtype, final state [B, H, K, V] float32 (float64 for float64) or None).
     """
     d = check_qkv(q, k, v)
+    check_devices("q", q, g=g, beta=beta, initial_state=initial_state)
+    check_bool("output_final_state", output_final_state)
     check_scalar_gate("g", g, d)
     check_beta(beta, d, allow_neg_eigval)
     check_initial_state(initial_state, d)
@@ -119,6 +122,7 @@ def gated_delta_rule_step(
     ``inplace=True`` writes the new state into ``state`` (a tensor) and returns it (static decoding).
     """
     d = check_step_qkv(q_t, k_t, v_t)
+    check_devices("q_t", q_t, g_t=g_t, beta_t=beta_t, state=state)
     check_shape("g_t", g_t, (d.B, d.H), "[B, H]")
     check_step_beta(beta_t, d, allow_neg_eigval)
     check_step_state(state, d)

@@ -6,6 +6,7 @@ import torch
 
 from ..common.checks import (
     check_chunk_size,
+    check_devices,
     check_initial_state,
     check_qkv,
     check_shape,
@@ -15,6 +16,7 @@ from ..common.checks import (
 )
 from ..common.registry import OpSpec, register_op
 from ..common.triton_step import check_inplace, select_step
+from ..common.values import check_bool
 from .chunk import gla_chunk
 from .reference import gla_parallel, gla_recurrent, gla_step_reference
 
@@ -49,10 +51,12 @@ def gla(
 
     Args: q, k [B, T, H, K]; v [B, T, H, V]; g [B, T, H, K] log decay (<= 0); initial_state
     [B, H, K, V]; backend "recurrent", "parallel", "chunk" or "auto" (triton on CUDA, else chunk); chunk_size, the
-    chunk length of the chunk backend (any positive int; 16, 32, 64, 128 are tested).
+    chunk length of the chunk backend (an int in [1, 4096]; 16, 32, 64, 128 are tested).
     Returns (o [B, T, H, V] in q's dtype, final state [B, H, K, V] float32 or None).
     """
     d = check_qkv(q, k, v)
+    check_devices("q", q, g=g, initial_state=initial_state)
+    check_bool("output_final_state", output_final_state)
     check_vector_gate("g", g, d)
     check_initial_state(initial_state, d)
     check_chunk_size(chunk_size)
@@ -82,6 +86,7 @@ def gla_step(
     ``inplace=True`` writes the new state into ``state`` (a tensor) and returns it (static decoding).
     """
     d = check_step_qkv(q_t, k_t, v_t)
+    check_devices("q_t", q_t, g_t=g_t, state=state)
     check_shape("g_t", g_t, (d.B, d.H, d.K), "[B, H, K]")
     if state is not None:
         check_shape("state", state, (d.B, d.H, d.K, d.V), "[B, H, K, V]")

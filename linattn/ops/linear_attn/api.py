@@ -19,9 +19,18 @@ from collections.abc import Callable
 
 import torch
 
-from ..common.checks import check_chunk_size, check_qkv, check_shape, check_step_qkv, compute_dtype, resolve_scale
+from ..common.checks import (
+    check_chunk_size,
+    check_devices,
+    check_qkv,
+    check_shape,
+    check_step_qkv,
+    compute_dtype,
+    resolve_scale,
+)
 from ..common.registry import OpSpec, register_op
 from ..common.triton_step import check_inplace, select_step
+from ..common.values import check_bool
 from ..simple_gla.api import SPEC as SIMPLE_GLA_SPEC
 from ..simple_gla.reference import simple_gla_step_reference
 from .feature_maps import apply_feature_map, resolve_feature_map
@@ -111,6 +120,8 @@ def linear_attn(
     estimate softmax attention exp(q.k / sqrt(K)), pass q and k multiplied by K^-1/4 and scale=1.
     """
     d = check_qkv(q, k, v)
+    check_devices("q", q, feature_map_weight=feature_map_weight, initial_state=initial_state)
+    check_bool("output_final_state", output_final_state)
     W, M = resolve_feature_map(feature_map, feature_map_weight, num_features, feature_map_seed, d.K, d.H)
     _check_normalize(normalize, eps)
     if initial_state is not None:
@@ -154,6 +165,7 @@ def linear_attn_step(
     ``inplace=True`` writes the new state into ``state`` (a tensor) and returns it (static decoding).
     """
     d = check_step_qkv(q_t, k_t, v_t)
+    check_devices("q_t", q_t, feature_map_weight=feature_map_weight, state=state)
     W, M = resolve_feature_map(feature_map, feature_map_weight, num_features, feature_map_seed, d.K, d.H)
     _check_normalize(normalize, eps)
     if state is not None:

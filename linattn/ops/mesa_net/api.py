@@ -8,6 +8,7 @@ from ..common.checks import (
     Dims,
     check_choice,
     check_chunk_size,
+    check_devices,
     check_qkv,
     check_scalar_gate,
     check_shape,
@@ -15,7 +16,7 @@ from ..common.checks import (
     resolve_scale,
 )
 from ..common.registry import OpSpec, register_op
-from ..common.values import check_range, value_checks_enabled
+from ..common.values import check_bool, check_range, value_checks_enabled
 from .chunk import mesa_net_chunk
 from .reference import MesaState, mesa_net_parallel, mesa_net_recurrent, mesa_net_step_reference
 from .solve import SOLVERS
@@ -85,6 +86,8 @@ def mesa_net(
     Returns (o [B, T, H, V] in q's dtype, final (G, H) in float32 (float64 for float64 inputs) or None).
     """
     d = check_qkv(q, k, v)
+    check_devices("q", q, g=g, beta=beta, lamb=lamb, initial_state=initial_state)
+    check_bool("output_final_state", output_final_state)
     check_scalar_gate("g", g, d)
     check_scalar_gate("beta", beta, d)
     _check_mesa_args(beta, lamb, d, solver, cg_steps)
@@ -118,6 +121,7 @@ def mesa_net_step(
     """One decoding step of :func:`mesa_net`: q_t, k_t [B, H, K], v_t [B, H, V], g_t, beta_t [B, H],
     lamb [H, K], state None or (G [B, H, K, K], H [B, H, K, V]). Returns (o_t [B, H, V], (G, H))."""
     d = check_step_qkv(q_t, k_t, v_t)
+    check_devices("q_t", q_t, g_t=g_t, beta_t=beta_t, lamb=lamb, state=state)
     check_shape("g_t", g_t, (d.B, d.H), "[B, H]")
     check_shape("beta_t", beta_t, (d.B, d.H), "[B, H]")
     _check_mesa_args(beta_t, lamb, d, solver, cg_steps)

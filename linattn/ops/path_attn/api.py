@@ -6,6 +6,7 @@ import torch
 
 from ..common.checks import (
     check_chunk_size,
+    check_devices,
     check_qkv,
     check_scalar_gate,
     check_shape,
@@ -67,6 +68,7 @@ def path_attn(
     the KVCache at the end (float32, float64 for float64 inputs) or None).
     """
     d = check_qkv(q, k, v)
+    check_devices("q", q, w=w, beta=beta, g=g, initial_state=initial_state)
     check_vector_gate("w", w, d)
     check_scalar_gate("beta", beta, d)
     if g is not None:
@@ -93,6 +95,7 @@ def path_attn_step(
     """One decoding step of :func:`path_attn`: q_t, k_t, w_t [B, H, K], v_t [B, H, V], beta_t, g_t [B, H];
     ``state`` the KVCache so far. Returns (o_t [B, H, V], the updated cache)."""
     d = check_step_qkv(q_t, k_t, v_t)
+    check_devices("q_t", q_t, w_t=w_t, beta_t=beta_t, g_t=g_t, state=state)
     check_shape("w_t", w_t, (d.B, d.H, d.K), "[B, H, K]")
     check_shape("beta_t", beta_t, (d.B, d.H), "[B, H]")
     if g_t is not None:

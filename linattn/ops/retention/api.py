@@ -14,6 +14,7 @@ import torch
 
 from ..common.checks import (
     check_chunk_size,
+    check_devices,
     check_initial_state,
     check_qkv,
     check_shape,
@@ -23,6 +24,7 @@ from ..common.checks import (
 )
 from ..common.registry import OpSpec, register_op
 from ..common.triton_step import check_inplace, select_step
+from ..common.values import check_bool
 from ..simple_gla.api import SPEC as SIMPLE_GLA_SPEC
 from ..simple_gla.reference import simple_gla_step_reference
 
@@ -80,6 +82,8 @@ def retention(
     Returns (o [B, T, H, V] in q's dtype, final state [B, H, K, V] float32 or None).
     """
     d = check_qkv(q, k, v)
+    check_devices("q", q, initial_state=initial_state)
+    check_bool("output_final_state", output_final_state)
     check_initial_state(initial_state, d)
     check_chunk_size(chunk_size)
     impl = SPEC.resolve(backend, q.device)
@@ -107,6 +111,7 @@ def retention_step(
     ``inplace=True`` writes the new state into ``state`` (a tensor) and returns it (static decoding).
     """
     d = check_step_qkv(q_t, k_t, v_t)
+    check_devices("q_t", q_t, state=state)
     if state is not None:
         check_shape("state", state, (d.B, d.H, d.K, d.V), "[B, H, K, V]")
     g_t = retention_log_decay(d.H, dtype=compute_dtype(q_t), device=q_t.device).expand(d.B, d.H)

@@ -6,11 +6,12 @@ from collections.abc import Callable
 
 import torch
 
-from ..common.checks import check_chunk_size, resolve_scale
+from ..common.checks import check_chunk_size, check_devices, resolve_scale
 from ..common.kv_cache import KVCache
 from ..common.positions import rope_config
 from ..common.registry import OpSpec, register_op
-from .checks import check_bool, check_grouped_qkv, check_kv_cache, check_window_size
+from ..common.values import check_bool
+from .checks import check_grouped_qkv, check_kv_cache, check_window_size
 from .core import run_attention
 
 EQUATION = "o_i = sum_j softmax_j(q_i.k_j scale + mask_ij + alibi_ij) v_j  (RoPE on q, k; j over cache + new keys)"
@@ -85,6 +86,7 @@ def softmax_attn(
     (float32, float64 for float64 inputs) or None).
     """
     d, H_kv = check_grouped_qkv(q, k, v)
+    check_devices("q", q, initial_state=initial_state)
     _check_options(causal, window_size, rope, alibi, d.K)
     check_kv_cache("initial_state", initial_state, d, H_kv, {}, q.device)
     check_bool("output_final_state", output_final_state)
@@ -110,6 +112,7 @@ def softmax_attn_step(
     o_t = sum_j softmax_j(q_t . k_j scale + A_tj) v_j over the cache. q_t [B, H, K], k_t [B, H_kv, K],
     v_t [B, H_kv, V]; returns (o_t [B, H, V], the cache one token longer)."""
     d, H_kv = check_grouped_qkv(q_t, k_t, v_t, step=True)
+    check_devices("q_t", q_t, state=state)
     _check_options(True, window_size, rope, alibi, d.K)
     check_kv_cache("state", state, d, H_kv, {}, q_t.device)
     o, cache = run_attention("recurrent", q_t[:, None], k_t[:, None], v_t[:, None], None,

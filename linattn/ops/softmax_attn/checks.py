@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..common.checks import Dims, _fmt, check_float_tensor, check_shape
+from ..common.checks import Dims, _fmt, check_devices, check_float_tensor, check_shape
 from ..common.kv_cache import KVCache
 
 
@@ -34,8 +34,7 @@ def check_grouped_qkv(q: object, k: object, v: object, *, step: bool = False) ->
         raise ValueError(f"k{sfx}, v{sfx} must have H_kv heads dividing the H = {H} query heads, got H_kv = {H_kv}")
     if K < 1 or v.shape[-1] < 1 or (not step and q.shape[1] < 1):
         raise ValueError(f"q{sfx}, k{sfx}, v{sfx} must be non-empty, got q {_fmt(q.shape)} and v {_fmt(v.shape)}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    check_devices("q" + sfx, q, **{"k" + sfx: k, "v" + sfx: v})
     T = 1 if step else q.shape[1]
     return Dims(q.shape[0], T, H, K, v.shape[-1]), H_kv
 
@@ -59,13 +58,6 @@ def check_kv_cache(name: str, cache: object, d: Dims, H_kv: int, extras: dict[st
     if any(x.device != device for x in tensors):
         raise ValueError(f"{name} must be on the device of q ({device}), got {[str(x.device) for x in tensors]}")
     return cache
-
-
-def check_bool(name: str, value: object) -> bool:
-    """``value`` must be a bool."""
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return value
 
 
 def check_window_size(window_size: object) -> int | None:

@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import torch
 
-from ..common.checks import check_chunk_size, check_qkv, check_scalar_gate, check_shape, check_step_qkv, resolve_scale
+from ..common.checks import (
+    check_chunk_size,
+    check_devices,
+    check_qkv,
+    check_scalar_gate,
+    check_shape,
+    check_step_qkv,
+    resolve_scale,
+)
 from ..common.registry import OpSpec, register_op
+from ..common.values import check_bool
 from .checks import check_mini_batch_size, check_step_state, check_weights, resolve_inner_norm
 from .chunk import ttt_linear_chunk
 from .reference import make_norm, ttt_linear_recurrent, ttt_token
@@ -65,6 +74,8 @@ def ttt_linear(
     Returns (o [B, T, H, V] in q's dtype, final W [B, H, K, V] float32 (float64 for float64) or None).
     """
     d = check_qkv(q, k, v)
+    check_devices("q", q, eta=eta, initial_state=initial_state, norm_weight=norm_weight, norm_bias=norm_bias)
+    check_bool("output_final_state", output_final_state)
     check_scalar_gate("eta", eta, d)
     if initial_state is not None:
         check_weights("initial_state", initial_state, d, 1)
@@ -106,6 +117,7 @@ def ttt_linear_step(
     its ``current[0]`` is W_t.
     """
     d = check_step_qkv(q_t, k_t, v_t)
+    check_devices("q_t", q_t, eta_t=eta_t, state=state, norm_weight=norm_weight, norm_bias=norm_bias)
     check_shape("eta_t", eta_t, (d.B, d.H), "[B, H]")
     check_mini_batch_size(mini_batch_size)
     st = check_step_state(state, d, 1, mini_batch_size, q_t)

@@ -5,9 +5,17 @@ from __future__ import annotations
 
 import torch
 
-from ..common.checks import check_chunk_size, check_qkv, check_scalar_gate, check_shape, check_step_qkv, resolve_scale
+from ..common.checks import (
+    check_chunk_size,
+    check_devices,
+    check_qkv,
+    check_scalar_gate,
+    check_shape,
+    check_step_qkv,
+    resolve_scale,
+)
 from ..common.registry import OpSpec, register_op
-from ..common.values import check_range
+from ..common.values import check_bool, check_range
 from .api import NO_PARALLEL
 from .checks import check_mini_batch_size, check_step_state, check_weights
 from .chunk import titans_chunk
@@ -64,6 +72,8 @@ def titans(
     Returns (o [B, T, H, V] in q's dtype, final (M, S) float32 (float64 for float64) or None).
     """
     d = check_qkv(q, k, v)
+    check_devices("q", q, theta=theta, alpha=alpha, eta=eta, initial_state=initial_state)
+    check_bool("output_final_state", output_final_state)
     for name, x in (("theta", theta), ("alpha", alpha), ("eta", eta)):
         check_scalar_gate(name, x, d)
     _check_gates(theta, alpha, eta)
@@ -98,6 +108,7 @@ def titans_step(
     [B, H]; ``state`` None (zeros), the op's (M, S) (a mini-batch boundary) or the
     :class:`MiniBatchState` a previous step returned. Returns (o_t [B, H, V], MiniBatchState)."""
     d = check_step_qkv(q_t, k_t, v_t)
+    check_devices("q_t", q_t, theta_t=theta_t, alpha_t=alpha_t, eta_t=eta_t, state=state)
     for name, x in (("theta_t", theta_t), ("alpha_t", alpha_t), ("eta_t", eta_t)):
         check_shape(name, x, (d.B, d.H), "[B, H]")
     _check_gates(theta_t, alpha_t, eta_t)
