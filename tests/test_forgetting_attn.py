@@ -7,6 +7,7 @@ import torch
 from linattn.ops.common.blockwise_softmax import _Blocks
 from linattn.ops.common.kv_cache import KVCache
 from linattn.ops.common.positions import alibi_slopes
+from linattn.ops.common.values import value_checks
 from linattn.ops.forgetting_attn import forgetting_attn, forgetting_attn_step
 from linattn.ops.softmax_attn import softmax_attn
 from linattn.testing import assert_close, check_backends_agree, grads, log_gate, randn
@@ -171,7 +172,10 @@ def test_pruned_blocks_match_recurrent(gates):
         u = torch.rand(xs[i].shape, dtype=torch.float64, generator=gen)
         xs[i] = torch.where(u < 0.3, -8.0 * u, 0.0 * u) if gates == "sparse-strong" else 12.0 * u - 7.0
     xs[0] = 3.0 * xs[0]
-    check_backends_agree(lambda *a, backend: run(*a, backend, chunk_size=16), xs, NAMES, ["chunk"], tol=1e-10)
+    # mixed-sign gates are outside the documented g <= 0 (the op refuses them where value checks run); with the
+    # checks off they stress the chunk backend's per-block bound, which must stay exact for any gate values
+    with value_checks("off"):
+        check_backends_agree(lambda *a, backend: run(*a, backend, chunk_size=16), xs, NAMES, ["chunk"], tol=1e-10)
 
 
 def test_strong_forgetting_prunes_far_blocks():

@@ -22,7 +22,7 @@ from ..common.checks import (
     resolve_scale,
 )
 from ..common.registry import OpSpec, register_op
-from ..common.values import check_bool
+from ..common.values import check_bool, check_log_decay
 from ..gated_delta_rule.api import (
     PURE_TORCH_BACKENDS,
     check_beta,
@@ -90,6 +90,7 @@ def comba(
     check_bool("output_final_state", output_final_state)
     check_shape("p", p, (d.B, d.T, d.H, d.K), "[B, T, H, K]")
     check_scalar_gate("g", g, d)
+    check_log_decay("g", g)
     check_beta(beta, d, allow_neg_eigval)
     check_initial_state(initial_state, d)
     check_chunk_size(chunk_size)
@@ -123,6 +124,7 @@ def comba_step(
     check_devices("q_t", q_t, p_t=p_t, g_t=g_t, beta_t=beta_t, state=state)
     check_shape("p_t", p_t, (d.B, d.H, d.K), "[B, H, K]")
     check_shape("g_t", g_t, (d.B, d.H), "[B, H]")
+    check_log_decay("g_t", g_t)
     check_step_beta(beta_t, d, allow_neg_eigval)
     check_step_state(state, d)
     return gated_delta_step_reference(q_t, k_t, v_t, g_t, beta_t, state, scale=resolve_scale(scale, d.K), p_t=p_t)

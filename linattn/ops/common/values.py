@@ -108,3 +108,10 @@ def check_range(name: str, x: torch.Tensor, low: float, high: float, hint: str =
             + (f" ({hint})" if hint else "")
         )
     return x
+
+
+def check_log_decay(name: str, g: torch.Tensor | None) -> torch.Tensor | None:
+    """A log decay must be <= 0 (None skipped): exp(g) > 1 grows the state without bound (Inf, then NaN)."""
+    if g is None:
+        return None
+    return check_range(name, g, float("-inf"), 0.0, "a log decay: exp(g) must be a decay factor in [0, 1]")

@@ -19,7 +19,7 @@ from ..common.checks import check_chunk_size, check_devices, check_shape, resolv
 from ..common.kv_cache import KVCache
 from ..common.positions import rope_config
 from ..common.registry import OpSpec, register_op
-from ..common.values import check_bool
+from ..common.values import check_bool, check_log_decay
 from ..softmax_attn.checks import check_grouped_qkv, check_kv_cache, check_window_size
 from ..softmax_attn.core import run_attention
 
@@ -88,6 +88,7 @@ def forgetting_attn(
     d, H_kv = check_grouped_qkv(q, k, v)
     check_devices("q", q, g=g, initial_state=initial_state)
     check_shape("g", g, (d.B, d.T, d.H), "[B, T, H]")
+    check_log_decay("g", g)
     _check_options(window_size, rope, d.K)
     check_kv_cache("initial_state", initial_state, d, H_kv, EXTRAS, q.device)
     check_bool("output_final_state", output_final_state)
@@ -114,6 +115,7 @@ def forgetting_attn_step(
     d, H_kv = check_grouped_qkv(q_t, k_t, v_t, step=True)
     check_devices("q_t", q_t, g_t=g_t, state=state)
     check_shape("g_t", g_t, (d.B, d.H), "[B, H]")
+    check_log_decay("g_t", g_t)
     _check_options(window_size, rope, d.K)
     check_kv_cache("state", state, d, H_kv, EXTRAS, q_t.device)
     o, cache = run_attention("recurrent", q_t[:, None], k_t[:, None], v_t[:, None], g_t[:, None],

@@ -15,7 +15,7 @@ from ..common.checks import (
     resolve_scale,
 )
 from ..common.registry import OpSpec, register_op
-from ..common.values import check_bool
+from ..common.values import check_bool, check_log_decay
 from ..gated_delta_rule.api import SPEC as GDN_SPEC
 from ..gated_delta_rule.api import check_beta, check_step_beta, check_step_state, delta_example_inputs
 from .reference import gated_delta_product_recurrent, gated_delta_product_step_reference, via_substeps
@@ -93,6 +93,7 @@ def gated_delta_product(
     check_bool("output_final_state", output_final_state)
     if g is not None:
         check_shape("g", g, (d.B, d.T, d.H), "[B, T, H]")
+    check_log_decay("g", g)
     check_beta(beta, d, allow_neg_eigval, T=d.T * n)
     check_initial_state(initial_state, d)
     check_chunk_size(chunk_size)
@@ -134,6 +135,7 @@ def gated_delta_product_step(
     check_devices("q_t", q_t, k_t=k_t, v_t=v_t, g_t=g_t, beta_t=beta_t, state=state)
     if g_t is not None:
         check_shape("g_t", g_t, (B, H), "[B, H]")
+    check_log_decay("g_t", g_t)
     check_step_beta(beta_t, d, allow_neg_eigval, shape=(B, n, H), layout="[B, n, H]")
     check_step_state(state, d)
     return gated_delta_product_step_reference(q_t, k_t, v_t, g_t, beta_t, state, scale=resolve_scale(scale, K))

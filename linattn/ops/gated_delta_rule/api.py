@@ -18,7 +18,7 @@ from ..common.checks import (
 )
 from ..common.registry import OpSpec, register_op
 from ..common.triton_step import check_inplace, select_step
-from ..common.values import check_bool, check_range
+from ..common.values import check_bool, check_log_decay, check_range
 from .chunk import gated_delta_chunk
 from .reference import gated_delta_parallel, gated_delta_recurrent, gated_delta_step_reference
 
@@ -91,6 +91,7 @@ def gated_delta_rule(
     check_devices("q", q, g=g, beta=beta, initial_state=initial_state)
     check_bool("output_final_state", output_final_state)
     check_scalar_gate("g", g, d)
+    check_log_decay("g", g)
     check_beta(beta, d, allow_neg_eigval)
     check_initial_state(initial_state, d)
     check_chunk_size(chunk_size)
@@ -124,6 +125,7 @@ def gated_delta_rule_step(
     d = check_step_qkv(q_t, k_t, v_t)
     check_devices("q_t", q_t, g_t=g_t, beta_t=beta_t, state=state)
     check_shape("g_t", g_t, (d.B, d.H), "[B, H]")
+    check_log_decay("g_t", g_t)
     check_step_beta(beta_t, d, allow_neg_eigval)
     check_step_state(state, d)
     check_inplace(inplace, state)

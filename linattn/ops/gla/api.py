@@ -16,7 +16,7 @@ from ..common.checks import (
 )
 from ..common.registry import OpSpec, register_op
 from ..common.triton_step import check_inplace, select_step
-from ..common.values import check_bool
+from ..common.values import check_bool, check_log_decay
 from .chunk import gla_chunk
 from .reference import gla_parallel, gla_recurrent, gla_step_reference
 
@@ -58,6 +58,7 @@ def gla(
     check_devices("q", q, g=g, initial_state=initial_state)
     check_bool("output_final_state", output_final_state)
     check_vector_gate("g", g, d)
+    check_log_decay("g", g)
     check_initial_state(initial_state, d)
     check_chunk_size(chunk_size)
     impl = SPEC.resolve(backend, q.device)
@@ -88,6 +89,7 @@ def gla_step(
     d = check_step_qkv(q_t, k_t, v_t)
     check_devices("q_t", q_t, g_t=g_t, state=state)
     check_shape("g_t", g_t, (d.B, d.H, d.K), "[B, H, K]")
+    check_log_decay("g_t", g_t)
     if state is not None:
         check_shape("state", state, (d.B, d.H, d.K, d.V), "[B, H, K, V]")
     check_inplace(inplace, state)

@@ -16,7 +16,7 @@ from ..common.checks import (
     resolve_scale,
 )
 from ..common.registry import OpSpec, register_op
-from ..common.values import check_bool, check_range, value_checks_enabled
+from ..common.values import check_bool, check_log_decay, check_range, value_checks_enabled
 from .chunk import mesa_net_chunk
 from .reference import MesaState, mesa_net_parallel, mesa_net_recurrent, mesa_net_step_reference
 from .solve import SOLVERS
@@ -89,6 +89,7 @@ def mesa_net(
     check_devices("q", q, g=g, beta=beta, lamb=lamb, initial_state=initial_state)
     check_bool("output_final_state", output_final_state)
     check_scalar_gate("g", g, d)
+    check_log_decay("g", g)
     check_scalar_gate("beta", beta, d)
     _check_mesa_args(beta, lamb, d, solver, cg_steps)
     initial_state = _check_state("initial_state", initial_state, d)
@@ -123,6 +124,7 @@ def mesa_net_step(
     d = check_step_qkv(q_t, k_t, v_t)
     check_devices("q_t", q_t, g_t=g_t, beta_t=beta_t, lamb=lamb, state=state)
     check_shape("g_t", g_t, (d.B, d.H), "[B, H]")
+    check_log_decay("g_t", g_t)
     check_shape("beta_t", beta_t, (d.B, d.H), "[B, H]")
     _check_mesa_args(beta_t, lamb, d, solver, cg_steps)
     state = _check_state("state", state, d)

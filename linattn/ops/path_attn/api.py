@@ -17,7 +17,7 @@ from ..common.checks import (
 from ..common.kv_cache import KVCache
 from ..common.kv_checks import check_kv_cache
 from ..common.registry import OpSpec, register_op
-from ..common.values import check_bool
+from ..common.values import check_bool, check_log_decay
 from .chunk import path_attn_chunk
 from .reference import path_attn_parallel, path_attn_recurrent
 
@@ -73,6 +73,7 @@ def path_attn(
     check_scalar_gate("beta", beta, d)
     if g is not None:
         check_scalar_gate("g", g, d)
+    check_log_decay("g", g)
     check_kv_cache("initial_state", initial_state, d, extras=("log_decay",), device=q.device)
     check_bool("output_final_state", output_final_state)
     check_chunk_size(chunk_size)
@@ -100,6 +101,7 @@ def path_attn_step(
     check_shape("beta_t", beta_t, (d.B, d.H), "[B, H]")
     if g_t is not None:
         check_shape("g_t", g_t, (d.B, d.H), "[B, H]")
+    check_log_decay("g_t", g_t)
     check_kv_cache("state", state, d, extras=("log_decay",), device=q_t.device)
     o, cache = path_attn_recurrent(q_t[:, None], k_t[:, None], v_t[:, None], w_t[:, None], beta_t[:, None],
                                    None if g_t is None else g_t[:, None], scale=resolve_scale(scale, d.K),
