@@ -1,4 +1,6 @@
-"""Named errors of the ops: log decays g > 0 (or NaN) refused by every op and step that takes one."""
+"""Named errors of the ops and layers: log decays g > 0 (or NaN) refused by every op and step that takes one; an
+unknown backend or absurd chunk_size refused when a layer is built; a decoding cache whose ShortConv states do not
+match the layer continuing it."""
 
 from __future__ import annotations
 
@@ -8,6 +10,10 @@ import math
 import pytest
 import torch
 
+from linattn.layers import MixerLayer, build_mixer, list_mixers
+from linattn.layers.cache import LayerCache
+from linattn.layers.registry import mixer_class
+from linattn.models import CausalLM, ModelConfig
 from linattn.ops import get_op
 from linattn.ops.common.values import value_checks
 
@@ -16,6 +22,7 @@ B, T, H, K, V = 1, 3, 2, 4, 4
 LOG_DECAY_OPS = ["simple_gla", "gla", "gated_delta_rule", "comba", "gated_delta_product", "mesa_net",
                  "forgetting_attn", "path_attn"]
 G_ERROR = r"must have values in \[-inf, 0\]"
+MIXER_LAYERS = [name for name in list_mixers() if issubclass(mixer_class(name), MixerLayer)]
 
 
 def _step_inputs(name: str) -> dict[str, torch.Tensor]:
@@ -59,3 +66,65 @@ def test_zero_log_decay_and_off_mode_still_run(name: str) -> None:
     x["g"] = torch.full_like(x["g"], 0.5)
     with value_checks("off"):  # the caller vouches for the range: not read
         get_op(name).fn(**x)
+
+
+# --- a layer's backend and chunk_size are checked when it is built ----------------------------------------------
+
+@pytest.mark.parametrize("name", MIXER_LAYERS)
+def test_layer_refuses_unknown_backend(name: str) -> None:
+    msg = r"^backend must be one of 'auto', 'recurrent', 'parallel', 'chunk', 'triton'; got 'foo'$"
+    with pytest.raises(ValueError, match=msg):
+        build_mixer(name, 16, 2, backend="foo")
+
+
+@pytest.mark.parametrize("chunk_size", [0, 2**20, 16.0, True])
+def test_layer_refuses_bad_chunk_size(chunk_size: object) -> None:
+    with pytest.raises(ValueError, match=r"^chunk_size must be an int in \[1, 4096\]"):
+        build_mixer("gated_delta_rule", 16, 2, chunk_size=chunk_size)
+
+
+def test_layer_valid_backend_and_chunk_size_build() -> None:
+    layer = build_mixer("gated_delta_rule", 16, 2, backend="recurrent", chunk_size=32)
+    y, _ = layer(torch.randn(1, 5, 16))
+    assert y.shape == (1, 5, 16)
+
+
+# --- a decoding cache must carry the ShortConv states of the layer continuing it --------------------------------
+
+def _lm(**mixer_kwargs: str) -> CausalLM:
+    torch.manual_seed(0)
+    return CausalLM(ModelConfig(mixer="gated_delta_rule", d_model=32, n_layers=1, n_heads=2, vocab_size=20,
+                                mixer_kwargs=mixer_kwargs)).eval()
+
+
+def test_cache_without_conv_state_refused() -> None:
+    plain, conv = _lm(short_conv=""), _lm()
+    ids = torch.randint(0, 20, (1, 4))
+    with torch.no_grad():
+        _, cache = plain(ids)
+        with pytest.raises(ValueError, match=r"the cache has no ShortConv state for stream 'q' \(it was made by "
+                                             r"a layer without a short conv on it\)"):
+            conv(ids[:, :1], cache=cache)
+
+
+def test_cache_with_extra_conv_state_refused() -> None:
+    plain, conv = _lm(short_conv=""), _lm()
+    ids = torch.randint(0, 20, (1, 4))
+    with torch.no_grad():
+        _, cache = conv(ids)
+        with pytest.raises(ValueError, match=r"the cache has ShortConv state for stream 'q', which this layer "
+                                             r"does not convolve"):
+            plain(ids[:, :1], cache=cache)
+
+
+def test_matching_and_fresh_caches_still_run() -> None:
+    model = _lm()
+    ids = torch.randint(0, 20, (1, 4))
+    with torch.no_grad():
+        full, _ = model(ids)
+        _, cache = model(ids[:, :3])
+        last, _ = model(ids[:, 3:], cache=cache)
+        torch.testing.assert_close(last[:, 0], full[:, 3], rtol=1e-4, atol=1e-4)
+        # an empty cache at offset 0 starts a sequence: it has no conv state yet, and needs none
+        y, _ = build_mixer("gated_delta_rule", 32, 2)(torch.randn(1, 2, 32), LayerCache())
+    assert y.shape == (1, 2, 32)

@@ -25,10 +25,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from linattn.ops.common.checks import check_choice, check_chunk_size
+from linattn.ops.common.registry import BACKENDS
 from linattn.ops.common.values import value_checks
 
 from .cache import LayerCache
-from .checks import check_layer_input, check_short_conv, check_static_step_input, head_dims
+from .checks import check_conv_cache, check_layer_input, check_short_conv, check_static_step_input, head_dims
 from .norms import rms_norm_gated
 from .shortconv import CONV_MODES, ShortConv
 from .static_cache import StaticLayerCache, copy_rows_, copy_state_, state_dtype
@@ -76,6 +78,9 @@ class MixerLayer(nn.Module):
         if tie_kv and V != K:
             raise ValueError(f"tie_kv=True needs head_dim_v == head_dim, got head_dim_v={V}, head_dim={K}")
         self.d_model, self.n_heads, self.head_dim, self.head_dim_v = d_model, n_heads, K, V
+        # checked here as the ops check them, so that a typo fails at construction and not at the first forward
+        check_choice("backend", backend, ("auto", *BACKENDS))
+        check_chunk_size(chunk_size)
         self.tie_kv, self.backend, self.chunk_size = tie_kv, backend, chunk_size
         if conv_mode not in CONV_MODES:
             raise ValueError(f"conv_mode must be one of {', '.join(map(repr, CONV_MODES))}; got {conv_mode!r}")
@@ -124,6 +129,8 @@ class MixerLayer(nn.Module):
     def streams(self, x: torch.Tensor, cache: LayerCache | StaticLayerCache | None
                 ) -> tuple[dict[str, torch.Tensor], dict]:
         """Projections q, k, v (flat [B, T, H*D]) after their ShortConvs, and the new conv caches."""
+        if isinstance(cache, LayerCache):
+            check_conv_cache(cache, self.conv_modules())
         k = self.k_proj(x)
         out = {"q": self.q_proj(x), "k": k, "v": k if self.v_proj is None else self.v_proj(x)}
         new_conv = {}
@@ -188,6 +195,7 @@ class MixerLayer(nn.Module):
 
     def load_static_cache(self, static: StaticLayerCache, cache: LayerCache, rows: torch.Tensor) -> None:
         """Copy ``cache`` (of len(rows) sequences, e.g. a prefill's) into rows ``rows`` of the static buffers."""
+        check_conv_cache(cache, static.conv)
         for name, buf in static.conv.items():
             buf.index_copy_(0, rows, cache.conv[name].to(buf.dtype))
         self.load_static_state(static.state, cache.state, rows)

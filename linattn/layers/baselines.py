@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .cache import LayerCache
-from .checks import check_layer_input, check_positive_int, check_short_conv, check_static_step_input
+from .checks import check_conv_cache, check_layer_input, check_positive_int, check_short_conv, check_static_step_input
 from .scan import linear_scan
 from .shortconv import CONV_MODES, ShortConv
 from .static_cache import StaticLayerCache, copy_rows_, state_dtype
@@ -56,6 +56,8 @@ class _Baseline(nn.Module):
             check_static_step_input(x, self.d_model, cache)
         else:
             check_layer_input(x, self.d_model, cache)
+            if cache is not None:
+                check_conv_cache(cache, () if self.conv is None else ("v",))
 
     def new_cache(self, new_conv: dict, state: torch.Tensor, cache: LayerCache | StaticLayerCache | None, T: int,
                   use_cache: bool) -> LayerCache | StaticLayerCache | None:
@@ -79,6 +81,7 @@ class _Baseline(nn.Module):
 
     def load_static_cache(self, static: StaticLayerCache, cache: LayerCache, rows: torch.Tensor) -> None:
         """Copy a cached path's cache of len(rows) sequences into rows ``rows`` of the buffers."""
+        check_conv_cache(cache, static.conv)
         for name, buf in static.conv.items():
             buf.index_copy_(0, rows, cache.conv[name].to(buf.dtype))
         copy_rows_(static.state, cache.state, rows)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from .cache import LayerCache
@@ -63,3 +65,21 @@ def check_static_step_input(x: object, d_model: int, cache: StaticLayerCache) ->
         raise ValueError(f"a static decoding step takes one token per row: x must have shape [B, 1, d_model] = "
                          f"[{B}, 1, {d_model}] (B from the static cache), got {list(x.shape)}")
     return x
+
+
+def check_conv_cache(cache: LayerCache, conv_names: Iterable[str]) -> None:
+    """A cache continuing a sequence (offset > 0) holds a ShortConv state for exactly the streams this layer
+    convolves: a missing one would silently restart that conv from zeros, an extra one means the cache came from
+    a layer with another ``short_conv`` (either way the outputs would not continue the prefill)."""
+    if cache.offset == 0:  # nothing seen yet: no conv state to continue
+        return
+    names = list(conv_names)  # the layer's stream order (q, k, v, ...)
+    missing = [name for name in names if name not in cache.conv]
+    extra = [name for name in cache.conv if name not in names]
+    if missing:
+        raise ValueError(f"the cache has no ShortConv state for stream {missing[0]!r} (it was made by a layer without "
+                         f"a short conv on it); this layer convolves {names}, the cache has {list(cache.conv)}")
+    if extra:
+        raise ValueError(f"the cache has ShortConv state for stream {extra[0]!r}, which this layer does not convolve "
+                         f"(it was made by a layer with a short conv on it); this layer convolves {names}, "
+                         f"the cache has {list(cache.conv)}")
