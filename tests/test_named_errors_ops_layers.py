@@ -1,6 +1,6 @@
 """Named errors of the ops and layers: log decays g > 0 (or NaN) refused by every op and step that takes one; an
 unknown backend or absurd chunk_size refused when a layer is built; a decoding cache whose ShortConv states do not
-match the layer continuing it."""
+match the layer continuing it; mesa_net's read-out system that is not positive definite, on every backend."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from linattn.layers.registry import mixer_class
 from linattn.models import CausalLM, ModelConfig
 from linattn.ops import get_op
 from linattn.ops.common.values import value_checks
+from linattn.ops.mesa_net import NotPositiveDefiniteError
 
 B, T, H, K, V = 1, 3, 2, 4, 4
 # every op taking a log decay g (documented g <= 0); path_attn's is optional
@@ -128,3 +129,31 @@ def test_matching_and_fresh_caches_still_run() -> None:
         # an empty cache at offset 0 starts a sequence: it has no conv state yet, and needs none
         y, _ = build_mixer("gated_delta_rule", 32, 2)(torch.randn(1, 2, 32), LayerCache())
     assert y.shape == (1, 2, 32)
+
+
+# --- mesa_net: a system that is not positive definite is named on every backend ---------------------------------
+
+def _mesa_inputs_with_nan_key(T_: int = 4) -> dict[str, torch.Tensor]:
+    x = get_op("mesa_net").example_inputs(B, T_, H, K, V)
+    x["k"][0, T_ // 2, 0, 1] = math.nan
+    return x
+
+
+@pytest.mark.parametrize("solver", ["exact", "cg"])
+@pytest.mark.parametrize("backend", ["recurrent", "parallel", "chunk"])
+def test_mesa_net_not_positive_definite_named(backend: str, solver: str) -> None:
+    # a ValueError (bad inputs) that is still a LinAlgError for callers catching torch's
+    assert issubclass(NotPositiveDefiniteError, ValueError) and issubclass(NotPositiveDefiniteError,
+                                                                           torch.linalg.LinAlgError)
+    with pytest.raises(NotPositiveDefiniteError, match=r"^mesa_net: G_t \+ diag\(lamb\) is not positive definite"):
+        get_op("mesa_net").fn(**_mesa_inputs_with_nan_key(), backend=backend, solver=solver)
+
+
+@pytest.mark.parametrize("solver", ["exact", "cg"])
+def test_mesa_net_step_not_positive_definite_named(solver: str) -> None:
+    x = _mesa_inputs_with_nan_key(1)
+    x["k"][0, 0, 0, 1] = math.nan
+    step = {"q_t": x["q"][:, 0], "k_t": x["k"][:, 0], "v_t": x["v"][:, 0], "g_t": x["g"][:, 0],
+            "beta_t": x["beta"][:, 0], "lamb": x["lamb"]}
+    with pytest.raises(NotPositiveDefiniteError, match=r"^mesa_net: G_t \+ diag\(lamb\) is not positive definite"):
+        get_op("mesa_net").step(**step, solver=solver)

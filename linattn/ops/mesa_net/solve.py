@@ -16,6 +16,16 @@ from ..common.values import value_checks_enabled
 SOLVERS = ("exact", "cg")
 
 
+class NotPositiveDefiniteError(torch.linalg.LinAlgError, ValueError):
+    """mesa_net's read-out system G_t + diag(lamb) is not positive definite (NaN or inf inputs, or a gate that
+    grows G_t). A ValueError, since bad inputs cause it; still a LinAlgError for callers that catch torch's."""
+
+
+def _not_positive_definite(what: str) -> NotPositiveDefiniteError:
+    return NotPositiveDefiniteError(f"mesa_net: G_t + diag(lamb) is not positive definite (NaN or inf in q, k, v, "
+                                    f"beta, g or the initial state?); {what}")
+
+
 def _ratio(num: torch.Tensor, den: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
     """num / den where ``active`` (and den is a normal positive number), 0 elsewhere; NaN-free in both
     directions of autograd."""
@@ -52,13 +62,16 @@ def spd_solve(A: torch.Tensor, b: torch.Tensor, solver: str, cg_steps: int | Non
 
     ``solver="exact"``: Cholesky factorisation and two triangular solves. ``solver="cg"``: ``cg_steps``
     conjugate-gradient steps from zero (None means K steps). A failed factorisation (A not positive
-    definite, e.g. NaN inputs) raises where value checks run (values.py): reading its status is a host
-    synchronisation, which a CUDA decoding step (and its captured graph) must not have.
+    definite, e.g. NaN inputs; for CG, NaN or inf in A) raises :class:`NotPositiveDefiniteError` where
+    value checks run (values.py): reading its status is a host synchronisation, which a CUDA decoding
+    step (and its captured graph) must not have.
     """
     if solver == "exact":
         L, info = torch.linalg.cholesky_ex(A)
         if value_checks_enabled(info) and bool((info != 0).any()):
-            raise torch.linalg.LinAlgError("mesa_net: G_t + diag(lamb) is not positive definite (NaN or inf "
-                                           "inputs?); its Cholesky factorisation failed")
+            raise _not_positive_definite("its Cholesky factorisation failed")
         return torch.cholesky_solve(b[..., None], L).squeeze(-1)
+    # CG has no factorisation to fail: it would carry NaN or inf in A silently into the output
+    if value_checks_enabled(A) and not bool(torch.isfinite(A).all()):
+        raise _not_positive_definite("it has NaN or inf entries, so conjugate gradient cannot solve it")
     return conjugate_gradient(A, b, A.shape[-1] if cg_steps is None else cg_steps)
