@@ -89,3 +89,21 @@ def check_backends_agree(
             if e is not None:
                 assert a is not None, f"{b}: no gradient for {name}"
                 assert_close(a, e, grad_tol, f"{b} vs {reference}: grad of {name}", metric)
+
+
+def step_inputs(name: str, B: int, H: int, K: int, V: int) -> dict[str, torch.Tensor]:
+    """Tensors for op ``name``'s step function by parameter name, from the op's ``example_inputs`` at T = 1:
+    ``x_t`` is token 0 of the op's ``x`` (sub-step inputs such as gated_delta_product's k [B, n, H, K] keep their
+    n); other names (mesa_net's lamb) are passed whole; ``state`` is left out."""
+    import inspect
+
+    from linattn.ops import get_op
+
+    spec = get_op(name)
+    x = spec.example_inputs(B, 1, H, K, V)
+    out = {}
+    for p in inspect.signature(spec.step).parameters:
+        base = p[:-2] if p.endswith("_t") else p
+        if p != "state" and base in x:
+            out[p] = x[base][:, 0] if p.endswith("_t") and x[base].shape[1] == 1 else x[base]
+    return out

@@ -4,7 +4,6 @@ match the layer continuing it; mesa_net's read-out system that is not positive d
 
 from __future__ import annotations
 
-import inspect
 import math
 
 import pytest
@@ -17,6 +16,7 @@ from linattn.models import CausalLM, ModelConfig
 from linattn.ops import get_op
 from linattn.ops.common.values import value_checks
 from linattn.ops.mesa_net import NotPositiveDefiniteError
+from linattn.testing import step_inputs
 
 B, T, H, K, V = 1, 3, 2, 4, 4
 # every op taking a log decay g (documented g <= 0); path_attn's is optional
@@ -27,15 +27,7 @@ MIXER_LAYERS = [name for name in list_mixers() if issubclass(mixer_class(name), 
 
 
 def _step_inputs(name: str) -> dict[str, torch.Tensor]:
-    """The step's tensors by parameter name: ``x_t`` is token 0 of the op's ``x`` from a one-token input (so
-    gated_delta_product's sub-step inputs [B, n, ...] keep their n); others (mesa_net's lamb) pass whole."""
-    x = get_op(name).example_inputs(B, 1, H, K, V)
-    out = {}
-    for p in inspect.signature(get_op(name).step).parameters:
-        base = p[:-2] if p.endswith("_t") else p
-        if p != "state" and base in x:
-            out[p] = x[base][:, 0] if p.endswith("_t") and x[base].shape[1] == 1 else x[base]
-    return out
+    return step_inputs(name, B, H, K, V)
 
 
 # --- log decays must be <= 0 -------------------------------------------------------------------------------------
@@ -98,24 +90,18 @@ def _lm(**mixer_kwargs: str) -> CausalLM:
                                 mixer_kwargs=mixer_kwargs)).eval()
 
 
-def test_cache_without_conv_state_refused() -> None:
-    plain, conv = _lm(short_conv=""), _lm()
+@pytest.mark.parametrize("maker, user, message", [
+    ("", "qkv", r"the cache has no ShortConv state for stream 'q' \(it was made by a layer without a short conv "
+                r"on it\)"),
+    ("qkv", "", r"the cache has ShortConv state for stream 'q', which this layer does not convolve"),
+])
+def test_cache_with_mismatched_conv_states_refused(maker: str, user: str, message: str) -> None:
+    made_by, used_by = _lm(short_conv=maker), _lm(short_conv=user)
     ids = torch.randint(0, 20, (1, 4))
     with torch.no_grad():
-        _, cache = plain(ids)
-        with pytest.raises(ValueError, match=r"the cache has no ShortConv state for stream 'q' \(it was made by "
-                                             r"a layer without a short conv on it\)"):
-            conv(ids[:, :1], cache=cache)
-
-
-def test_cache_with_extra_conv_state_refused() -> None:
-    plain, conv = _lm(short_conv=""), _lm()
-    ids = torch.randint(0, 20, (1, 4))
-    with torch.no_grad():
-        _, cache = conv(ids)
-        with pytest.raises(ValueError, match=r"the cache has ShortConv state for stream 'q', which this layer "
-                                             r"does not convolve"):
-            plain(ids[:, :1], cache=cache)
+        _, cache = made_by(ids)
+        with pytest.raises(ValueError, match=message):
+            used_by(ids[:, :1], cache=cache)
 
 
 def test_matching_and_fresh_caches_still_run() -> None:

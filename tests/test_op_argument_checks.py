@@ -6,7 +6,6 @@ device stands in for one on another GPU (the checks compare ``.device`` only, so
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 import re
 
@@ -15,6 +14,7 @@ import torch
 
 from linattn.ops import get_op, list_ops
 from linattn.ops.common.checks import CHUNK_SIZES, MAX_CHUNK_SIZE, check_chunk_size
+from linattn.testing import step_inputs
 
 B, T, H, K, V = 1, 3, 2, 4, 4
 OPS = list_ops()
@@ -27,16 +27,7 @@ def _op_inputs(name: str) -> dict[str, torch.Tensor]:
 
 
 def _step_inputs(name: str) -> dict[str, torch.Tensor]:
-    """The step's positional tensors by parameter name: ``x_t`` is token 0 of the op's ``x`` (a one-token input,
-    so sub-step inputs such as gated_delta_product's k [B, n, H, K] keep their n), other names (mesa_net's
-    lamb) are passed whole."""
-    x = get_op(name).example_inputs(B, 1, H, K, V)
-    out = {}
-    for p in inspect.signature(get_op(name).step).parameters:
-        base = p[:-2] if p.endswith("_t") else p
-        if p != "state" and base in x:
-            out[p] = x[base][:, 0] if p.endswith("_t") and x[base].shape[1] == 1 else x[base]
-    return out
+    return step_inputs(name, B, H, K, V)
 
 
 def _to(x: object, device: str) -> object:
