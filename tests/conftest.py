@@ -5,12 +5,20 @@ kernel is defined), so it is set here, before the test modules load.
 """
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# The test tree mirrors the package; a few modules share fixtures across folders by module name
+# (test basenames are unique), so every folder is importable whatever xdist collects first.
+for _folder in sorted(Path(__file__).parent.iterdir()):
+    if _folder.is_dir() and not _folder.name.startswith((".", "_")) and str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 
 
 @pytest.fixture
