@@ -32,8 +32,11 @@ class Mamba2Layer(MixerLayer):
         self.decay = MambaDecay(d_model, n_heads)
         self.D = nn.Parameter(torch.ones(n_heads))
 
+    def x_projections(self) -> dict[str, nn.Linear]:
+        return {**super().x_projections(), "a": self.decay.a_proj}
+
     def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
-        g, dt = self.decay(x)
+        g, dt = self.decay.from_projection(streams["a"])
         return q, k * dt[..., None].to(k.dtype), v, [(g.to(q.dtype), True)], {}
 
     def skip(self, o: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -39,6 +39,8 @@ class FastKernel:
     def __init__(self, kernel: Any) -> None:
         self.kernel = kernel
         self.direct = isinstance(kernel, JITFunction) and hasattr(triton, "knobs")
+        # Triton reads TRITON_INTERPRET when a kernel is defined, so it is read here once, not per launch
+        self.interpreted = os.environ.get("TRITON_INTERPRET") == "1"
         if self.direct:
             dns = set(kernel.do_not_specialize or ())
             self.names = tuple(kernel.arg_names)
@@ -55,10 +57,9 @@ class FastKernel:
 
     def launch(self, grid: tuple[int, ...], args: tuple, kwargs: dict[str, Any]) -> None:
         """Launch on the current CUDA stream (through Triton the first time per launch key)."""
-        if not (self.direct and _ENABLED) or JITFunction.__getitem__ is not _GETITEM \
+        if not (self.direct and _ENABLED) or self.interpreted or JITFunction.__getitem__ is not _GETITEM \
                 or triton.knobs.runtime.launch_enter_hook is not None \
-                or triton.knobs.runtime.launch_exit_hook is not None \
-                or os.environ.get("TRITON_INTERPRET") == "1":
+                or triton.knobs.runtime.launch_exit_hook is not None:
             self.kernel[grid](*args, **kwargs)
             return
         values, options = self._bind(args, kwargs)

@@ -35,7 +35,14 @@ import triton.language as tl
 from ..common.triton_launch import fast_launch
 from ..common.triton_ops import gated_rnn_backend
 from ..common.triton_utils import block as _block
-from ..common.triton_utils import dot_precision, launch_options, launch_overrides, mm, upcast_dots
+from ..common.triton_utils import (
+    cdiv,
+    dot_precision,
+    launch_options,
+    launch_overrides,
+    mm,
+    upcast_dots,
+)
 
 
 @fast_launch
@@ -196,12 +203,12 @@ def _state_dtype(x: torch.Tensor) -> torch.dtype:
 def _states(k, v, g, initial_state, C):
     B, T, H, K = k.shape
     V = v.shape[-1]
-    N = triton.cdiv(T, C)
+    N = cdiv(T, C)
     BK, BV = _block(K), min(LAUNCH["BV"], _block(V))
     h = torch.empty(B, H, N, K, V, device=k.device, dtype=_state_dtype(k))
     ht = torch.empty(B, H, K, V, device=k.device, dtype=torch.float32)
     h0 = initial_state if initial_state is not None else ht  # unused pointer when HAS_H0 is False
-    _state_fwd_kernel[(triton.cdiv(V, BV), B * H)](
+    _state_fwd_kernel[(cdiv(V, BV), B * H)](
         k, v, g, h, h0, ht, T, H, K, V, C, BK, BV, initial_state is not None, dot_precision(k.dtype),
         upcast_dots(k.dtype), **launch_options(LAUNCH, "scan", k.dtype))
     return h, ht
@@ -215,7 +222,7 @@ def simple_gla_triton_forward(q, k, v, g, scale, initial_state, C, keep=False):
     h, ht = _states(k, v, g, initial_state, C)
     o = torch.empty_like(v)
     BK, BV = _block(K), min(LAUNCH["BV"], _block(V))
-    _output_fwd_kernel[(triton.cdiv(V, BV), triton.cdiv(T, C), B * H)](
+    _output_fwd_kernel[(cdiv(V, BV), cdiv(T, C), B * H)](
         q, k, v, g, h, o, scale, T, H, K, V, C, BK, BV, dot_precision(q.dtype), upcast_dots(q.dtype),
         **launch_options(LAUNCH, "out", q.dtype))
     return o, ht
@@ -225,12 +232,12 @@ def simple_gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, sav
     """Backward pass: (dq, dk, dv, dg, d_initial_state); the chunk states are recomputed (nothing is kept)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    N = triton.cdiv(T, C)
+    N = cdiv(T, C)
     BK, BV = _block(K), min(LAUNCH["BV"], _block(V))
     h, ht = _states(k, v, g, initial_state, C)
     dh = torch.empty_like(h)
     dh0 = torch.empty(B, H, K, V, device=q.device, dtype=torch.float32)
-    _state_bwd_kernel[(triton.cdiv(V, BV), B * H)](
+    _state_bwd_kernel[(cdiv(V, BV), B * H)](
         q, g, do, dh, dht if dht is not None else dh0, dh0, scale, T, H, K, V, C, BK, BV, dht is not None,
         dot_precision(q.dtype), upcast_dots(q.dtype), **launch_options(LAUNCH, "bscan", q.dtype))
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
