@@ -65,6 +65,17 @@ def fla_mlp_hidden(cfg: dict[str, Any]) -> int:
     return 256 * -(-int(cfg["hidden_size"] * ratio * 2 / 3) // 256)
 
 
+def _decode_floats(value: Any) -> Any:
+    """transformers 5 writes infinities and NaN into config.json as {"__float__": "Infinity"} (JSON has none)."""
+    if isinstance(value, dict):
+        if set(value) == {"__float__"}:
+            return float(value["__float__"])
+        return {k: _decode_floats(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_decode_floats(v) for v in value]
+    return value
+
+
 def with_defaults(config: dict[str, Any]) -> dict[str, Any]:
     """``config`` (a parsed FLA config.json) completed with its family's defaults; the family is model_type."""
     if not isinstance(config, dict):
@@ -73,12 +84,14 @@ def with_defaults(config: dict[str, Any]) -> dict[str, Any]:
     if family not in FLA_DEFAULTS:
         raise UnsupportedFLAConfig(f"FLA model_type {family!r} is not supported; supported: "
                                    f"{', '.join(sorted(FLA_DEFAULTS))}")
-    return {**FLA_DEFAULTS[family], **config}
+    return {**FLA_DEFAULTS[family], **_decode_floats(config)}
 
 
 def model_config_from_fla(config: dict[str, Any]) -> ModelConfig:
     """The linattn ModelConfig computing what the FLA model of ``config`` (a parsed config.json) computes."""
     cfg = with_defaults(config)
+    if isinstance(cfg["tie_word_embeddings"], str):  # never; guards the bool() below against "false"
+        raise UnsupportedFLAConfig(f"tie_word_embeddings must be a bool, got {cfg['tie_word_embeddings']!r}")
     family, d = cfg["model_type"], int(cfg["hidden_size"])
     common = dict(mixer=FLA_MIXERS[family], d_model=d, n_layers=int(cfg["num_hidden_layers"]),
                   vocab_size=int(cfg["vocab_size"]), norm_eps=float(cfg["norm_eps"]),
