@@ -14,7 +14,8 @@ from linattn.errors import ConfigError
 from linattn.models.config import ModelConfig
 
 # FLA 0.6.0's config defaults of the fields the conversion reads
-_LM_DEFAULTS = {"hidden_ratio": 4, "intermediate_size": None, "hidden_act": "swish", "attn": None,
+_LM_DEFAULTS = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": None,
+                "hidden_ratio": 4, "intermediate_size": None, "hidden_act": "swish", "attn": None,
                 "attnres_block_size": None, "tie_word_embeddings": False, "vocab_size": 32000}
 FLA_DEFAULTS: dict[str, dict[str, Any]] = {
     "delta_net": {**_LM_DEFAULTS, "hidden_size": 2048, "expand_k": 1.0, "expand_v": 1.0, "use_gate": False,
@@ -28,11 +29,13 @@ FLA_DEFAULTS: dict[str, dict[str, Any]] = {
     "gla": {**_LM_DEFAULTS, "hidden_size": 2048, "expand_k": 0.5, "expand_v": 1.0, "num_hidden_layers": 24,
             "num_heads": 4, "num_kv_heads": None, "feature_map": None, "use_short_conv": False, "conv_size": 4,
             "use_output_gate": True, "clamp_min": None, "elementwise_affine": True, "norm_eps": 1e-6},
-    "mamba2": {"head_dim": 64, "vocab_size": 32000, "hidden_size": 2048, "state_size": 128, "num_hidden_layers": 48,
+    "mamba2": {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
+               "head_dim": 64, "vocab_size": 32000, "hidden_size": 2048, "state_size": 128, "num_hidden_layers": 48,
                "norm_eps": 1e-5, "expand": 2, "conv_kernel": 4, "n_groups": 1, "use_bias": False,
                "use_conv_bias": True, "D_has_hdim": False, "hidden_act": "silu", "dt_limit": [0.0, math.inf],
                "rmsnorm": True, "norm_before_gate": False, "tie_word_embeddings": False},
 }
+TOKEN_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 FLA_MIXERS = {"delta_net": "delta_rule", "gated_deltanet": "gated_delta_rule", "gla": "gla", "mamba2": "mamba2"}
 FLA_ARCHITECTURES = {"delta_net": "DeltaNetForCausalLM", "gated_deltanet": "GatedDeltaNetForCausalLM",
                      "gla": "GLAForCausalLM", "mamba2": "Mamba2ForCausalLM"}
