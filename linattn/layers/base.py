@@ -48,7 +48,8 @@ class MixerLayer(nn.Module):
     Args: d_model; n_heads; head_dim (key width per head, default d_model / n_heads); head_dim_v
     (value width, default head_dim); short_conv (letters of "qkv", "" for none; None: the paper's
     default); conv_mode ("learned", "shift", "identity"); conv_kernel (4); conv_activation ("silu"
-    or None); tie_kv (v uses k's projection, before k's conv and feature map; needs head_dim_v ==
+    or None); conv_bias (a learned bias per channel in each learned ShortConv, as in Mamba2's conv;
+    default False); tie_kv (v uses k's projection, before k's conv and feature map; needs head_dim_v ==
     head_dim); output_norm / output_gate (None: the paper's default); backend ("auto", ...);
     chunk_size; norm_eps.
     """
@@ -65,9 +66,9 @@ class MixerLayer(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, *, head_dim: int | None = None, head_dim_v: int | None = None,
                  short_conv: str | None = None, conv_mode: str = "learned", conv_kernel: int = 4,
-                 conv_activation: str | None = "silu", tie_kv: bool = False, output_norm: bool | None = None,
-                 output_gate: bool | None = None, backend: str = "auto", chunk_size: int = 64,
-                 norm_eps: float = 1e-5) -> None:
+                 conv_activation: str | None = "silu", conv_bias: bool = False, tie_kv: bool = False,
+                 output_norm: bool | None = None, output_gate: bool | None = None, backend: str = "auto",
+                 chunk_size: int = 64, norm_eps: float = 1e-5) -> None:
         super().__init__()
         K = head_dims(d_model, n_heads, head_dim)
         V = K if head_dim_v is None else head_dims(d_model, n_heads, head_dim_v)
@@ -87,7 +88,9 @@ class MixerLayer(nn.Module):
         self.conv_mode = conv_mode
         H = n_heads
         self.q_proj = nn.Linear(d_model, H * K, bias=False)
-        self._conv_args = dict(kernel_size=conv_kernel, activation=conv_activation, mode=conv_mode)
+        if not isinstance(conv_bias, bool):
+            raise TypeError(f"conv_bias must be a bool, got {conv_bias!r}")
+        self._conv_args = dict(kernel_size=conv_kernel, activation=conv_activation, mode=conv_mode, bias=conv_bias)
         self.convs = nn.ModuleDict({c: ShortConv(self.q_proj.out_features, **self._conv_args) for c in self.short_conv})
         self.set_kv_heads(H)
         self.output_norm = self.default_output_norm if output_norm is None else bool(output_norm)

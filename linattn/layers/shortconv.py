@@ -56,6 +56,13 @@ def auto_backend(x: torch.Tensor) -> str:
     return "triton" if triton_importable() else "conv1d"
 
 
+def fixed_kernel(dim: int, kernel_size: int, mode: str) -> torch.Tensor:
+    """The [dim, 1, kernel_size] kernel of the fixed modes: "shift" (x_{t-1}) or "identity" (x_t)."""
+    w = torch.zeros(dim, 1, kernel_size)
+    w[:, 0, -2 if mode == "shift" else -1] = 1.0  # tap W-1 is x_t, tap W-2 is x_{t-1}
+    return w
+
+
 class ShortConv(nn.Module):
     """Causal depthwise conv1d over ``[B, T, D]`` inputs, kernel ``kernel_size`` (4), SiLU, no bias.
 
@@ -86,9 +93,7 @@ class ShortConv(nn.Module):
             nn.init.kaiming_uniform_(self.weight, a=5 ** 0.5)  # nn.Conv1d's default initialisation
             self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
         else:
-            w = torch.zeros(dim, 1, kernel_size)
-            w[:, 0, -2 if mode == "shift" else -1] = 1.0  # tap W-1 is x_t, tap W-2 is x_{t-1}
-            self.register_buffer("weight", w, persistent=False)
+            self.register_buffer("weight", fixed_kernel(dim, kernel_size, mode), persistent=False)
             self.bias = None
 
     def extra_repr(self) -> str:
