@@ -18,7 +18,7 @@ from pathlib import Path
 
 from linattn.errors import ConfigError
 from linattn.experiments.report import Cell, write_report
-from linattn.experiments.study import Study
+from linattn.experiments.study import Study, StudyEntry
 
 CONV_PLACEMENTS: dict[str, dict] = {
     **{name: {"model.mixer_kwargs.short_conv": letters, "model.mixer_kwargs.conv_mode": "learned"}
@@ -142,3 +142,6 @@ def conclusion(study: Study, cells: list[Cell]) -> str:
 
 def shortconv_report(study: Study, study_dir: Path, rows: list[dict]) -> None:
     write_report(study, study_dir, rows, conclusion=conclusion)
+
+
+SHORTCONV_STUDY = StudyEntry("shortconv", tuple(PRESETS), shortconv_study, shortconv_report)
