@@ -7,6 +7,7 @@ import json
 
 import pytest
 import yaml
+from test_lra_budget import TINY_SMOKE  # the lra smoke preset shrunk to seconds
 
 from linattn.cli import main
 from linattn.experiments import lra, runner, shortconv
@@ -20,15 +21,8 @@ TINY_SHORTCONV = {
     "seeds": [0],
     "lrs": [3e-3],
 }
-TINY_LRA = {
-    "task": {"data_dir": None, "pretrain_steps": 3,
-             "generate": dict(num_train=48, num_val=16, num_test=16, min_length=4, max_length=24, max_depth=3,
-                              max_args=3)},
-    "model": {"d_model": 16, "n_layers": 1, "n_heads": 2},
-    "train": {"max_steps": 6, "batch_size": 8, "warmup_steps": 2, "eval_every": 3, "eval_batch_size": 16,
-              "log_every": 3},
-    "mixers": ["gla"], "seeds": [0], "lrs": [3e-3],
-}
+TINY_LRA = {**TINY_SMOKE, "task": {**TINY_SMOKE["task"], "pretrain_steps": 3},
+            "train": {**TINY_SMOKE["train"], "max_steps": 6, "warmup_steps": 2, "eval_every": 3, "log_every": 3}}
 
 
 def _rerun(study: str, tmp_path, capsys, flags: list[str]) -> tuple[dict, dict, dict]:
