@@ -41,7 +41,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from linattn.train.build import cli_train
+    from linattn.experiments import cli_train
 
     return cli_train(args.config, device=args.device, out_dir=args.out, override_config=args.override_config)
 

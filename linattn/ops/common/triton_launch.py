@@ -14,7 +14,8 @@ the kernel), later ones call the compiled kernel's launcher on the current strea
 
 Launches go through Triton unchanged under its CPU interpreter, while a profiler or tool has set Triton's launch
 hooks or replaced ``JITFunction.__getitem__`` (bench/triton_resources.py), with an argument of a kind the key
-does not cover, and everywhere when ``LINATTN_FAST_LAUNCH=0``.
+does not cover, and everywhere when the setting ``fast_launch`` is off (``LINATTN_FAST_LAUNCH=0``,
+``linattn.settings(fast_launch=False)``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import torch
 import triton
 from triton.runtime.jit import JITFunction
 
-_ENABLED = os.environ.get("LINATTN_FAST_LAUNCH", "1") != "0"
+from linattn import switches
+
 _GETITEM = JITFunction.__getitem__
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _CONSTEXPR, _NOT_SPECIALISED, _SPECIALISED = 0, 1, 2
@@ -57,7 +59,8 @@ class FastKernel:
 
     def launch(self, grid: tuple[int, ...], args: tuple, kwargs: dict[str, Any]) -> None:
         """Launch on the current CUDA stream (through Triton the first time per launch key)."""
-        if not (self.direct and _ENABLED) or self.interpreted or JITFunction.__getitem__ is not _GETITEM \
+        if not (self.direct and switches.current().fast_launch) or self.interpreted \
+                or JITFunction.__getitem__ is not _GETITEM \
                 or triton.knobs.runtime.launch_enter_hook is not None \
                 or triton.knobs.runtime.launch_exit_hook is not None:
             self.kernel[grid](*args, **kwargs)

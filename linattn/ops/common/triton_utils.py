@@ -35,26 +35,13 @@ def upcast_dots(dtype: torch.dtype) -> bool:
 
 
 def launch_overrides(family: str, launch: dict) -> dict:
-    """``launch`` updated from the environment variable ``LINATTN_TRITON_LAUNCH`` (JSON
-    ``{"<family>": {"<key>": value}}``), for tuning and for working around compiler faults without
-    editing the code; unknown keys are an error naming the valid ones."""
-    import json
+    """``launch`` (a kernel module's ``LAUNCH`` dict) made to follow the setting ``triton_launch``
+    (``{"<family>": {"<key>": value}}``; ``linattn.settings(triton_launch=...)`` or the environment variable
+    ``LINATTN_TRITON_LAUNCH``), for tuning and for working around compiler faults without editing the code;
+    unknown keys are an error naming the valid ones."""
+    from linattn.switches import register_launch
 
-    raw = os.environ.get("LINATTN_TRITON_LAUNCH")
-    if not raw:
-        return launch
-    try:
-        changes = json.loads(raw).get(family, {})
-    except (ValueError, AttributeError) as exc:
-        raise ValueError(f"LINATTN_TRITON_LAUNCH must be a JSON object of families, got {raw!r}") from exc
-    if not isinstance(changes, dict):
-        raise ValueError(f"LINATTN_TRITON_LAUNCH: the {family} entry must be a JSON object of launch keys, "
-                         f"got {changes!r}")
-    unknown = sorted(set(changes) - set(launch))
-    if unknown:
-        raise ValueError(f"LINATTN_TRITON_LAUNCH: unknown {family} launch key(s) {unknown}; valid: {sorted(launch)}")
-    launch.update(changes)
-    return launch
+    return register_launch(family, launch)
 
 
 def launch_options(launch: dict, kernel: str, dtype: torch.dtype, float32_stages: int | None = None) -> dict:
