@@ -38,10 +38,12 @@ from ..common.triton_launch import fast_launch
 from ..common.triton_ops import eager_backward, eager_function, needs_backward, use_custom_op
 from ..common.triton_utils import block as _block
 from ..common.triton_utils import dot_precision
+from .checks import TRITON_MAX_HEAD_DIM, TRITON_MINI_BATCH_SIZES, triton_takes
 
-MINI_BATCH_SIZES = (16, 32, 64)
 TOKENS_PER_CHUNK = 64  # the forward keeps W every 64 tokens (every 64 / b mini-batches)
-LAUNCH = {"fwd_warps": 8, "bwd_warps": 8}
+# One pipelining stage: with Triton's default of 3 the backward kernel needed 240 KB of shared memory at
+# K = V = 128 (sm_90, bf16), more than an H100 has; with one, 128 KB (``python -m linattn.bench.triton_resources``).
+LAUNCH = {"fwd_warps": 8, "fwd_stages": 1, "bwd_warps": 8, "bwd_stages": 1}
 
 
 @triton.jit
@@ -240,7 +242,7 @@ def ttt_triton_forward(q, k, v, eta, w0, w_ln, b_ln, scale, eps, b, keep):
     _ttt_fwd_kernel[(B * H,)](
         q=q, k=k, v=v, eta=eta, w_ln=w_ln if norm else wt, b_ln=b_ln if norm else wt, w0=w0 if w0 is not None else wt,
         o=o, wt=wt, wc=wc, scale=scale, eps=eps, T=T, H=H, K=K, V=V, **blk, NORM=norm, HAS_W0=w0 is not None,
-        SAVE=keep, PREC=dot_precision(q.dtype), num_warps=LAUNCH["fwd_warps"])
+        SAVE=keep, PREC=dot_precision(q.dtype), num_warps=LAUNCH["fwd_warps"], num_stages=LAUNCH["fwd_stages"])
     return o, wt, wc
 
 
@@ -261,7 +263,7 @@ def ttt_triton_backward(q, k, v, eta, w0, w_ln, b_ln, scale, eps, b, wc, do, dwt
         q=q, k=k, v=v, eta=eta, w_ln=w_ln if norm else dw0, b_ln=b_ln if norm else dw0, wc=wc, scratch=scratch,
         do=do, dwt=dwt if dwt is not None else dw0, dq=dq, dk=dk, dv=dv, deta=deta, dw0=dw0, dwl=dwl, dbl=dbl,
         scale=scale, eps=eps, T=T, H=H, K=K, V=V, **blk, NORM=norm, HAS_DWT=dwt is not None,
-        PREC=dot_precision(q.dtype), num_warps=LAUNCH["bwd_warps"])
+        PREC=dot_precision(q.dtype), num_warps=LAUNCH["bwd_warps"], num_stages=LAUNCH["bwd_stages"])
     none = dw0.new_empty(0)  # custom ops return tensors: empty ones stand for the absent LayerNorm gradients
     return dq, dk, dv, deta.to(eta.dtype), dw0, (dwl.sum(0) if norm else none), (dbl.sum(0) if norm else none)
 
@@ -330,9 +332,11 @@ def ttt_linear_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eta: to
                       norm_bias: torch.Tensor | None = None, norm_eps: float = 1e-6
                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """backend='triton' for ttt_linear (inputs validated by the public op; ``chunk_size`` unused: the kernels walk
-    mini-batches and keep the weights every 64 tokens). mini_batch_size 16, 32 or 64."""
-    if mini_batch_size not in MINI_BATCH_SIZES:
-        raise ValueError(f"mini_batch_size must be 16, 32 or 64 for backend='triton', got {mini_batch_size}")
+    mini-batches and keep the weights every 64 tokens). mini_batch_size 16 or 32, K and V up to 128."""
+    if not triton_takes(mini_batch_size, q.shape[-1], v.shape[-1]):
+        raise ValueError(f"backend='triton' takes mini_batch_size in {TRITON_MINI_BATCH_SIZES} and head dims up to "
+                         f"{TRITON_MAX_HEAD_DIM}; got mini_batch_size={mini_batch_size}, K={q.shape[-1]}, "
+                         f"V={v.shape[-1]} (backend='chunk' takes any)")
     dtype = q.dtype if q.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
     q, k, v = (x.to(dtype).contiguous() for x in (q, k, v))
     eta = eta.contiguous() if eta.dtype in (torch.bfloat16, torch.float16, torch.float32) else eta.float().contiguous()
