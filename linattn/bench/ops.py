@@ -26,7 +26,23 @@ FLA_FUNCTIONS = {
     "gated_delta_rule": ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"),
     "retention": ("fla.ops.retention", "chunk_retention"),
     "linear_attn": ("fla.ops.linear_attn", "chunk_linear_attn"),
+    "ttt_linear": ("fla.ops.ttt", "chunk_ttt_linear"),
+    "mesa_net": ("fla.ops.mesa_net", "chunk_mesa_net"),
 }
+
+
+def _fla_ttt_linear(x: dict) -> dict:
+    """FLA's TTT-Linear always has the inner LayerNorm (weight 1, bias 0 here, as ours by default), eta [B, T, H, 1]
+    and mini-batches of chunk_size = 16 tokens."""
+    H, V = x["v"].shape[-2:]
+    w = torch.ones(H, V, device=x["v"].device, dtype=x["v"].dtype)
+    return dict(q=x["q"], k=x["k"], v=x["v"], w=w, b=torch.zeros_like(w), eta=x["eta"][..., None], chunk_size=16)
+
+
+# How an op's example inputs become FLA's arguments, where the names or shapes differ.
+FLA_ARGUMENTS = {"ttt_linear": _fla_ttt_linear}
+# Keywords of our op in the benchmark: ttt_linear as the paper's block (and FLA's kernel), with the inner norm.
+OP_KWARGS = {"ttt_linear": {"inner_norm": True}}
 
 
 @dataclass
@@ -90,11 +106,12 @@ def bench_op(op: str, T: int, impl: str, *, B: int, H: int, K: int, V: int, dtyp
         fn = fla_function(op)
         if fn is None:
             return None
-        call = lambda x: fn(**x)[0]
+        arguments = FLA_ARGUMENTS.get(op, lambda x: x)
+        call = lambda x: fn(**arguments(x))[0]
     else:
         if impl not in spec.backends:
             return None
-        call = lambda x: spec.fn(**x, backend=impl)[0]
+        call = lambda x: spec.fn(**x, **OP_KWARGS.get(op, {}), backend=impl)[0]
     try:
         fwd_ms, fb_ms, peak = _timed(call, inputs, device, repeats, budget_s, memory, fwdbwd)
     except Exception as err:  # e.g. FLA refusing a kernel on this GPU: report it, keep going
