@@ -60,9 +60,7 @@ class FastKernel:
     def launch(self, grid: tuple[int, ...], args: tuple, kwargs: dict[str, Any]) -> None:
         """Launch on the current CUDA stream (through Triton the first time per launch key)."""
         if not (self.direct and switches.current().fast_launch) or self.interpreted \
-                or JITFunction.__getitem__ is not _GETITEM \
-                or triton.knobs.runtime.launch_enter_hook is not None \
-                or triton.knobs.runtime.launch_exit_hook is not None:
+                or JITFunction.__getitem__ is not _GETITEM or launch_hooks_set():
             self.kernel[grid](*args, **kwargs)
             return
         values, options = self._bind(args, kwargs)
@@ -111,6 +109,22 @@ class FastKernel:
             else:
                 return None
         return tuple(key)
+
+
+def _hook_set(hook: Any) -> bool:
+    """Whether a Triton launch hook is installed: newer Triton keeps an always-present chain of hooks
+    (``HookChain``, empty unless a tool adds one) where older Triton kept None."""
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return True if calls is None else len(calls) > 0
+
+
+def launch_hooks_set() -> bool:
+    """Whether a profiler or tool has installed a Triton launch hook (launches then go through Triton, which calls
+    it)."""
+    runtime = triton.knobs.runtime
+    return _hook_set(runtime.launch_enter_hook) or _hook_set(runtime.launch_exit_hook)
 
 
 def fast_launch(kernel: Any) -> FastKernel:
