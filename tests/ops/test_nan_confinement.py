@@ -121,3 +121,17 @@ def test_sees_nonfinite_follows_the_visibility_mask() -> None:
                 expected = (visible[None] & bad[:, None, :]).any(-1)
                 got = sees_nonfinite(bad, Tq, causal=causal, window_size=window)
                 assert torch.equal(got, expected), (Tq, causal, window)
+
+
+@pytest.mark.parametrize("name,backend", [(n, b) for n, b in TORCH_CASES if b != "recurrent"])
+def test_branch_free_forms_equal_the_plain_products(name: str, backend: str, monkeypatch) -> None:
+    """On CUDA (and under torch.compile) the guarded products always take their branch-free form; on finite inputs
+    it must give the plain products' result. Forced here on the CPU."""
+    import sys
+
+    x = _inputs(name)
+    plain = _run(name, backend, x, {})
+    for module in [m for key, m in sys.modules.items() if key.startswith("linattn.ops")]:
+        if hasattr(module, "all_finite_here"):
+            monkeypatch.setattr(module, "all_finite_here", lambda *xs: False)
+    assert_close(_run(name, backend, x, {}), plain, 1e-6, f"{name} {backend}: branch-free vs plain")

@@ -23,6 +23,16 @@ import torch
 import torch.nn.functional as F
 
 
+def all_finite_here(*xs: torch.Tensor) -> bool:
+    """True when every ``xs`` is on the CPU and holds only finite values (eager mode): the guarded products may
+    then run plain. Reading a tensor on the host is free on the CPU; on CUDA it would be a synchronisation and
+    under torch.compile a graph break, so there the answer is False and the branch-free forms run (the same
+    results: on finite inputs they equal the plain products bit for bit)."""
+    if torch.compiler.is_compiling() or any(x.device.type != "cpu" for x in xs):
+        return False
+    return all(bool(torch.isfinite(x).all()) for x in xs)
+
+
 def finite_part(x: torch.Tensor) -> torch.Tensor:
     """x where finite, 0 where NaN or +-inf (gradients flow to the finite entries only)."""
     return torch.where(torch.isfinite(x), x, torch.zeros((), dtype=x.dtype, device=x.device))
@@ -35,8 +45,12 @@ def tril_matmul(A: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
     The entries of A above the diagonal must be exact zeros, made by selection (A itself may hold NaN or
     inf only in rows that see a non-finite input).
     """
+    if all_finite_here(X):
+        return A @ X
     X_fin = finite_part(X)
-    return A @ X_fin + (X - X_fin).cumsum(-2)
+    with torch.no_grad():  # 0 or non-finite: no gradient to carry
+        rest = (X - X_fin).cumsum(-2)
+    return A @ X_fin + rest
 
 
 def sees_nonfinite(bad: torch.Tensor, Tq: int, *, causal: bool = True,
@@ -76,5 +90,7 @@ def confined_attention(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     """``attend(q, k, v)`` (softmax attention, q [..., Tq, K] the last Tq of the Tk positions of k [..., Tk, K],
     v [..., Tk, V]) run on the finite parts of k and v, then NaN in the rows that see a non-finite key or value:
     rows that see only finite ones are exact, whatever the keys and values they must not see hold."""
+    if all_finite_here(k, v):
+        return attend(q, k, v)
     o = attend(q, finite_part(k), finite_part(v))
     return confine_attention(o, nonfinite_rows(k) | nonfinite_rows(v), causal=causal, window_size=window_size)
