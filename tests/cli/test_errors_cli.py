@@ -4,6 +4,7 @@ devices, changed configs)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -98,6 +99,41 @@ def test_train_refuses_a_changed_config_then_overrides_it(tmp_path, capsys):
     assert "was written with a different config (train.lr: 0.003 -> 0.5)" in err and "--override-config" in err
     assert cli.main(["train", str(path), "--out", out, "--override-config"]) == 0
     assert "with the config overridden: train.lr: 0.003 -> 0.5" in capsys.readouterr().err
+
+
+def _corrupt(path) -> None:
+    data = bytearray(path.read_bytes())
+    for i in range(len(data) // 2, len(data) // 2 + 256):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_train_refuses_a_corrupt_checkpoint_naming_the_file(tmp_path, capsys):
+    path, out = tmp_path / "run.yaml", tmp_path / "out"
+    path.write_text(yaml.safe_dump(RUN))
+    assert cli.main(["train", str(path), "--out", str(out)]) == 0
+    _corrupt(out / "checkpoint.pt")
+    capsys.readouterr()
+    err = _user_error(capsys, ["train", str(path), "--out", str(out)])
+    assert f"checkpoint {out / 'checkpoint.pt'} is corrupt: sha256 of its payload" in err
+
+
+def test_real_process_refuses_a_changed_config_and_a_corrupt_checkpoint(tmp_path):
+    """What a user sees: exit code 2 and one line naming the change, then the file."""
+    path, out = tmp_path / "run.yaml", tmp_path / "out"
+    path.write_text(yaml.safe_dump(RUN))
+    assert cli.main(["train", str(path), "--out", str(out)]) == 0
+    path.write_text(yaml.safe_dump({**RUN, "train": {**RUN["train"], "lr": 0.5}}))
+    cmd = [sys.executable, "-m", "linattn.cli", "train", str(path), "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "was written with a different config (train.lr: 0.003 -> 0.5)" in proc.stderr
+    path.write_text(yaml.safe_dump(RUN))
+    _corrupt(out / "checkpoint.pt")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"checkpoint {out / 'checkpoint.pt'} is corrupt" in proc.stderr
 
 
 def test_debug_shows_the_traceback(tmp_path):

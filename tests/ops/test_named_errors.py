@@ -1,6 +1,7 @@
 """Named errors of the ops and layers: log decays g > 0 (or NaN) refused by every op and step that takes one; an
 unknown backend or absurd chunk_size refused when a layer is built; a decoding cache whose ShortConv states do not
-match the layer continuing it; mesa_net's read-out system that is not positive definite, on every backend."""
+match the layer continuing it; mesa_net's read-out system that is not positive definite (NaN inputs, float16 keys too
+large for float32 precision), on every backend."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from linattn.models import CausalLM, ModelConfig
 from linattn.ops import get_op
 from linattn.ops.common.values import value_checks
 from linattn.ops.mesa_net import NotPositiveDefiniteError
-from linattn.testing import step_inputs
+from linattn.testing import assert_close, step_inputs
 
 B, T, H, K, V = 1, 3, 2, 4, 4
 # every op taking a log decay g (documented g <= 0); path_attn's is optional
@@ -143,3 +144,23 @@ def test_mesa_net_step_not_positive_definite_named(solver: str) -> None:
             "beta_t": x["beta"][:, 0], "lamb": x["lamb"]}
     with pytest.raises(NotPositiveDefiniteError, match=r"^mesa_net: G_t \+ diag\(lamb\) is not positive definite"):
         get_op("mesa_net").step(**step, solver=solver)
+
+
+def _mesa_half_inputs(magnitude: float) -> dict[str, torch.Tensor]:
+    x = get_op("mesa_net").example_inputs(B, 8, H, K, V, dtype=torch.float16)
+    for name in ("q", "k", "v"):
+        x[name] = (x[name].float() * magnitude).half()  # finite in float16 (|x| <= 65504)
+    return x
+
+
+@pytest.mark.parametrize("backend", ["recurrent", "parallel", "chunk"])
+def test_mesa_net_large_float16_inputs(backend: str) -> None:
+    """float16 inputs are solved in float32: large ones give the float32 result of the same values, and keys so
+    large that G_t + diag(lamb) is singular to float32 precision raise the named error, not torch's."""
+    x = _mesa_half_inputs(1e3)
+    o = get_op("mesa_net").fn(**x, backend=backend)[0]
+    o32 = get_op("mesa_net").fn(**{n: t.float() for n, t in x.items()}, backend=backend)[0]
+    assert o.dtype == torch.float16 and torch.isfinite(o).all()
+    assert_close(o.float(), o32, 1e-3, f"{backend}: float16 vs float32 on the same values")
+    with pytest.raises(NotPositiveDefiniteError, match=r"keys so large that G_t dwarfs lamb beyond float32 precision"):
+        get_op("mesa_net").fn(**_mesa_half_inputs(3e4), backend=backend)

@@ -22,6 +22,7 @@ from linattn.train import (
     load_checkpoint,
     read_metrics,
 )
+from linattn.train.checkpoint import MAGIC
 from linattn.train.schedule import warmup_cosine
 
 VOCAB = 8
@@ -143,11 +144,14 @@ def test_kill9_then_resume_matches_uninterrupted(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     first = subprocess.run(_worker_cmd(run_dir, 25, marker), capture_output=True, text=True, env=env)
     assert first.returncode == -signal.SIGKILL, first.stderr
+    # the checksummed format: load_checkpoint verifies the payload's sha256 against the header
+    assert (run_dir / "checkpoint.pt").read_bytes().startswith(MAGIC)
     assert load_checkpoint(run_dir / "checkpoint.pt")["step"] == 20
     second = subprocess.run(_worker_cmd(run_dir, 25, marker), capture_output=True, text=True, env=env)
     assert second.returncode == 0, second.stderr
     resumed = eval(second.stdout.strip().splitlines()[-1])
     assert resumed == ref.metrics
+    assert (run_dir / "checkpoint.pt").read_bytes().startswith(MAGIC)
     ckpt = load_checkpoint(run_dir / "checkpoint.pt")
     for name, p in ref_model.state_dict().items():
         assert torch.equal(ckpt["model"][name], p), name

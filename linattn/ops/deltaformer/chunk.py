@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from ..common.causal_softmax import ChunkMasks
 from ..common.checks import compute_dtype
 from ..common.kv_cache import KVCache
+from ..common.masking import confined_attention, tril_matmul
 from ..common.triangular import solve_unit_lower
 from .reference import _past
 
@@ -62,7 +63,7 @@ class _DeltaValues(torch.autograd.Function):
             m_past = kappa[..., :s0] @ U[:, :, :s0]
             U[:, :, s0:s1] = solve_unit_lower(b[:, :, a:e, None] * kappa[..., s0:],
                                               v[:, :, a:e] - b[:, :, a:e, None] * m_past)
-            m[:, :, a:e] = m_past + kappa[..., s0:] @ U[:, :, s0:s1]
+            m[:, :, a:e] = m_past + tril_matmul(kappa[..., s0:], U[:, :, s0:s1])
         ctx.save_for_backward(keys, b, U, m, lse)
         ctx.scale, ctx.C = scale, C
         return U
@@ -131,6 +132,7 @@ def deltaformer_chunk(
     keys = torch.cat([k0, k], dim=1).transpose(1, 2)  # [B, H, P, K]
     qh, vh = q.transpose(1, 2), v.transpose(1, 2)
     us = _DeltaValues.apply(keys, vh, beta.transpose(1, 2), u0.transpose(1, 2), scale, C)  # [B, H, P, V]
-    o = _attend(qh.to(in_dtype), keys.to(in_dtype), us.to(in_dtype), T0, C, scale).transpose(1, 2)
+    o = confined_attention(lambda q_, k_, v_: _attend(q_, k_, v_, T0, C, scale),
+                           qh.to(in_dtype), keys.to(in_dtype), us.to(in_dtype)).transpose(1, 2)
     state = KVCache(keys.transpose(1, 2), us.transpose(1, 2)) if output_final_state else None
     return o, state

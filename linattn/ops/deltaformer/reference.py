@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from ..common.causal_softmax import causal_mask, masked_softmax
 from ..common.checks import compute_dtype
 from ..common.kv_cache import KVCache
+from ..common.masking import confined_attention
 from ..common.triangular import solve_unit_lower
 
 
@@ -83,7 +84,8 @@ def deltaformer_parallel(
     A = beta.transpose(1, 2)[..., None] * kappa  # [B, H, T, T0 + T]: row t = b_t kappa_t.
     U = solve_unit_lower(A[..., T0:], vh - A[..., :T0] @ u0h)
     us = torch.cat([u0h, U], dim=2)
-    o = F.scaled_dot_product_attention(qh, keys_h, us, attn_mask=causal_mask(T, T0 + T, device=q.device),
-                                       scale=scale)
+    mask = causal_mask(T, T0 + T, device=q.device)
+    o = confined_attention(lambda q_, k_, v_: F.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask, scale=scale),
+                           qh, keys_h, us)  # masking.py: hidden keys and u's stay out of P U
     state = KVCache(keys, us.transpose(1, 2)) if output_final_state else None
     return o.transpose(1, 2).to(in_dtype), state

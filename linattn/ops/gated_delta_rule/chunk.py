@@ -21,6 +21,7 @@ import torch
 
 from ..common.checks import compute_dtype
 from ..common.chunking import chunk_local_cumsum, from_chunks, to_chunks
+from ..common.masking import tril_matmul
 from ..common.matrix_scan import matrix_state_scan
 from ..common.triangular import unit_lower_inverse
 
@@ -61,16 +62,17 @@ def gated_delta_chunk(
     k_end = k * D[..., -1, :, None]  # k_s times the decay from s to the chunk end
 
     A = b * (p @ k.transpose(-1, -2)) * D  # only its strictly lower triangle is read
-    T_b = unit_lower_inverse(A) * b.transpose(-1, -2)  # (I + A)^-1 diag(b)
-    U0 = T_b @ v
-    W = T_b @ (p if g is None else gamma * p)
+    # (I + A)^-1 diag(b), masked by selection: its zeros above the diagonal times a later NaN beta would leak
+    T_b = (unit_lower_inverse(A) * b.transpose(-1, -2)).masked_fill(~causal, 0.0)
+    U0 = tril_matmul(T_b, v)  # row t reads rows <= t only, whatever the later rows hold (masking.py)
+    W = tril_matmul(T_b, p if g is None else gamma * p)
     eye = torch.eye(K, dtype=dt, device=q.device)
     M = gamma[..., -1:, :] * eye - k_end.transpose(-1, -2) @ W  # [N, B, H, K, K]
     R = k_end.transpose(-1, -2) @ U0  # [N, B, H, K, V]
     S_in, S_final = matrix_state_scan(M, R, initial_state)
 
     # O = diag(gamma) Q S + QK (U0 - W S) = (diag(gamma) Q - QK W) S + QK U0, QK = scale Q K^T ⊙ D ⊙ M
-    QK = q @ k.transpose(-1, -2) * (scale * D)
-    o = (q * (scale * gamma) - QK @ W) @ S_in + QK @ U0
+    QK = (q @ k.transpose(-1, -2) * (scale * D)).masked_fill(~causal, 0.0)
+    o = (q * (scale * gamma) - tril_matmul(QK, W)) @ S_in + tril_matmul(QK, U0)
     o = o.permute(1, 0, 3, 2, 4).to(in_dtype, memory_format=torch.contiguous_format)  # [B, N, C, H, V]
     return from_chunks(o, T), (S_final if output_final_state else None)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from ..common.checks import compute_dtype
+from ..common.masking import tril_matmul
 from ..common.triangular import solve_unit_lower
 
 
@@ -113,7 +114,7 @@ def gated_delta_parallel(
         S0 = initial_state.to(dt)
         rhs = rhs - b * gamma * (p @ S0)
     U = solve_unit_lower(A, rhs)
-    o = ((scale * q) @ k.transpose(-1, -2) * D) @ U
+    o = tril_matmul(((scale * q) @ k.transpose(-1, -2) * D).masked_fill(~causal, 0.0), U)  # masking.py
     if initial_state is not None:
         o = o + gamma * (scale * q) @ S0
     S_final = None

@@ -48,6 +48,7 @@ import triton.language as tl
 
 from ..common.checks import DELTA_TRITON_CHUNK_SIZES
 from ..common.triton_launch import fast_launch
+from ..common.triton_masking import causal_dot_rest, is_finite
 from ..common.triton_ops import eager_backward, eager_function, needs_backward, use_custom_op
 from ..common.triton_tril import unit_lower_inverse
 from ..common.triton_utils import block as _block
@@ -110,22 +111,30 @@ def _prepare_kernel(k, p, v, beta, g, tm, w, u, T, H: tl.constexpr, K: tl.conste
     bet = tl.load(beta + r0 + row, mask=m_t, other=0.0).to(tl.float32)
     kc = tl.load(k + r0 * K + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
     pc = _read_key(p, kc, r0 * K + row[:, None] * K + o_k[None, :], m_ck, HAS_P)
+    # rows from the first token with a non-finite k, p, beta or gate (NaN, +inf) on see it; the products below
+    # read only rows before it and the rows from it on are NaN (triton_masking.py), so no earlier row sees it
+    bad = (tl.sum(tl.where(is_finite(kc) & is_finite(pc), 0, 1), axis=1) > 0) | ~is_finite(bet)
+    if USE_G:
+        bad = bad | ~(tl.load(g + r0 + row, mask=m_t, other=0.0).to(tl.float32) < float("inf"))
+    seen = tl.cumsum(bad.to(tl.int32), axis=0) > 0
     tc = r0 * C + row[:, None] * C + o_c[None, :]
     if TM_MODE == 2:
         Tq = tl.load(tm + tc, mask=m_t[:, None], other=0.0)
     else:
-        Tq = unit_lower_inverse(mm(pc, tl.trans(kc), PREC, UP) * _decay(b, o_c, True) * bet[:, None], C,
-                                PREC).to(kc.dtype)
+        A = mm(pc, tl.trans(kc), PREC, UP) * _decay(b, o_c, True) * bet[:, None]
+        Tq = unit_lower_inverse(tl.where(seen[:, None], 0.0, A), C, PREC).to(kc.dtype)
         if TM_MODE == 1:
             tl.store(tm + tc, Tq.to(tm.dtype.element_ty), mask=m_t[:, None])
-    kb = (pc.to(tl.float32) * (bet * tl.exp(b))[:, None]).to(kc.dtype)
-    tl.store(w + r0 * K + row[:, None] * K + o_k[None, :], mm(Tq, kb, PREC, UP).to(w.dtype.element_ty), mask=m_ck)
+    kb = tl.where(seen[:, None], 0.0, pc.to(tl.float32) * (bet * tl.exp(b))[:, None]).to(kc.dtype)
+    wc = tl.where(seen[:, None], float("nan"), mm(Tq, kb, PREC, UP))
+    tl.store(w + r0 * K + row[:, None] * K + o_k[None, :], wc.to(w.dtype.element_ty), mask=m_ck)
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_cv = m_t[:, None] & (o_v[None, :] < V)
         vc = tl.load(v + r0 * V + row[:, None] * V + o_v[None, :], mask=m_cv, other=0.0)
-        vb = (vc.to(tl.float32) * bet[:, None]).to(kc.dtype)
-        tl.store(u + r0 * V + row[:, None] * V + o_v[None, :], mm(Tq, vb, PREC, UP).to(u.dtype.element_ty), mask=m_cv)
+        vb_fin, vb_rest = causal_dot_rest(tl.where(seen[:, None], 0.0, vc.to(tl.float32) * bet[:, None]))
+        uc = tl.where(seen[:, None], float("nan"), mm(Tq, vb_fin.to(kc.dtype), PREC, UP) + vb_rest)
+        tl.store(u + r0 * V + row[:, None] * V + o_v[None, :], uc.to(u.dtype.element_ty), mask=m_cv)
 
 
 @fast_launch

@@ -33,6 +33,7 @@ import torch
 
 from ..common.checks import compute_dtype
 from ..common.chunking import chunk_local_cumsum
+from ..common.masking import tril_matmul
 from ..common.state_scan import chunk_state_scan, chunks_heads_first, chunks_heads_last, largest_divisor_at_most
 
 SUB_CHUNK = 16
@@ -91,7 +92,8 @@ def _row_block_scores(q_in: torch.Tensor, k: torch.Tensor, G: torch.Tensor, Gb: 
     elif with_diagonal:
         keys_used = block[None, :] <= rows
     k_rel = _masked_exp(Gb[..., :, None, :] - G[..., None, :, :], keys_used[..., None])  # [..., m, C, K]
-    A = q_in @ (k[..., None, :, :] * k_rel).transpose(-1, -2)  # [..., m, c(t), C(s)]
+    k_in = (k[..., None, :, :] * k_rel).masked_fill(~keys_used[..., None], 0.0)  # selection: a NaN key stays out
+    A = q_in @ k_in.transpose(-1, -2)  # [..., m, c(t), C(s)]
     return A.reshape(*lead, C, C)
 
 
@@ -102,9 +104,10 @@ def _explicit_diagonal(qs: torch.Tensor, k: torch.Tensor, Gs: torch.Tensor) -> t
     ks = k.reshape(*lead, m, c, K)
     tril_c = torch.ones(c, c, dtype=torch.bool, device=dev).tril()[:, :, None]
     D = _masked_exp(Gs[..., :, None, :] - Gs[..., None, :, :], tril_c)  # [..., m, c, c, K]
-    A_diag = (qs[..., :, None, :] * D * ks[..., None, :, :]).sum(-1)  # [..., m, c(t), c(s)]
-    eye = torch.eye(m, dtype=A_diag.dtype, device=dev)
-    return (A_diag[..., :, :, None, :] * eye[:, None, :, None]).reshape(*lead, m * c, m * c)
+    A_diag = (qs[..., :, None, :] * D * ks[..., None, :, :]).sum(-1).masked_fill(~tril_c[..., 0], 0.0)
+    same = torch.eye(m, dtype=torch.bool, device=dev)[:, None, :, None]  # [m, 1, m, 1]: block i of row block i
+    A_full = torch.where(same, A_diag[..., :, :, None, :], torch.zeros((), dtype=A_diag.dtype, device=dev))
+    return A_full.reshape(*lead, m * c, m * c)
 
 
 def _scores_either(q_in: torch.Tensor, qs: torch.Tensor, k: torch.Tensor, G: torch.Tensor, Gs: torch.Tensor,
@@ -117,7 +120,7 @@ def _scores_either(q_in: torch.Tensor, qs: torch.Tensor, k: torch.Tensor, G: tor
     C = qs.shape[-3] * qs.shape[-2]
     A = _row_block_scores(q_in, k, G, Gb, factor)
     A = A.masked_fill(~torch.ones(C, C, dtype=torch.bool, device=qs.device).tril(), 0.0)
-    return A + _explicit_diagonal(qs, k, Gs) * ~factor
+    return A + torch.where(factor, torch.zeros((), dtype=A.dtype, device=A.device), _explicit_diagonal(qs, k, Gs))
 
 
 def gla_chunk(
@@ -138,7 +141,7 @@ def gla_chunk(
     G = chunk_local_cumsum(g.to(dt), C).movedim(3, 1)  # [B, H, N, C, K]
     q = q * scale
 
-    o = gla_intra_chunk_scores(q, k, G) @ v  # intra-chunk
+    o = tril_matmul(gla_intra_chunk_scores(q, k, G), v)  # intra-chunk (masking.py)
 
     L = G[..., -1:, :]  # [B, H, N, 1, K]
     U = (k * torch.exp(L - G)).transpose(-1, -2) @ v  # [B, H, N, K, V]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..common.checks import compute_dtype
+from ..common.masking import tril_matmul
 
 
 def gla_recurrent(
@@ -62,7 +63,8 @@ def gla_parallel(
     causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     diff = (G[:, :, None] - G[:, None, :]).masked_fill(~causal[:, :, None, None], float("-inf"))
     A = torch.einsum("bthk,bshk,btshk->bhts", q, k, torch.exp(diff))  # [B, H, T, T]
-    o = torch.einsum("bhts,bshv->bthv", A, v)
+    A = A.masked_fill(~causal, 0.0)  # by selection: 0 x NaN of a later k would leak (masking.py)
+    o = tril_matmul(A, v.transpose(1, 2)).transpose(1, 2)
     S_final = None
     if initial_state is not None:
         o = o + torch.einsum("bthk,bhkv->bthv", q * torch.exp(G), initial_state.to(dt))

@@ -70,6 +70,7 @@ import triton
 import triton.language as tl
 
 from ..common.triton_launch import fast_launch
+from ..common.triton_masking import causal_dot_rest
 from ..common.triton_ops import gated_rnn_backend
 from ..common.triton_utils import block as _block
 from ..common.triton_utils import (
@@ -216,7 +217,8 @@ def _output_kernel(q, v, g, h, A, o, scale, T, H: tl.constexpr, K: tl.constexpr,
     Ac = tl.load(A + row[:, None] * C + o_c[None, :], mask=m_t[:, None], other=0.0)
     vc = tl.load(v + row[:, None] * V + o_v[None, :], mask=m_cv, other=0.0)
     acc = mm((qc.to(tl.float32) * tl.exp(bc) * scale).to(S.dtype), S, PREC, UP)
-    acc += mm(Ac.to(vc.dtype), vc, PREC, UP)
+    v_fin, v_rest = causal_dot_rest(vc)  # row t reads v rows <= t only (triton_masking.py)
+    acc += mm(Ac.to(vc.dtype), v_fin, PREC, UP) + v_rest
     tl.store(o + row[:, None] * V + o_v[None, :], acc.to(o.dtype.element_ty), mask=m_cv)
 
 

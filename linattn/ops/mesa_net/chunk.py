@@ -20,6 +20,7 @@ import torch
 
 from ..common.checks import compute_dtype
 from ..common.chunking import chunk_local_cumsum
+from ..common.masking import tril_matmul
 from ..common.state_scan import chunk_state_scan, chunks_heads_first, chunks_heads_last
 from .reference import MesaState, initial_mesa_state
 from .solve import spd_solve
@@ -51,6 +52,7 @@ def mesa_net_chunk(
 
     causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
     W = torch.exp((Gc[..., :, None] - Gc[..., None, :]).masked_fill(~causal, float("-inf"))) * b[..., None, :]
+    W = W.masked_fill(~causal, 0.0)  # by selection: a later NaN beta times 0 would leak (masking.py)
     L = Gc[..., -1:]  # [B, H, N, 1]
     kw = k * (torch.exp(L - Gc) * b)[..., None]  # k_s decayed to the chunk end, times b_s
     U = kw.transpose(-1, -2) @ torch.cat([k, v], dim=-1)  # [B, H, N, K, K + V]: what chunk n writes
@@ -59,8 +61,8 @@ def mesa_net_chunk(
 
     decay = torch.exp(Gc)[..., None, None]  # [B, H, N, C, 1, 1]
     kk = (k[..., :, None] * k[..., None, :]).flatten(-2)  # [B, H, N, C, K*K]
-    G_all = (W @ kk).unflatten(-1, (K, K)) + decay * G_in[:, :, :, None]
+    G_all = tril_matmul(W, kk).unflatten(-1, (K, K)) + decay * G_in[:, :, :, None]
     X = spd_solve(G_all + torch.diag_embed(lamb.to(dt))[:, None, None], q * scale, solver, cg_steps)
-    o = ((X @ k.transpose(-1, -2)) * W) @ v + (X * decay[..., 0]) @ H_in
+    o = tril_matmul(((X @ k.transpose(-1, -2)) * W).masked_fill(~causal, 0.0), v) + (X * decay[..., 0]) @ H_in
     final = tuple(last.split([K, v.shape[-1]], dim=-1)) if output_final_state else None
     return chunks_heads_last(o, T).to(in_dtype), final

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..common.checks import compute_dtype
+from ..common.masking import tril_matmul
 from .solve import spd_solve
 
 MesaState = tuple[torch.Tensor, torch.Tensor]
@@ -101,10 +102,11 @@ def mesa_net_parallel(
     Gc = torch.cumsum(g, dim=-1)
     causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     D = torch.exp((Gc[..., :, None] - Gc[..., None, :]).masked_fill(~causal, float("-inf"))) * beta[..., None, :]
+    D = D.masked_fill(~causal, 0.0)  # by selection: a later NaN beta times 0 would leak (masking.py)
     kk = (k[..., :, None] * k[..., None, :]).flatten(-2)  # [B, H, T, K*K]
-    G_all = (D @ kk).unflatten(-1, (K, K)) + torch.exp(Gc)[..., None, None] * G0[:, :, None]
+    G_all = tril_matmul(D, kk).unflatten(-1, (K, K)) + torch.exp(Gc)[..., None, None] * G0[:, :, None]
     X = spd_solve(G_all + torch.diag_embed(lamb.to(dt))[:, None], q * scale, solver, cg_steps)  # [B, H, T, K]
-    o = ((X @ k.transpose(-1, -2)) * D) @ v + (X * torch.exp(Gc)[..., None]) @ H0
+    o = tril_matmul(((X @ k.transpose(-1, -2)) * D).masked_fill(~causal, 0.0), v) + (X * torch.exp(Gc)[..., None]) @ H0
     final = None
     if output_final_state:
         w = (torch.exp(Gc[..., -1:] - Gc) * beta)[..., None]  # decay from s to the end, times b_s

@@ -17,13 +17,16 @@ SOLVERS = ("exact", "cg")
 
 
 class NotPositiveDefiniteError(torch.linalg.LinAlgError, ValueError):
-    """mesa_net's read-out system G_t + diag(lamb) is not positive definite (NaN or inf inputs, or a gate that
-    grows G_t). A ValueError, since bad inputs cause it; still a LinAlgError for callers that catch torch's."""
+    """mesa_net's read-out system G_t + diag(lamb) is not positive definite (NaN or inf inputs, a gate that
+    grows G_t, or keys so large that G_t + diag(lamb) is singular to the compute dtype's precision). A ValueError,
+    since bad inputs cause it; still a LinAlgError for callers that catch torch's."""
 
 
-def _not_positive_definite(what: str) -> NotPositiveDefiniteError:
+def _not_positive_definite(what: str, dtype: torch.dtype) -> NotPositiveDefiniteError:
+    precision = str(dtype).removeprefix("torch.")
     return NotPositiveDefiniteError(f"mesa_net: G_t + diag(lamb) is not positive definite (NaN or inf in q, k, v, "
-                                    f"beta, g or the initial state?); {what}")
+                                    f"beta, g or the initial state? or keys so large that G_t dwarfs lamb beyond "
+                                    f"{precision} precision: scale k down or raise lamb); {what}")
 
 
 def _ratio(num: torch.Tensor, den: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
@@ -69,9 +72,9 @@ def spd_solve(A: torch.Tensor, b: torch.Tensor, solver: str, cg_steps: int | Non
     if solver == "exact":
         L, info = torch.linalg.cholesky_ex(A)
         if value_checks_enabled(info) and bool((info != 0).any()):
-            raise _not_positive_definite("its Cholesky factorisation failed")
+            raise _not_positive_definite("its Cholesky factorisation failed", A.dtype)
         return torch.cholesky_solve(b[..., None], L).squeeze(-1)
     # CG has no factorisation to fail: it would carry NaN or inf in A silently into the output
     if value_checks_enabled(A) and not bool(torch.isfinite(A).all()):
-        raise _not_positive_definite("it has NaN or inf entries, so conjugate gradient cannot solve it")
+        raise _not_positive_definite("it has NaN or inf entries, so conjugate gradient cannot solve it", A.dtype)
     return conjugate_gradient(A, b, A.shape[-1] if cg_steps is None else cg_steps)

@@ -25,6 +25,7 @@ from ..common.causal_softmax import causal_mask
 from ..common.checks import compute_dtype
 from ..common.chunking import chunk_local_cumsum, from_chunks, to_chunks
 from ..common.kv_cache import KVCache
+from ..common.masking import all_finite_here, confine_attention, finite_part, nonfinite_rows, tril_matmul
 from ..common.triangular import solve_unit_lower
 from .blockwise import PathBlockwise
 from .reference import _past
@@ -67,15 +68,20 @@ def path_attn_chunk(
     X = solve_unit_lower(b * (W @ tr(W)), b * torch.cat([W, tril(W @ tr(Kc), Ms)], dim=-1))
     Tw, Tk = X[..., :K], X[..., K:]
     QW = tril(Q @ tr(W), M)
-    Qhat = Q - QW @ Tw
-    intra = scale * (tril(Q @ tr(Kc), M) - QW @ Tk) + (Gl[..., :, None] - Gl[..., None, :])
+    Qhat = Q - tril_matmul(QW, Tw)  # row t reads rows <= t only, whatever the later rows hold (masking.py)
+    intra = scale * (tril(Q @ tr(Kc), M) - tril_matmul(QW, Tk)) + (Gl[..., :, None] - Gl[..., None, :])
     intra = intra.masked_fill(~M, float("-inf"))
     Pt = torch.eye(K, dtype=dt, device=q.device) - tr(Tw) @ W  # P^T = I - T_w^T W
     Khat = Kc - tr(Tk) @ W
     total = Gl[..., -1]  # [B, H, N] log decay across each chunk
 
     S0, V0, D0 = (x.transpose(1, 2) for x in (k0, v0, d0))  # cache [B, H, T0, *]
-    o = PathBlockwise.apply(Qhat, intra, Pt, Khat, total, Gl, Vc, S0, V0, D0, scale)  # [B, H, N, C, V]
+    if all_finite_here(Vc, V0):
+        o = PathBlockwise.apply(Qhat, intra, Pt, Khat, total, Gl, Vc, S0, V0, D0, scale)  # [B, H, N, C, V]
+    else:  # P V reads the values' finite part; the rows that see a non-finite value are NaN afterwards (masking.py)
+        o = PathBlockwise.apply(Qhat, intra, Pt, Khat, total, Gl, finite_part(Vc), S0, finite_part(V0), D0, scale)
+        bad = nonfinite_rows(torch.cat([V0, Vc.flatten(2, 3)], dim=2))  # [B, H, T0 + N C]
+        o = confine_attention(o.flatten(2, 3), bad).unflatten(2, (-1, C))
     o = from_chunks(o.permute(0, 2, 3, 1, 4), T)
     state = None
     if output_final_state:

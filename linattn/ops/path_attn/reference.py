@@ -24,6 +24,7 @@ import torch
 from ..common.causal_softmax import causal_mask, masked_softmax
 from ..common.checks import compute_dtype
 from ..common.kv_cache import KVCache
+from ..common.masking import confined_attention, tril_matmul
 from ..common.triangular import solve_unit_lower
 
 
@@ -93,11 +94,11 @@ def path_attn_parallel(
     X = solve_unit_lower(b * (W @ W.transpose(-1, -2)),
                          b * torch.cat([W @ S0.transpose(-1, -2), tril(W @ Kn.transpose(-1, -2), Ms)], dim=-1))
     scores = torch.cat([Q @ S0.transpose(-1, -2), tril(Q @ Kn.transpose(-1, -2), M)], dim=-1)
-    scores = scores - tril(Q @ W.transpose(-1, -2), M) @ X  # [B, H, T, T0 + T]
+    scores = scores - tril_matmul(tril(Q @ W.transpose(-1, -2), M), X)  # [B, H, T, T0 + T] (masking.py)
     G = torch.zeros_like(beta).transpose(1, 2) if g is None else torch.cumsum(g.to(dt), dim=1).transpose(1, 2)
     bias = G[..., None] + torch.cat([d0.transpose(1, 2), -G], dim=-1)[..., None, :]  # G_t - G_s (G_s past: -d0)
     p = masked_softmax(scale * scores + bias, causal_mask(T, T0 + T, device=q.device))
-    o = (p @ Vall).transpose(1, 2)
+    o = confined_attention(lambda p_, _, v_: p_ @ v_, p, Vall, Vall).transpose(1, 2)  # P V: masking.py
     state = None
     if output_final_state:
         keys = torch.cat([S0, Kn], dim=2) - X.transpose(-1, -2) @ W  # every key moved to the frame of T

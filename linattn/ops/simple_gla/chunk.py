@@ -20,6 +20,7 @@ import torch
 
 from ..common.checks import compute_dtype
 from ..common.chunking import chunk_local_cumsum
+from ..common.masking import tril_matmul
 from ..common.state_scan import chunk_state_scan, chunks_heads_first, chunks_heads_last
 
 
@@ -43,7 +44,7 @@ def simple_gla_chunk(
 
     causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
     D = torch.exp((G[..., :, None] - G[..., None, :]).masked_fill(~causal, float("-inf")))
-    o = ((q @ k.transpose(-1, -2)) * D) @ v  # intra-chunk
+    o = tril_matmul(((q @ k.transpose(-1, -2)) * D).masked_fill(~causal, 0.0), v)  # intra-chunk (masking.py)
 
     L = G[..., -1:]  # [B, H, N, 1]
     U = (k * torch.exp(L - G)[..., None]).transpose(-1, -2) @ v  # [B, H, N, K, V]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..common.checks import compute_dtype
+from ..common.masking import tril_matmul
 
 
 def simple_gla_recurrent(
@@ -58,8 +59,8 @@ def simple_gla_parallel(
     causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     diff = (G[..., :, None] - G[..., None, :]).masked_fill(~causal, float("-inf"))
     D = torch.exp(diff)  # [B, H, T, T]
-    scores = torch.einsum("bthk,bshk->bhts", q * scale, k) * D
-    o = torch.einsum("bhts,bshv->bthv", scores, v)
+    scores = (torch.einsum("bthk,bshk->bhts", q * scale, k) * D).masked_fill(~causal, 0.0)
+    o = tril_matmul(scores, v.transpose(1, 2)).transpose(1, 2)
     S_final = None
     if initial_state is not None:
         S0 = initial_state.to(dt)

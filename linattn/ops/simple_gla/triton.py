@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from ..common.triton_launch import fast_launch
+from ..common.triton_masking import causal_dot_rest
 from ..common.triton_ops import gated_rnn_backend
 from ..common.triton_utils import block as _block
 from ..common.triton_utils import (
@@ -100,8 +101,9 @@ def _output_fwd_kernel(q, k, v, g, h, o, scale, T, H: tl.constexpr, K: tl.conste
     acc = mm(q_dec, S, PREC, UP)
     causal = o_c[:, None] >= o_c[None, :]
     D = tl.where(causal, tl.exp(tl.where(causal, b[:, None] - b[None, :], 0.0)), 0.0)
-    A = mm(qc, kt, PREC, UP) * D * scale
-    acc += mm(A.to(vc.dtype), vc, PREC, UP)
+    A = tl.where(causal, mm(qc, kt, PREC, UP) * D * scale, 0.0)  # selected: a later NaN key must not leak
+    v_fin, v_rest = causal_dot_rest(vc)  # row t reads v rows <= t only (triton_masking.py)
+    acc += mm(A.to(vc.dtype), v_fin, PREC, UP) + v_rest
     tl.store(o + row[:, None] * V + o_v[None, :], acc.to(o.dtype.element_ty), mask=m_cv)
 
 

@@ -8,12 +8,14 @@ log forget gates are cached in ``extras["g"]``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
 from ..common.blockwise_softmax import blockwise_attention
 from ..common.checks import compute_dtype
 from ..common.kv_cache import KVCache
+from ..common.masking import all_finite_here, confine_attention, finite_part, nonfinite_rows
 from ..common.positions import alibi_slopes, apply_rope, rope_config
 from .reference import masked_softmax_attention, sdpa_attention
 
@@ -64,10 +66,19 @@ def run_attention(
     # to the half dtype there, so ALiBi / forgetting gates keep the float32 math
     native = backend == "parallel" and in_dtype in HALF and q.is_cuda and gates is None and slopes is None
     run_dt = in_dtype if native else dt
-    o = KERNELS[backend](
-        q.to(run_dt), k.to(run_dt), v.to(run_dt), scale=scale, causal=causal, window_size=window_size,
-        alibi_slopes=slopes, log_gates=gates, chunk_size=chunk_size,
-    )
+    keys, values = k.to(run_dt), v.to(run_dt)
+    kernel = partial(KERNELS[backend], scale=scale, causal=causal, window_size=window_size, alibi_slopes=slopes,
+                     log_gates=gates, chunk_size=chunk_size)
+    if all_finite_here(keys, values):
+        o = kernel(q.to(run_dt), keys, values)
+    else:
+        # A hidden key's weight is 0, but 0 x NaN = NaN inside P V, and NaN + (-inf) = NaN where a mask is added
+        # to the logits (SDPA's float masks): the kernels read the finite part of the keys and values, and the
+        # rows that see a non-finite key or value are set to NaN afterwards (common/masking.py).
+        o = kernel(q.to(run_dt), finite_part(keys), finite_part(values))
+        bad = nonfinite_rows(keys.transpose(1, 2)) | nonfinite_rows(values.transpose(1, 2))  # [B, H_kv, Tk]
+        bad = bad.repeat_interleave(q.shape[2] // bad.shape[1], dim=1)  # query head h reads kv head h // group
+        o = confine_attention(o.transpose(1, 2), bad, causal=causal, window_size=window_size).transpose(1, 2)
     state = None
     if output_final_state:
         state = KVCache(k, v, {} if gates is None else {"g": gates})

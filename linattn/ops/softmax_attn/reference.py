@@ -50,11 +50,10 @@ def masked_softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     logits = torch.einsum("bihk,bjhk->bhij", q, k) * scale
     bias = attention_bias(q_pos, k_pos, causal=causal, window_size=window_size, alibi_slopes=alibi_slopes,
                           log_gates=log_gates, dtype=q.dtype)
-    if bias is None:
-        visible = visibility_mask(q_pos, k_pos, causal=causal, window_size=window_size)
-        logits = logits.masked_fill(~visible, float("-inf"))
-    else:
+    if bias is not None:
         logits = logits + bias
+    visible = visibility_mask(q_pos, k_pos, causal=causal, window_size=window_size)
+    logits = logits.masked_fill(~visible, float("-inf"))  # by selection: NaN + (-inf) would be NaN
     P = torch.softmax(logits, dim=-1)
     return torch.einsum("bhij,bjhv->bihv", P, v)
 

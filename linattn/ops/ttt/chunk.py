@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from ..common.checks import compute_dtype
+from ..common.masking import tril_matmul
 from ..common.state_scan import chunks_heads_first, chunks_heads_last
 from ..common.triangular import solve_unit_lower
 from .chunk_norm import ttt_linear_norm_chunk
@@ -53,7 +54,8 @@ def _coefficients(alpha: torch.Tensor | None, eta: torch.Tensor | None, C: int, 
         return P, A, None, None, None
     e = segment_products(eta)
     E = torch.cumprod(eta, dim=-1)
-    return P @ e, A, (P @ E[..., None])[..., 0], e, E
+    # P is lower triangular: products that row r must not read beyond r (masking.py)
+    return tril_matmul(P, e), A, tril_matmul(P, E[..., None])[..., 0], e, E
 
 
 def linear_memory_chunk(
@@ -87,7 +89,7 @@ def linear_memory_chunk(
     prev = (pos // b) * b - 1
     has_prev = prev >= 0
     pidx = prev.clamp_min(0)
-    c_prev = c[..., pidx, :] * has_prev[:, None]
+    c_prev = c[..., pidx, :].masked_fill(~has_prev[:, None], 0.0)
     A_prev = torch.where(has_prev, A[..., pidx], torch.ones((), dtype=dt, device=q.device))
     kk = k @ k.transpose(-1, -2)
     rhs = [A_prev[..., None] * k]
@@ -129,7 +131,9 @@ def linear_memory_chunk(
     M_in, U = torch.stack(Ms, dim=2), torch.stack(Us, dim=2)  # [B, H, N, K, V], [B, H, N, C, V]
 
     q = q * scale
-    o = A[..., None] * (q @ M_in) - ((q @ k.transpose(-1, -2)) * c * theta[..., None, :]) @ U
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    scores = ((q @ k.transpose(-1, -2)) * c * theta[..., None, :]).masked_fill(~causal, 0.0)
+    o = A[..., None] * (q @ M_in) - tril_matmul(scores, U)
     if S is not None:
         o = o + d[..., None] * (q @ torch.stack(Ss, dim=2))
     return chunks_heads_last(o, T).to(in_dtype), M, S

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..common.checks import compute_dtype
+from ..common.masking import tril_matmul
 from ..common.state_scan import chunks_heads_first, chunks_heads_last
 from .inner import error
 from .reference import make_norm
@@ -54,6 +55,6 @@ def ttt_linear_norm_chunk(
 
     q = q * scale
     causal = torch.ones(b, b, dtype=torch.bool, device=q.device).tril()
-    z = q @ W_in - ((q @ k.transpose(-1, -2)) * eta[..., None, :]).masked_fill(~causal, 0) @ err
+    z = q @ W_in - tril_matmul(((q @ k.transpose(-1, -2)) * eta[..., None, :]).masked_fill(~causal, 0), err)
     o = q + make_norm(norm_weight, norm_bias, norm_eps, dt, 2).forward(z)[0]
     return chunks_heads_last(o, T).to(in_dtype), W
