@@ -33,6 +33,22 @@ def all_finite_here(*xs: torch.Tensor) -> bool:
     return all(bool(torch.isfinite(x).all()) for x in xs)
 
 
+def attention_guard_skipped(*xs: torch.Tensor) -> bool:
+    """Whether softmax attention may run its kernel plainly on these keys and values: on the CPU when they are
+    finite (:func:`all_finite_here`); eagerly on CUDA unless value checks are "strict". There the guard of
+    :func:`confined_attention` is a dozen small kernels forward and backward around one SDPA call: on the H100 it
+    took a Transformer's training step (d_model 1024, 12 layers, 8 x 2048 tokens) from about 90 to 115 ms, and
+    SDPA's flash kernels leak a later non-finite value only within the tile of the diagonal. Under
+    torch.compile the guard is fused into the graph and always runs."""
+    if all_finite_here(*xs):
+        return True
+    if torch.compiler.is_compiling() or not xs[0].is_cuda:
+        return False
+    from .values import value_check_mode
+
+    return value_check_mode() != "strict"
+
+
 def finite_part(x: torch.Tensor) -> torch.Tensor:
     """x where finite, 0 where NaN or +-inf (gradients flow to the finite entries only)."""
     return torch.where(torch.isfinite(x), x, torch.zeros((), dtype=x.dtype, device=x.device))

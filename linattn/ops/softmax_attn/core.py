@@ -15,7 +15,7 @@ import torch
 from ..common.blockwise_softmax import blockwise_attention
 from ..common.checks import compute_dtype
 from ..common.kv_cache import KVCache
-from ..common.masking import all_finite_here, confine_attention, finite_part, nonfinite_rows
+from ..common.masking import attention_guard_skipped, confine_attention, finite_part, nonfinite_rows
 from ..common.positions import alibi_slopes, apply_rope, rope_config
 from .reference import masked_softmax_attention, sdpa_attention
 
@@ -69,7 +69,7 @@ def run_attention(
     keys, values = k.to(run_dt), v.to(run_dt)
     kernel = partial(KERNELS[backend], scale=scale, causal=causal, window_size=window_size, alibi_slopes=slopes,
                      log_gates=gates, chunk_size=chunk_size)
-    if all_finite_here(keys, values):
+    if attention_guard_skipped(keys, values):
         o = kernel(q.to(run_dt), keys, values)
     else:
         # A hidden key's weight is 0, but 0 x NaN = NaN inside P V, and NaN + (-inf) = NaN where a mask is added

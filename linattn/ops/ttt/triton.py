@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from ..common.triton_launch import fast_launch
+from ..common.triton_masking import causal_dot_rest
 from ..common.triton_ops import eager_backward, eager_function, needs_backward, use_custom_op
 from ..common.triton_utils import block as _block
 from ..common.triton_utils import cdiv
@@ -46,8 +47,6 @@ TOKENS_PER_CHUNK = 64  # the forward keeps W every 64 tokens (every 64 / b mini-
 LAUNCH = {"fwd_warps": 8, "fwd_stages": 1, "bwd_warps": 8, "bwd_stages": 1}
 
 
-@triton.jit
-
 def _precision(dtype: torch.dtype) -> str:
     """Every product here is of float32 tiles (the inner weights W live in float32 registers and are updated
     once per mini-batch): plain tf32 (10-bit mantissas) let the error of bf16 runs grow with T past the project's
@@ -55,6 +54,8 @@ def _precision(dtype: torch.dtype) -> str:
     accuracy on tensor cores) and float32 inputs exact float32 products."""
     return "ieee" if dtype == torch.float32 else "tf32x3"
 
+
+@triton.jit
 def _ln_stats(z, m_v, V: tl.constexpr, eps):
     """(h, r) of LayerNorm over the valid V columns of z [b, BV]: h = (z - mean) r (0 in padded columns)."""
     mu = tl.sum(z, axis=1) / V
@@ -122,7 +123,8 @@ def _ttt_fwd_kernel(q, k, v, eta, w_ln, b_ln, w0, o, wt, wc, scale, eps, T, H: t
         qs, kc, vc, et, err, h, r, e, g = _minibatch(q, k, v, eta, W, row, m_t, o_k, o_v, m_k, m_v, wl, bl, scale,
                                                      eps, K, V, NORM, PREC)
         A = tl.where(causal, tl.dot(qs, tl.trans(kc), input_precision=PREC) * et[None, :], 0.0)
-        Zq = tl.dot(qs, W, input_precision=PREC) - tl.dot(A, err, input_precision=PREC)
+        err_fin, err_rest = causal_dot_rest(err)  # row t reads err rows <= t only (triton_masking.py)
+        Zq = tl.dot(qs, W, input_precision=PREC) - (tl.dot(A, err_fin, input_precision=PREC) + err_rest)
         if NORM:
             hq, rq = _ln_stats(Zq, m_v, V, eps)
             out = qs + wl[None, :] * hq + bl[None, :]
