@@ -58,7 +58,7 @@ def fox_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Tens
 def fox_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Tensor, o: torch.Tensor,
                  lse: torch.Tensor, do: torch.Tensor, scale: float, window: int
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv, dG): dG [B, H, Tk] float64, the gradient of G (minus the column sums of dS)."""
+    """(dq, dk, dv, dG): dG [B, H, Tk] float64, the gradient of G (row sums minus column sums of dS)."""
     B, Tq, Tk, H, Hkv, K, V = _dims(q, k, v)
     do = do.to(q.dtype).contiguous()
     delta = q.new_empty(B, H, Tq, dtype=torch.float32)
@@ -75,7 +75,7 @@ def fox_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Ten
         **common, **launch_options(LAUNCH, "dkv", q.dtype))
     BM = LAUNCH["dq_BM"]
     fox_dq_kernel[(triton.cdiv(Tq, BM), B * H)](
-        q=q, k=k, v=v, G=G, do=do, lse=lse, delta=delta, dq=dq, BM=BM, BN=LAUNCH["dq_BN"], **common,
+        q=q, k=k, v=v, G=G, do=do, lse=lse, delta=delta, dq=dq, dG=dG, BM=BM, BN=LAUNCH["dq_BN"], **common,
         **launch_options(LAUNCH, "dq", q.dtype))
     return dq, dk, dv, dG
 

@@ -15,10 +15,11 @@ per-row log-sum-exp (in base 2: the kernels exponentiate with exp2, the logits p
 Backward (P the probabilities, recomputed from the log-sum-exp; delta_i = sum_v dO_iv O_iv = sum_j P_ij dP_ij):
 
     dP = dO V^T,   dS = P (dP - delta),   dQ = scale dS K,   dK = scale dS^T Q,   dV = P^T dO,
-    dG_j = sum_{i: query at j} sum_l dS_il - sum_i dS_ij = - sum_i dS_ij
+    dG_r = sum_l dS_il [query i at position r] - sum_i dS_ir      (row sums minus column sums)
 
-(the row sums of dS vanish: a softmax does not change when a constant is added to a row), so the kernels return
-the column sums only; the caller's cumulative sum turns dG into dg by autograd (a reverse cumulative sum).
+The row sums vanish in exact arithmetic (a softmax does not change when a constant is added to a row) but are
+kept: with delta from O rounded to bf16 they cancel the error that delta puts into the column sums, which the
+reverse cumulative sum of dG (the caller's cumsum, differentiated by autograd, gives dg) would otherwise gather.
 
 G is read in float64: for a tile of query rows and the key block starting at n, the bias is formed as
 (G_{p_i} - G_n) - (G_j - G_n), each difference rounded to float32 once, so its error is relative to the
@@ -195,7 +196,7 @@ def fox_dkv_kernel(q, k, v, G, do, lse, delta, dk, dv, dG, scale, Tq, Tk, W, H: 
                    K: tl.constexpr, V: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                    BV: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
     """Grid (cdiv(Tk, BN), B*H_kv): dk, dv of one key block (summed over the query heads of the group) and
-    dG [B, H, Tk] = -(column sums of dS) per query head."""
+    dG [B, H, Tk] = -(column sums of dS) per query head (the dQ kernel adds the row sums)."""
     i_n, i_bhk = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_hk = i_bhk // HKV, i_bhk % HKV
     GROUP: tl.constexpr = H // HKV
@@ -248,10 +249,10 @@ def fox_dkv_kernel(q, k, v, G, do, lse, delta, dk, dv, dG, scale, Tq, Tk, W, H: 
 
 
 @triton.jit
-def _dq_blocks(dq, qt, dot_, lse_r, delta_r, Grow, pos, kb, vb, Gk, start, end, Tk, W, scale2, KS: tl.constexpr,
-               K: tl.constexpr, V: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+def _dq_blocks(dq, dGr, qt, dot_, lse_r, delta_r, Grow, pos, kb, vb, Gk, start, end, Tk, W, scale2,
+               KS: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
-    """dQ (before the factor scale) of one query block over key blocks [start, end) (steps of BN)."""
+    """dQ (before the factor scale) and the row sums of dS of one query block over key blocks [start, end)."""
     o_k, o_v = tl.arange(0, BK), tl.arange(0, BV)
     for n in range(start, end, BN):
         cols = n + tl.arange(0, BN)
@@ -267,15 +268,16 @@ def _dq_blocks(dq, qt, dot_, lse_r, delta_r, Grow, pos, kb, vb, Gk, start, end, 
         dp = mm(dot_, vt, PREC, UP)
         ds = p * (dp - delta_r[:, None])
         dq += mm(ds.to(kc.dtype), kc, PREC, UP)
-    return dq
+        dGr += tl.sum(ds, axis=1)
+    return dq, dGr
 
 
 @fast_launch
 @triton.jit(do_not_specialize=["Tq", "Tk", "W"])
-def fox_dq_kernel(q, k, v, G, do, lse, delta, dq, scale, Tq, Tk, W, H: tl.constexpr, HKV: tl.constexpr,
+def fox_dq_kernel(q, k, v, G, do, lse, delta, dq, dG, scale, Tq, Tk, W, H: tl.constexpr, HKV: tl.constexpr,
                   K: tl.constexpr, V: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                   BV: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
-    """Grid (cdiv(Tq, BM), B*H): dq of one query block."""
+    """Grid (cdiv(Tq, BM), B*H): dq of one query block; adds the row sums of dS to dG at the query positions."""
     i_m, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     i_hk = i_h // (H // HKV)
@@ -299,11 +301,20 @@ def fox_dq_kernel(q, k, v, G, do, lse, delta, dq, scale, Tq, Tk, W, H: tl.conste
     p_last = tl.minimum(p_first + BM - 1, Tk - 1)
     lo, mid_lo, mid_hi, hi = _key_ranges(p_first, p_last, W, HAS_WINDOW, BN)
     acc = tl.zeros([BM, BK], dtype=tl.float32)
-    acc = _dq_blocks(acc, qt, dot_, lse_r, delta_r, Grow, pos, kb, vb, Gk, lo, mid_lo, Tk, W, scale2, HKV, K, V,
-                     BN, BK, BV, True, HAS_WINDOW, PREC, UP)
-    acc = _dq_blocks(acc, qt, dot_, lse_r, delta_r, Grow, pos, kb, vb, Gk, mid_lo, mid_hi, Tk, W, scale2, HKV, K,
-                     V, BN, BK, BV, False, HAS_WINDOW, PREC, UP)
-    acc = _dq_blocks(acc, qt, dot_, lse_r, delta_r, Grow, pos, kb, vb, Gk, mid_hi, hi, Tk, W, scale2, HKV, K, V,
-                     BN, BK, BV, True, HAS_WINDOW, PREC, UP)
+    dGr = tl.zeros([BM], dtype=tl.float32)
+    acc, dGr = _dq_blocks(acc, dGr, qt, dot_, lse_r, delta_r, Grow, pos, kb, vb, Gk,
+                          lo, mid_lo, Tk, W, scale2, HKV, K, V, BN, BK, BV, True, HAS_WINDOW,
+                          PREC, UP)
+    acc, dGr = _dq_blocks(acc, dGr, qt, dot_, lse_r, delta_r, Grow, pos, kb, vb, Gk,
+                          mid_lo, mid_hi, Tk, W, scale2, HKV, K, V, BN, BK, BV, False,
+                          HAS_WINDOW, PREC, UP)
+    acc, dGr = _dq_blocks(acc, dGr, qt, dot_, lse_r, delta_r, Grow, pos, kb, vb, Gk,
+                          mid_hi, hi, Tk, W, scale2, HKV, K, V, BN, BK, BV, True, HAS_WINDOW,
+                          PREC, UP)
     tl.store(dq + (i_b * Tq * H + i_h) * K + rows[:, None] * (H * K) + o_k[None, :],
              (acc * scale).to(dq.dtype.element_ty), mask=m_qk)
+    # dG = row sums - column sums: the column sums are there already (the dK/dV kernel ran first). The row sums
+    # vanish in exact arithmetic; kept, they cancel the column sums' share of the error of delta (from O rounded
+    # to bf16), which the reverse cumulative sum of dG would otherwise gather (sum_r dG_r = 0 exactly)
+    dG_old = tl.load(dG + i_bh * Tk + pos, mask=m_rows, other=0.0)
+    tl.store(dG + i_bh * Tk + pos, dG_old + dGr.to(dG.dtype.element_ty), mask=m_rows)
