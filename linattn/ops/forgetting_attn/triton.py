@@ -26,9 +26,10 @@ from .triton_kernels import fox_delta_kernel, fox_dkv_kernel, fox_dq_kernel, fox
 
 # Block sizes and warps per kernel, fixed per head size (never per sequence length); "fwd_BM" query rows per
 # forward program and "fwd_BN" keys per inner step; "dkv_BN" keys per dK/dV program, "dkv_BM" query rows per step;
-# "dq_BM" / "dq_BN" likewise. LINATTN_TRITON_LAUNCH='{"forgetting_attn": {...}}' overrides them.
+# "dq_BM" / "dq_BN" likewise. float32 inputs run unpipelined (stages 1: their tiles take twice the shared memory).
+# LINATTN_TRITON_LAUNCH='{"forgetting_attn": {...}}' overrides them.
 LAUNCH = {"fwd_BM": 128, "fwd_BN": 64, "fwd_warps": 8, "fwd_stages": 3,
-          "dkv_BM": 64, "dkv_BN": 64, "dkv_warps": 8, "dkv_stages": 2,
+          "dkv_BM": 32, "dkv_BN": 64, "dkv_warps": 8, "dkv_stages": 2,
           "dq_BM": 64, "dq_BN": 64, "dq_warps": 8, "dq_stages": 2,
           "delta_BM": 64, "delta_warps": 4, "delta_stages": 1}
 launch_overrides("forgetting_attn", LAUNCH)
@@ -51,7 +52,7 @@ def fox_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Tens
     fox_fwd_kernel[(triton.cdiv(Tq, BM), B * H)](
         q=q, k=k, v=v, G=G, o=o, lse=lse, scale=scale, Tq=Tq, Tk=Tk, W=window, H=H, HKV=Hkv, K=K, V=V, BM=BM,
         BN=LAUNCH["fwd_BN"], BK=block(K), BV=block(V), HAS_WINDOW=window > 0, PREC=dot_precision(q.dtype),
-        UP=upcast_dots(q.dtype), **launch_options(LAUNCH, "fwd", q.dtype))
+        UP=upcast_dots(q.dtype), **launch_options(LAUNCH, "fwd", q.dtype, 1))
     return o, lse
 
 
@@ -64,7 +65,7 @@ def fox_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Ten
     delta = q.new_empty(B, H, Tq, dtype=torch.float32)
     BMd = LAUNCH["delta_BM"]
     fox_delta_kernel[(triton.cdiv(Tq, BMd), B * H)](
-        o=o, do=do, delta=delta, Tq=Tq, H=H, V=V, BM=BMd, BV=block(V), **launch_options(LAUNCH, "delta", q.dtype))
+        o=o, do=do, delta=delta, Tq=Tq, H=H, V=V, BM=BMd, BV=block(V), **launch_options(LAUNCH, "delta", q.dtype, 1))
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dG = torch.empty(B, H, Tk, device=q.device, dtype=torch.float64)
     common = dict(scale=scale, Tq=Tq, Tk=Tk, W=window, H=H, HKV=Hkv, K=K, V=V, BK=block(K), BV=block(V),
@@ -72,11 +73,11 @@ def fox_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Ten
     BN = LAUNCH["dkv_BN"]
     fox_dkv_kernel[(triton.cdiv(Tk, BN), B * Hkv)](
         q=q, k=k, v=v, G=G, do=do, lse=lse, delta=delta, dk=dk, dv=dv, dG=dG, BM=LAUNCH["dkv_BM"], BN=BN,
-        **common, **launch_options(LAUNCH, "dkv", q.dtype))
+        **common, **launch_options(LAUNCH, "dkv", q.dtype, 1))
     BM = LAUNCH["dq_BM"]
     fox_dq_kernel[(triton.cdiv(Tq, BM), B * H)](
         q=q, k=k, v=v, G=G, do=do, lse=lse, delta=delta, dq=dq, dG=dG, BM=BM, BN=LAUNCH["dq_BN"], **common,
-        **launch_options(LAUNCH, "dq", q.dtype))
+        **launch_options(LAUNCH, "dq", q.dtype, 1))
     return dq, dk, dv, dG
 
 
