@@ -18,7 +18,8 @@ from linattn.ops import get_op
 from .memprobe import probe
 from .timing import cuda_peak_mb, median_ms
 
-# FLA's chunk kernels for the ops that have one, same argument names and [B, T, H, K] layout.
+# FLA's kernels for the ops that have one (chunk kernels; the parallel ones of the softmax family), same argument
+# names and [B, T, H, K] layout.
 FLA_FUNCTIONS = {
     "simple_gla": ("fla.ops.simple_gla", "chunk_simple_gla"),
     "gla": ("fla.ops.gla", "chunk_gla"),
@@ -26,6 +27,8 @@ FLA_FUNCTIONS = {
     "gated_delta_rule": ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"),
     "retention": ("fla.ops.retention", "chunk_retention"),
     "linear_attn": ("fla.ops.linear_attn", "chunk_linear_attn"),
+    "forgetting_attn": ("fla.ops.forgetting_attn", "parallel_forgetting_attn"),
+    "path_attn": ("fla.ops.path_attn", "parallel_path_attn"),
 }
 
 
@@ -50,6 +53,12 @@ def fla_function(op: str):
         return getattr(importlib.import_module(module), name)
     except Exception:  # FLA missing or broken on this stack: the row is simply absent
         return None
+
+
+def _output(result):
+    """The output of an FLA function: the first element of a tuple (output, state), or the tensor it returned
+    (parallel_forgetting_attn returns o alone)."""
+    return result[0] if isinstance(result, tuple) else result
 
 
 def _timed(call, inputs: dict, device: torch.device, repeats: int, budget_s: float, memory: bool,
@@ -90,7 +99,7 @@ def bench_op(op: str, T: int, impl: str, *, B: int, H: int, K: int, V: int, dtyp
         fn = fla_function(op)
         if fn is None:
             return None
-        call = lambda x: fn(**x)[0]
+        call = lambda x: _output(fn(**x))
     else:
         if impl not in spec.backends:
             return None
