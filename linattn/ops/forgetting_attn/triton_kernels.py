@@ -52,6 +52,16 @@ def _visible(pos, cols, Tk, W, HAS_WINDOW: tl.constexpr):
 
 
 @triton.jit
+def _load(ptr, m_a, m_b, MASKED: tl.constexpr):
+    """A tile load; the masks (zero fill) only where some element may lie outside (MASKED), so the blocks inside
+    the visible band with whole head dims load without predicates."""
+    if MASKED:
+        return tl.load(ptr, mask=m_a & m_b, other=0.0)
+    else:
+        return tl.load(ptr)
+
+
+@triton.jit
 def _bias(Grow, Gk, n, cols, Tk):
     """(G_{p_i} - G_n)[:, None] - (G_j - G_n)[None, :] in float32 (log2 units), G read in float64."""
     ref = tl.load(Gk + n)
@@ -69,11 +79,10 @@ def _fwd_blocks(acc, m_i, l_i, qt, Grow, pos, kb, vb, Gk, start, end, Tk, W, sca
     o_k, o_v = tl.arange(0, BK), tl.arange(0, BV)
     for n in range(start, end, BN):
         cols = n + tl.arange(0, BN)
-        m_col = (cols < Tk) if MASK else (cols >= 0)
-        kt = tl.load(kb + cols[None, :] * (KS * K) + o_k[:, None], mask=m_col[None, :] & (o_k[:, None] < K),
-                     other=0.0)
-        vt = tl.load(vb + cols[:, None] * (KS * V) + o_v[None, :], mask=m_col[:, None] & (o_v[None, :] < V),
-                     other=0.0)
+        kt = _load(kb + cols[None, :] * (KS * K) + o_k[:, None], o_k[:, None] < K, cols[None, :] < Tk,
+                   MASK or BK != K)
+        vt = _load(vb + cols[:, None] * (KS * V) + o_v[None, :], cols[:, None] < Tk, o_v[None, :] < V,
+                   MASK or BV != V)
         s = mm(qt, kt, PREC, UP) * scale2 + _bias(Grow, Gk, n, cols, Tk)
         if MASK:
             s = tl.where(_visible(pos, cols, Tk, W, HAS_WINDOW), s, float("-inf"))
@@ -256,11 +265,10 @@ def _dq_blocks(dq, dGr, qt, dot_, lse_r, delta_r, Grow, pos, kb, vb, Gk, start, 
     o_k, o_v = tl.arange(0, BK), tl.arange(0, BV)
     for n in range(start, end, BN):
         cols = n + tl.arange(0, BN)
-        m_col = (cols < Tk) if MASK else (cols >= 0)
-        kc = tl.load(kb + cols[:, None] * (KS * K) + o_k[None, :], mask=m_col[:, None] & (o_k[None, :] < K),
-                     other=0.0)
-        vt = tl.load(vb + cols[None, :] * (KS * V) + o_v[:, None], mask=m_col[None, :] & (o_v[:, None] < V),
-                     other=0.0)
+        kc = _load(kb + cols[:, None] * (KS * K) + o_k[None, :], cols[:, None] < Tk, o_k[None, :] < K,
+                   MASK or BK != K)
+        vt = _load(vb + cols[None, :] * (KS * V) + o_v[:, None], o_v[:, None] < V, cols[None, :] < Tk,
+                   MASK or BV != V)
         s = mm(qt, tl.trans(kc), PREC, UP) * scale2 + _bias(Grow, Gk, n, cols, Tk)
         if MASK:
             s = tl.where(_visible(pos, cols, Tk, W, HAS_WINDOW), s, float("-inf"))
