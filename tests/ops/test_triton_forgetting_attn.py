@@ -64,9 +64,11 @@ def test_triton_matches_recurrent_fp32(case, opts, blocks):
     check_backends_agree(lambda *a, backend: run(*a, backend, **opts), xs, NAMES, ["triton"], tol=1e-5)
 
 
-def test_default_blocks_long_cache_and_window():
-    """The default LAUNCH block sizes (several query and key blocks at T = 300 with a 180-token cache)."""
-    xs = make(1, 300, 2, 1, 32, 32, 180, seed=1, low=-0.1)
+@pytest.mark.parametrize("T", [300, 5])
+def test_default_blocks_long_cache_and_window(T):
+    """The default LAUNCH block sizes (several query and key blocks with a 180-token cache; T = 5: the 16-row
+    query blocks of decoding)."""
+    xs = make(1, T, 2, 1, 32, 32, 180, seed=1, low=-0.1)
     for opts in ({}, {"window_size": 150}):
         check_backends_agree(lambda *a, backend, o=opts: run(*a, backend, **o), xs, NAMES, ["triton"], tol=1e-5)
 

@@ -48,7 +48,8 @@ def fox_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Tens
     B, Tq, Tk, H, Hkv, K, V = _dims(q, k, v)
     o = q.new_empty(B, Tq, H, V)
     lse = q.new_empty(B, H, Tq, dtype=torch.float32)
-    BM = LAUNCH["fwd_BM"]
+    # a decoding step (a few queries against a long cache) would leave most of a 128-row block idle
+    BM = LAUNCH["fwd_BM"] if Tq > 16 else 16
     fox_fwd_kernel[(triton.cdiv(Tq, BM), B * H)](
         q=q, k=k, v=v, G=G, o=o, lse=lse, scale=scale, Tq=Tq, Tk=Tk, W=window, H=H, HKV=Hkv, K=K, V=V, BM=BM,
         BN=LAUNCH["fwd_BN"], BK=block(K), BV=block(V), HAS_WINDOW=window > 0, PREC=dot_precision(q.dtype),
