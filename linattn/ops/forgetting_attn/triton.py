@@ -41,10 +41,11 @@ def _dims(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, ...]:
     return B, Tq, k.shape[1], H, k.shape[2], K, v.shape[-1]
 
 
-def fox_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Tensor, scale: float, window: int
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def fox_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Tensor, scale: float, window: int,
+                strict: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """o [B, Tq, H, V] (q's dtype) and the base-2 row log-sum-exp [B, H, Tq] (float32). q [B, Tq, H, K],
-    k [B, Tk, H_kv, K], v [B, Tk, H_kv, V] contiguous in one dtype; G [B, H, Tk] float64; window 0: none."""
+    k [B, Tk, H_kv, K], v [B, Tk, H_kv, V] contiguous in one dtype; G [B, H, Tk] float64; window 0: none.
+    ``strict``: each query sees the keys strictly before its position (a row seeing none: o = 0, lse = +inf)."""
     B, Tq, Tk, H, Hkv, K, V = _dims(q, k, v)
     o = q.new_empty(B, Tq, H, V)
     lse = q.new_empty(B, H, Tq, dtype=torch.float32)
@@ -52,13 +53,13 @@ def fox_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Tens
     BM = LAUNCH["fwd_BM"] if Tq > 16 else 16
     fox_fwd_kernel[(triton.cdiv(Tq, BM), B * H)](
         q=q, k=k, v=v, G=G, o=o, lse=lse, scale=scale, Tq=Tq, Tk=Tk, W=window, H=H, HKV=Hkv, K=K, V=V, BM=BM,
-        BN=LAUNCH["fwd_BN"], BK=block(K), BV=block(V), HAS_WINDOW=window > 0, PREC=dot_precision(q.dtype),
-        UP=upcast_dots(q.dtype), **launch_options(LAUNCH, "fwd", q.dtype, 1))
+        BN=LAUNCH["fwd_BN"], BK=block(K), BV=block(V), HAS_WINDOW=window > 0, STRICT=strict,
+        PREC=dot_precision(q.dtype), UP=upcast_dots(q.dtype), **launch_options(LAUNCH, "fwd", q.dtype, 1))
     return o, lse
 
 
 def fox_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Tensor, o: torch.Tensor,
-                 lse: torch.Tensor, do: torch.Tensor, scale: float, window: int
+                 lse: torch.Tensor, do: torch.Tensor, scale: float, window: int, strict: bool = False
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dG): dG [B, H, Tk] float64, the gradient of G (row sums minus column sums of dS)."""
     B, Tq, Tk, H, Hkv, K, V = _dims(q, k, v)
@@ -70,7 +71,7 @@ def fox_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Ten
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dG = torch.empty(B, H, Tk, device=q.device, dtype=torch.float64)
     common = dict(scale=scale, Tq=Tq, Tk=Tk, W=window, H=H, HKV=Hkv, K=K, V=V, BK=block(K), BV=block(V),
-                  HAS_WINDOW=window > 0, PREC=dot_precision(q.dtype), UP=upcast_dots(q.dtype))
+                  HAS_WINDOW=window > 0, STRICT=strict, PREC=dot_precision(q.dtype), UP=upcast_dots(q.dtype))
     BN = LAUNCH["dkv_BN"]
     fox_dkv_kernel[(triton.cdiv(Tk, BN), B * Hkv)](
         q=q, k=k, v=v, G=G, do=do, lse=lse, delta=delta, dk=dk, dv=dv, dG=dG, BM=LAUNCH["dkv_BM"], BN=BN,

@@ -52,6 +52,16 @@ def _visible(pos, cols, Tk, W, HAS_WINDOW: tl.constexpr):
 
 
 @triton.jit
+def _offset(Tq, Tk, STRICT: tl.constexpr):
+    """Position of query row 0 for the visibility rule key j <= position: T0 = Tk - Tq, or T0 - 1 with STRICT
+    (keys strictly before the query, as DeltaFormer's kernel rows)."""
+    if STRICT:
+        return Tk - Tq - 1
+    else:
+        return Tk - Tq
+
+
+@triton.jit
 def _load(ptr, m_a, m_b, MASKED: tl.constexpr):
     """A tile load; the masks (zero fill) only where some element may lie outside (MASKED), so the blocks inside
     the visible band with whole head dims load without predicates."""
@@ -116,12 +126,13 @@ def _key_ranges(p_first, p_last, W, HAS_WINDOW: tl.constexpr, BN: tl.constexpr):
 @triton.jit(do_not_specialize=["Tq", "Tk", "W"])
 def fox_fwd_kernel(q, k, v, G, o, lse, scale, Tq, Tk, W, H: tl.constexpr, HKV: tl.constexpr, K: tl.constexpr,
                    V: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                   HAS_WINDOW: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
-    """Grid (cdiv(Tq, BM), B*H): o [B, Tq, H, V] and lse [B, H, Tq] (base 2) of one query block."""
+                   HAS_WINDOW: tl.constexpr, STRICT: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+    """Grid (cdiv(Tq, BM), B*H): o [B, Tq, H, V] and lse [B, H, Tq] (base 2) of one query block; a row that sees
+    no key (STRICT, the first position) gets o = 0 and lse = +inf (its probabilities are 0 in backward)."""
     i_m, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     i_hk = i_h // (H // HKV)
-    T0 = Tk - Tq
+    T0 = _offset(Tq, Tk, STRICT)
     rows = i_m * BM + tl.arange(0, BM)
     m_rows = rows < Tq
     pos = T0 + rows
@@ -129,12 +140,12 @@ def fox_fwd_kernel(q, k, v, G, o, lse, scale, Tq, Tk, W, H: tl.constexpr, HKV: t
     qb = q + (i_b * Tq * H + i_h) * K
     qt = tl.load(qb + rows[:, None] * (H * K) + o_k[None, :], mask=m_rows[:, None] & (o_k[None, :] < K), other=0.0)
     Gk = G + i_bh * Tk
-    Grow = tl.load(Gk + pos, mask=m_rows, other=0.0)
+    Grow = tl.load(Gk + Tk - Tq + rows, mask=m_rows, other=0.0)  # G at the query's own position
     kb = k + (i_b * Tk * HKV + i_hk) * K
     vb = v + (i_b * Tk * HKV + i_hk) * V
     scale2 = scale * 1.4426950408889634
     p_first = T0 + i_m * BM
-    p_last = tl.minimum(p_first + BM - 1, Tk - 1)
+    p_last = tl.minimum(p_first + BM - 1, T0 + Tq - 1)
     lo, mid_lo, mid_hi, hi = _key_ranges(p_first, p_last, W, HAS_WINDOW, BN)
     acc = tl.zeros([BM, BV], dtype=tl.float32)
     # -1e30, not -inf: a row may see no key of a block (window edge), and exp2(-inf - -inf) would be NaN
@@ -146,11 +157,12 @@ def fox_fwd_kernel(q, k, v, G, o, lse, scale, Tq, Tk, W, H: tl.constexpr, HKV: t
                                 V, BN, BK, BV, False, HAS_WINDOW, PREC, UP)
     acc, m_i, l_i = _fwd_blocks(acc, m_i, l_i, qt, Grow, pos, kb, vb, Gk, mid_hi, hi, Tk, W, scale2, HKV, K, V,
                                 BN, BK, BV, True, HAS_WINDOW, PREC, UP)
-    l_safe = tl.where(m_rows, l_i, 1.0)  # padding rows (not stored) may have seen nothing
+    empty = l_i == 0.0  # padding rows (not stored), and with STRICT the first position
+    l_safe = tl.where(empty, 1.0, l_i)
     out = acc / l_safe[:, None]
     tl.store(o + (i_b * Tq * H + i_h) * V + rows[:, None] * (H * V) + o_v[None, :], out.to(o.dtype.element_ty),
              mask=m_rows[:, None] & (o_v[None, :] < V))
-    tl.store(lse + i_bh * Tq + rows, m_i + tl.log2(l_safe), mask=m_rows)
+    tl.store(lse + i_bh * Tq + rows, tl.where(empty, float("inf"), m_i + tl.log2(l_safe)), mask=m_rows)
 
 
 @fast_launch
@@ -168,13 +180,12 @@ def fox_delta_kernel(o, do, delta, Tq, H: tl.constexpr, V: tl.constexpr, BM: tl.
 
 
 @triton.jit
-def _dkv_blocks(dk, dv, dGc, kt, vt, cols, n, qb, dob, lseb, deltab, Gk, start, end, Tq, Tk, W, scale2,
+def _dkv_blocks(dk, dv, dGc, kt, vt, cols, n, qb, dob, lseb, deltab, Gk, start, end, T0, Tq, Tk, W, scale2,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
                 BV: tl.constexpr, MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
                 UP: tl.constexpr):
     """dK, dV and the column sums of dS of one key block over query blocks [start, end) (steps of BM)."""
     o_k, o_v = tl.arange(0, BK), tl.arange(0, BV)
-    T0 = Tk - Tq
     for r in range(start, end, BM):
         rows = r + tl.arange(0, BM)
         m_rows = rows < Tq
@@ -186,7 +197,7 @@ def _dkv_blocks(dk, dv, dGc, kt, vt, cols, n, qb, dob, lseb, deltab, Gk, start, 
         lse_r = tl.load(lseb + rows, mask=m_rows, other=float("inf"))
         delta_r = tl.load(deltab + rows, mask=m_rows, other=0.0)
         pos = T0 + rows
-        Grow = tl.load(Gk + pos, mask=m_rows, other=0.0)
+        Grow = tl.load(Gk + Tk - Tq + rows, mask=m_rows, other=0.0)
         s = mm(qt, tl.trans(kt), PREC, UP) * scale2 + _bias(Grow, Gk, n, cols, Tk)
         if MASK:
             s = tl.where(_visible(pos, cols, Tk, W, HAS_WINDOW), s, float("-inf"))
@@ -203,13 +214,14 @@ def _dkv_blocks(dk, dv, dGc, kt, vt, cols, n, qb, dob, lseb, deltab, Gk, start, 
 @triton.jit(do_not_specialize=["Tq", "Tk", "W"])
 def fox_dkv_kernel(q, k, v, G, do, lse, delta, dk, dv, dG, scale, Tq, Tk, W, H: tl.constexpr, HKV: tl.constexpr,
                    K: tl.constexpr, V: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                   BV: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+                   BV: tl.constexpr, HAS_WINDOW: tl.constexpr, STRICT: tl.constexpr, PREC: tl.constexpr,
+                   UP: tl.constexpr):
     """Grid (cdiv(Tk, BN), B*H_kv): dk, dv of one key block (summed over the query heads of the group) and
     dG [B, H, Tk] = -(column sums of dS) per query head (the dQ kernel adds the row sums)."""
     i_n, i_bhk = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_hk = i_bhk // HKV, i_bhk % HKV
     GROUP: tl.constexpr = H // HKV
-    T0 = Tk - Tq
+    T0 = _offset(Tq, Tk, STRICT)
     n = i_n * BN
     cols = n + tl.arange(0, BN)
     m_cols = cols < Tk
@@ -242,13 +254,13 @@ def fox_dkv_kernel(q, k, v, G, do, lse, delta, dk, dv, dG, scale, Tq, Tk, W, H: 
         Gk = G + i_bh * Tk
         dGc = tl.zeros([BN], dtype=tl.float32)
         dk_acc, dv_acc, dGc = _dkv_blocks(dk_acc, dv_acc, dGc, kt, vt, cols, n, qb, dob, lse + i_bh * Tq,
-                                          delta + i_bh * Tq, Gk, r_lo, mid_lo, Tq, Tk, W, scale2, H, K, V, BM,
+                                          delta + i_bh * Tq, Gk, r_lo, mid_lo, T0, Tq, Tk, W, scale2, H, K, V, BM,
                                           BK, BV, True, HAS_WINDOW, PREC, UP)
         dk_acc, dv_acc, dGc = _dkv_blocks(dk_acc, dv_acc, dGc, kt, vt, cols, n, qb, dob, lse + i_bh * Tq,
-                                          delta + i_bh * Tq, Gk, mid_lo, mid_hi, Tq, Tk, W, scale2, H, K, V, BM,
+                                          delta + i_bh * Tq, Gk, mid_lo, mid_hi, T0, Tq, Tk, W, scale2, H, K, V, BM,
                                           BK, BV, False, HAS_WINDOW, PREC, UP)
         dk_acc, dv_acc, dGc = _dkv_blocks(dk_acc, dv_acc, dGc, kt, vt, cols, n, qb, dob, lse + i_bh * Tq,
-                                          delta + i_bh * Tq, Gk, mid_hi, r_hi, Tq, Tk, W, scale2, H, K, V, BM,
+                                          delta + i_bh * Tq, Gk, mid_hi, r_hi, T0, Tq, Tk, W, scale2, H, K, V, BM,
                                           BK, BV, True, HAS_WINDOW, PREC, UP)
         tl.store(dG + i_bh * Tk + cols, dGc.to(dG.dtype.element_ty), mask=m_cols)
     tl.store(dk + (i_b * Tk * HKV + i_hk) * K + cols[:, None] * (HKV * K) + o_k[None, :],
@@ -284,12 +296,13 @@ def _dq_blocks(dq, dGr, qt, dot_, lse_r, delta_r, Grow, pos, kb, vb, Gk, start, 
 @triton.jit(do_not_specialize=["Tq", "Tk", "W"])
 def fox_dq_kernel(q, k, v, G, do, lse, delta, dq, dG, scale, Tq, Tk, W, H: tl.constexpr, HKV: tl.constexpr,
                   K: tl.constexpr, V: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                  BV: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+                  BV: tl.constexpr, HAS_WINDOW: tl.constexpr, STRICT: tl.constexpr, PREC: tl.constexpr,
+                  UP: tl.constexpr):
     """Grid (cdiv(Tq, BM), B*H): dq of one query block; adds the row sums of dS to dG at the query positions."""
     i_m, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     i_hk = i_h // (H // HKV)
-    T0 = Tk - Tq
+    T0 = _offset(Tq, Tk, STRICT)
     rows = i_m * BM + tl.arange(0, BM)
     m_rows = rows < Tq
     pos = T0 + rows
@@ -301,12 +314,12 @@ def fox_dq_kernel(q, k, v, G, do, lse, delta, dq, dG, scale, Tq, Tk, W, H: tl.co
     lse_r = tl.load(lse + i_bh * Tq + rows, mask=m_rows, other=float("inf"))
     delta_r = tl.load(delta + i_bh * Tq + rows, mask=m_rows, other=0.0)
     Gk = G + i_bh * Tk
-    Grow = tl.load(Gk + pos, mask=m_rows, other=0.0)
+    Grow = tl.load(Gk + Tk - Tq + rows, mask=m_rows, other=0.0)  # G at the query's own position
     kb = k + (i_b * Tk * HKV + i_hk) * K
     vb = v + (i_b * Tk * HKV + i_hk) * V
     scale2 = scale * 1.4426950408889634
     p_first = T0 + i_m * BM
-    p_last = tl.minimum(p_first + BM - 1, Tk - 1)
+    p_last = tl.minimum(p_first + BM - 1, T0 + Tq - 1)
     lo, mid_lo, mid_hi, hi = _key_ranges(p_first, p_last, W, HAS_WINDOW, BN)
     acc = tl.zeros([BM, BK], dtype=tl.float32)
     dGr = tl.zeros([BM], dtype=tl.float32)
@@ -324,5 +337,5 @@ def fox_dq_kernel(q, k, v, G, do, lse, delta, dq, dG, scale, Tq, Tk, W, H: tl.co
     # dG = row sums - column sums: the column sums are there already (the dK/dV kernel ran first). The row sums
     # vanish in exact arithmetic; kept, they cancel the column sums' share of the error of delta (from O rounded
     # to bf16), which the reverse cumulative sum of dG would otherwise gather (sum_r dG_r = 0 exactly)
-    dG_old = tl.load(dG + i_bh * Tk + pos, mask=m_rows, other=0.0)
-    tl.store(dG + i_bh * Tk + pos, dG_old + dGr.to(dG.dtype.element_ty), mask=m_rows)
+    dG_old = tl.load(dG + i_bh * Tk + Tk - Tq + rows, mask=m_rows, other=0.0)
+    tl.store(dG + i_bh * Tk + Tk - Tq + rows, dG_old + dGr.to(dG.dtype.element_ty), mask=m_rows)
