@@ -72,7 +72,8 @@ class _Solve(torch.autograd.Function):
         deltaformer_psi_kernel[(triton.cdiv(V, BV), B * H)](
             k=k_all, beta=beta, lse=lse, du=dU[:, T0:].float().contiguous(), psi=psi, scale=ctx.scale, T=T,
             Tk=Tk, H=H, K=K, V=V, C=LAUNCH["C"], BM=LAUNCH["C"], BK=block(K), BV=BV,
-            PREC=dot_precision(k_all.dtype), UP=upcast_dots(k_all.dtype), **launch_options(LAUNCH, "psi", k_all.dtype, 1))
+            PREC=dot_precision(k_all.dtype), UP=upcast_dots(k_all.dtype),
+            **launch_options(LAUNCH, "psi", k_all.dtype, 1))
         # the kernel logits' gradient is an attention backward: queries and keys k, values U, dO = -b psi, O = r
         dt = k_all.dtype
         do = -(beta[..., None].float() * psi)
