@@ -127,6 +127,14 @@ _FoxFunction = eager_function("ForgettingAttnTriton", _fwd, _setup_context, _bac
 KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
+def fox_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Tensor, scale: float,
+                  window: int = 0) -> torch.Tensor:
+    """Differentiable o of :func:`fox_forward` (kernel dtypes, contiguous; G [B, H, Tk] float64): the custom op
+    under torch.compile (and for tensor subclasses), the eager autograd Function otherwise."""
+    run = _fwd_op if use_custom_op(q) else _FoxFunction.apply
+    return run(q, k, v, G, float(scale), int(window))[0]
+
+
 def forgetting_attn_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, *, scale: float,
                            window_size: int | None = None, rope: dict | None = None,
                            initial_state: KVCache | None = None, output_final_state: bool = False,
@@ -149,9 +157,7 @@ def forgetting_attn_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         g = torch.cat([initial_state.extras["g"].to(sdt), g.to(sdt)], dim=1)
     # G along the last dim ([B, H, Tk]): autograd's reverse cumulative sum then runs along it too (fast on a GPU)
     G = torch.cumsum(g.transpose(1, 2).to(torch.float64), dim=-1)
-    qk = [x.to(dt).contiguous() for x in (q, k, v)]
-    run = _fwd_op if use_custom_op(qk[0]) else _FoxFunction.apply
-    o, _ = run(*qk, G, float(scale), int(window_size or 0))
+    o = fox_attention(*(x.to(dt).contiguous() for x in (q, k, v)), G, scale, window_size or 0)
     state = KVCache(k.to(sdt), v.to(sdt), {"g": g.to(sdt)}) if output_final_state else None
     return o.to(in_dtype), state
 
