@@ -7,8 +7,8 @@ moved to the chunk start Q^ = Q - tril(Q W^T) T_w, the intra-chunk logits, the c
 its keys moved to the chunk end K^ = K - T_k^T W: O(T C K) work and memory, differentiated by autograd. The
 cross-chunk attention, O(T^2 (K + K^2 / C)), runs in the kernels of ``triton_kernels.py`` (forward: the flash pass
 with the query chain in registers; backward: a bounded number of programs with a scratch for one query block's
-chain each). Memory linear in T in training. Eager autograd Function only: not a torch.library custom op yet
-(under torch.compile the kernels break the graph).
+chain each). Memory linear in T in training. The flash pass is a torch.library custom op with fake kernels
+(torch.compile(fullgraph=True) traces it) and runs through a plain autograd Function in eager mode.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from ..common.checks import compute_dtype
 from ..common.chunking import chunk_local_cumsum, to_chunks
 from ..common.kv_cache import KVCache
 from ..common.triangular import solve_unit_lower
+from ..common.triton_ops import eager_backward, eager_function, use_custom_op
 from ..common.triton_utils import block, dot_precision, interpreting, launch_options, launch_overrides, upcast_dots
 from ..forgetting_attn.triton import KERNEL_DTYPES, MAX_HEAD_DIM
 from ..forgetting_attn.triton_kernels import fox_delta_kernel
@@ -43,46 +44,82 @@ def _programs(device: torch.device, work: int) -> int:
     return min(2 * torch.cuda.get_device_properties(device).multi_processor_count, work)
 
 
-class _PathFlash(torch.autograd.Function):
-    """o [B, H, N C, V] from qh, kh [B, H, N C, K], intra [B, H, N, C, C] float32, P [B, H, N, K, K], v [B, H, N C, V],
-    the cache s0 [B, H, T0, K], v0 [B, H, T0, V] and G [B, H, T0 + N C] float64."""
+def path_flash_forward(qh: torch.Tensor, intra: torch.Tensor, P: torch.Tensor, kh: torch.Tensor, v: torch.Tensor,
+                       s0: torch.Tensor, v0: torch.Tensor, G: torch.Tensor, scale: float
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o [B, H, N C, V], base-2 log-sum-exp [B, H, N C]) from qh, kh [B, H, N C, K], intra [B, H, N, C, C] float32,
+    P [B, H, N, K, K], v [B, H, N C, V], the cache s0 [B, H, T0, K], v0 [B, H, T0, V], G [B, H, T0 + N C] float64."""
+    B, H, NC, K = qh.shape
+    N, C, V, T0 = intra.shape[2], intra.shape[3], v.shape[-1], s0.shape[2]
+    o = qh.new_empty(B, H, NC, V)
+    lse = qh.new_empty(B, H, NC, dtype=torch.float32)
+    path_fwd_kernel[(N, B * H)](
+        qh=qh, intra=intra, P=P, kh=kh, v=v, s0=s0, v0=v0, G=G, o=o, lse=lse, scale=scale, N=N, T0=T0, K=K, V=V, C=C,
+        BN=LAUNCH["BN"], BK=block(K), BV=block(V), PREC=dot_precision(qh.dtype), UP=upcast_dots(qh.dtype),
+        **launch_options(LAUNCH, "fwd", qh.dtype, 1))
+    return o, lse
 
-    @staticmethod
-    def forward(ctx, qh, intra, P, kh, v, s0, v0, G, scale):
-        B, H, NC, K = qh.shape
-        N, C, V, T0 = intra.shape[2], intra.shape[3], v.shape[-1], s0.shape[2]
-        o = qh.new_empty(B, H, NC, V)
-        lse = qh.new_empty(B, H, NC, dtype=torch.float32)
-        common = dict(scale=scale, N=N, T0=T0, K=K, V=V, C=C, BN=LAUNCH["BN"], BK=block(K), BV=block(V),
-                      PREC=dot_precision(qh.dtype), UP=upcast_dots(qh.dtype))
-        path_fwd_kernel[(N, B * H)](qh=qh, intra=intra, P=P, kh=kh, v=v, s0=s0, v0=v0, G=G, o=o, lse=lse, **common,
-                                    **launch_options(LAUNCH, "fwd", qh.dtype, 1))
-        ctx.save_for_backward(qh, intra, P, kh, v, s0, v0, G, o, lse)
-        ctx.scale = scale
-        return o
 
-    @staticmethod
-    def backward(ctx, do):
-        qh, intra, P, kh, v, s0, v0, G, o, lse = ctx.saved_tensors
-        B, H, NC, K = qh.shape
-        N, C, V, T0 = intra.shape[2], intra.shape[3], v.shape[-1], s0.shape[2]
-        do = do.to(qh.dtype).contiguous()
-        delta = qh.new_empty(B * H, 1, NC, dtype=torch.float32)
-        fox_delta_kernel[(triton.cdiv(NC, 64), B * H)](o=o, do=do, delta=delta, Tq=NC, H=1, V=V, BM=64, BV=block(V))
-        f32 = dict(device=qh.device, dtype=torch.float32)
-        dqh, dkh = torch.empty(B, H, NC, K, **f32), torch.zeros(B, H, NC, K, **f32)
-        dintra, dP = torch.empty(B, H, N, C, C, **f32), torch.zeros(B, H, N, K, K, **f32)
-        dv, ds0, dv0 = torch.zeros(B, H, NC, V, **f32), torch.zeros(B, H, T0, K, **f32), torch.zeros(B, H, T0, V, **f32)
-        dG = torch.zeros(B, H, T0 + NC, **f32)
-        nprog = _programs(qh.device, N * B * H)
-        qscr = torch.empty(nprog, N, C, block(K), **f32)
-        sscr = torch.empty(nprog, N, C, C, **f32)
-        path_bwd_kernel[(nprog,)](
-            qh=qh, intra=intra, P=P, kh=kh, v=v, s0=s0, v0=v0, G=G, do=do, lse=lse, delta=delta, dqh=dqh,
-            dintra=dintra, dP=dP, dkh=dkh, dv=dv, ds0=ds0, dv0=dv0, dG=dG, qscr=qscr, sscr=sscr, scale=ctx.scale, N=N,
-            T0=T0, BH=B * H, NPROG=nprog, K=K, V=V, C=C, BN=LAUNCH["BN"], BK=block(K), BV=block(V),
-            PREC=dot_precision(qh.dtype), UP=upcast_dots(qh.dtype), **launch_options(LAUNCH, "bwd", qh.dtype, 1))
-        return dqh, dintra, dP, dkh, dv, ds0, dv0, dG.double(), None
+def path_flash_backward(qh: torch.Tensor, intra: torch.Tensor, P: torch.Tensor, kh: torch.Tensor, v: torch.Tensor,
+                        s0: torch.Tensor, v0: torch.Tensor, G: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                        do: torch.Tensor, scale: float
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                   torch.Tensor, torch.Tensor]:
+    """Gradients of qh, intra, P, kh, v, s0, v0 (float32) and G (float64)."""
+    B, H, NC, K = qh.shape
+    N, C, V, T0 = intra.shape[2], intra.shape[3], v.shape[-1], s0.shape[2]
+    do = do.to(qh.dtype).contiguous()
+    delta = qh.new_empty(B * H, 1, NC, dtype=torch.float32)  # [B H, 1, N C]: the [B, T, H, V] kernel with H = 1
+    fox_delta_kernel[(triton.cdiv(NC, 64), B * H)](o=o, do=do, delta=delta, Tq=NC, H=1, V=V, BM=64, BV=block(V))
+    f32 = dict(device=qh.device, dtype=torch.float32)
+    dqh, dkh = torch.empty(B, H, NC, K, **f32), torch.zeros(B, H, NC, K, **f32)
+    dintra, dP = torch.empty(B, H, N, C, C, **f32), torch.zeros(B, H, N, K, K, **f32)
+    dv, ds0, dv0 = torch.zeros(B, H, NC, V, **f32), torch.zeros(B, H, T0, K, **f32), torch.zeros(B, H, T0, V, **f32)
+    dG = torch.zeros(B, H, T0 + NC, **f32)
+    nprog = _programs(qh.device, N * B * H)
+    qscr = torch.empty(nprog, N, C, block(K), **f32)
+    sscr = torch.empty(nprog, N, C, C, **f32)
+    path_bwd_kernel[(nprog,)](
+        qh=qh, intra=intra, P=P, kh=kh, v=v, s0=s0, v0=v0, G=G, do=do, lse=lse, delta=delta, dqh=dqh,
+        dintra=dintra, dP=dP, dkh=dkh, dv=dv, ds0=ds0, dv0=dv0, dG=dG, qscr=qscr, sscr=sscr, scale=scale, N=N,
+        T0=T0, BH=B * H, NPROG=nprog, K=K, V=V, C=C, BN=LAUNCH["BN"], BK=block(K), BV=block(V),
+        PREC=dot_precision(qh.dtype), UP=upcast_dots(qh.dtype), **launch_options(LAUNCH, "bwd", qh.dtype, 1))
+    return dqh, dintra, dP, dkh, dv, ds0, dv0, dG.double()
+
+
+_fwd_op = torch.library.custom_op("linattn::path_attn_triton_fwd", path_flash_forward, mutates_args=())
+_bwd_op = torch.library.custom_op("linattn::path_attn_triton_bwd", path_flash_backward, mutates_args=())
+
+
+@_fwd_op.register_fake
+def _(qh, intra, P, kh, v, s0, v0, G, scale):
+    B, H, NC, _ = qh.shape
+    return qh.new_empty(B, H, NC, v.shape[-1]), qh.new_empty(B, H, NC, dtype=torch.float32)
+
+
+@_bwd_op.register_fake
+def _(qh, intra, P, kh, v, s0, v0, G, o, lse, do, scale):
+    f32 = lambda x: torch.empty_like(x, dtype=torch.float32)
+    return f32(qh), f32(intra), f32(P), f32(kh), f32(v), f32(s0), f32(v0), torch.empty_like(G)
+
+
+def _setup_context(ctx, inputs, output):
+    *tensors, scale = inputs
+    ctx.save_for_backward(*tensors, *output)
+    ctx.scale = scale
+
+
+def _backward_rule(ctx, do, dlse):
+    *tensors, o, lse = ctx.saved_tensors
+    run = path_flash_backward if eager_backward(ctx) else _bwd_op
+    do = torch.zeros_like(o) if do is None else do
+    grads = run(*tensors, o, lse, do, ctx.scale)
+    return (*(gr.to(x.dtype) for gr, x in zip(grads, tensors)), None)
+
+
+_fwd_op.register_autograd(_backward_rule, setup_context=_setup_context)
+_PathFunction = eager_function("PathAttnTriton", path_flash_forward, _setup_context, _backward_rule,
+                               non_differentiable=(1,))
 
 
 def _heads_first(x: torch.Tensor, C: int) -> torch.Tensor:
@@ -126,8 +163,9 @@ def path_attn_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch
     G_new = torch.cumsum(F.pad(g, (0, 0, 0, N * C - T)).transpose(1, 2).to(torch.float64), dim=-1)
     G = torch.cat([-D0.to(torch.float64), G_new], dim=-1).contiguous()  # the cache's end at G = 0
     flat = lambda x: x.reshape(B, H, N * C, x.shape[-1]).to(dt).contiguous()
-    o = _PathFlash.apply(flat(Qhat), intra, P.to(dt).contiguous(), flat(Khat), flat(Vc), S0.to(dt).contiguous(),
-                         V0.to(dt).contiguous(), G, float(scale))
+    flash = _fwd_op if use_custom_op(Q) else _PathFunction.apply
+    o, _ = flash(flat(Qhat), intra, P.to(dt).contiguous(), flat(Khat), flat(Vc), S0.to(dt).contiguous(),
+                 V0.to(dt).contiguous(), G, float(scale))
     o = o[:, :, :T].transpose(1, 2).to(in_dtype)
     state = None
     if output_final_state:
