@@ -1,6 +1,6 @@
-"""`linattn bench ops` rows for the softmax family's Triton backend (forgetting_attn), SDPA and FLA's parallel
-kernels: rows are made at a tiny shape (under Triton's interpreter without a GPU), FLA's single-tensor output
-is taken as the output."""
+"""`linattn bench ops` rows for the softmax family's Triton backends (forgetting_attn, path_attn, deltaformer), SDPA
+and FLA's parallel kernels: rows are made at a tiny shape (under Triton's interpreter without a GPU), FLA's
+single-tensor output is taken as the output."""
 
 import pytest
 import torch
@@ -19,9 +19,10 @@ def test_fla_output_is_the_tensor_or_the_first_element():
 
 @pytest.mark.triton
 @pytest.mark.skipif(not triton_available(), reason="triton not installed")
-def test_forgetting_attn_triton_rows():
+@pytest.mark.parametrize("op", ["forgetting_attn", "path_attn", "deltaformer"])
+def test_triton_rows(op):
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    rows = run_ops_bench(["forgetting_attn"], [24], ["triton", "sdpa"], B=1, H=2, K=16, V=16, dtype=torch.float32,
+    rows = run_ops_bench([op], [24], ["triton", "sdpa"], B=1, H=2, K=16, V=16, dtype=torch.float32,
                          device=device, repeats=1, memory=False, progress=False)
     by_impl = {r.impl: r for r in rows}
     assert set(by_impl) == {"triton", "sdpa"}
