@@ -31,7 +31,7 @@ from .reference import _past
 from .triton_kernels import path_bwd_kernel, path_fwd_kernel
 
 # "C": the chunk (query and key block) of the flash pass; "BN": cached keys per step; "programs": backward programs
-# (0: two per SM on CUDA). LINATTN_TRITON_LAUNCH='{"path_attn": {...}}' overrides them.
+# (0: one per SM on CUDA). LINATTN_TRITON_LAUNCH='{"path_attn": {...}}' overrides them.
 LAUNCH = {"C": 64, "BN": 64, "programs": 0, "fwd_warps": 8, "fwd_stages": 2, "bwd_warps": 8, "bwd_stages": 1}
 launch_overrides("path_attn", LAUNCH)
 
@@ -41,7 +41,8 @@ def _programs(device: torch.device, work: int) -> int:
         return min(LAUNCH["programs"], work)
     if interpreting() or device.type != "cuda":
         return min(3, work)
-    return min(2 * torch.cuda.get_device_properties(device).multi_processor_count, work)
+    # one per SM: at 255 registers and 8 warps no second program fits on an SM, and more would only add scratch
+    return min(torch.cuda.get_device_properties(device).multi_processor_count, work)
 
 
 def path_flash_forward(qh: torch.Tensor, intra: torch.Tensor, P: torch.Tensor, kh: torch.Tensor, v: torch.Tensor,
