@@ -96,9 +96,9 @@ def path_fwd_kernel(qh, intra, P, kh, v, s0, v0, G, o, lse, scale, N, T0, K: tl.
 
 
 @fast_launch
-@triton.jit(do_not_specialize=["N", "T0", "BH"])
+@triton.jit(do_not_specialize=["N", "T0", "BH", "NPROG"])
 def path_bwd_kernel(qh, intra, P, kh, v, s0, v0, G, do, lse, delta, dqh, dintra, dP, dkh, dv, ds0, dv0, dG,
-                    qscr, sscr, scale, N, T0, BH, NPROG: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                    qscr, sscr, scale, N, T0, BH, NPROG, K: tl.constexpr, V: tl.constexpr,
                     C: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
                     UP: tl.constexpr):
     """Grid (NPROG,): every (query block, batch*head) in turn. Gradients (float32, zero-initialised, added to
