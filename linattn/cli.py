@@ -1,4 +1,4 @@
-"""Command line: ``linattn list | run | train | bench ops | bench decode | bench model | data``.
+"""Command line: ``linattn list | run | train | bench ops | bench decode | bench model | data | convert-fla``.
 
 A user error (:class:`linattn.errors.UserError`: a bad config, flag or file) prints one line
 ``linattn: error: <message>`` and exits with code 2; any other exception is a bug and keeps its traceback.
@@ -41,7 +41,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from linattn.train.build import cli_train
+    from linattn.experiments import cli_train
 
     return cli_train(args.config, device=args.device, out_dir=args.out, override_config=args.override_config)
 
@@ -127,6 +127,18 @@ def _cmd_data(args: argparse.Namespace) -> int:
     from linattn.data.lra.__main__ import main as lra_main
 
     lra_main(args.rest, prog="linattn data")
+    return 0
+
+
+def _cmd_convert_fla(args: argparse.Namespace) -> int:
+    import torch
+
+    try:
+        from linattn.hf.convert import convert_fla
+    except ImportError as exc:  # the optional hf extra: its message says how to install it
+        raise UserError(str(exc)) from None
+    out = convert_fla(args.src, args.out, dtype=getattr(torch, args.dtype))
+    print(f"wrote {out} (load it with: import linattn.hf; transformers.AutoModelForCausalLM.from_pretrained)")
     return 0
 
 
@@ -231,6 +243,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="generate data sets: `linattn data listops|pathfinder --out DIR ...`")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of python -m linattn.data.lra")
     p.set_defaults(func=_cmd_data)
+    p = sub.add_parser("convert-fla", parents=[debug], help="an FLA checkpoint (DeltaNet, Gated DeltaNet, GLA, Mamba2) "
+                       "to a linattn transformers checkpoint")
+    p.add_argument("src", help="directory saved by FLA's model.save_pretrained")
+    p.add_argument("out", help="output directory (config.json, model.safetensors)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.set_defaults(func=_cmd_convert_fla)
     from linattn.experiments import add_run_arguments
 
     p = sub.add_parser("run", parents=[debug], help="run a named study (e.g. shortconv) or a study YAML file")

@@ -27,9 +27,25 @@ FLA_FUNCTIONS = {
     "gated_delta_rule": ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"),
     "retention": ("fla.ops.retention", "chunk_retention"),
     "linear_attn": ("fla.ops.linear_attn", "chunk_linear_attn"),
+    "ttt_linear": ("fla.ops.ttt", "chunk_ttt_linear"),
+    "mesa_net": ("fla.ops.mesa_net", "chunk_mesa_net"),
     "forgetting_attn": ("fla.ops.forgetting_attn", "parallel_forgetting_attn"),
     "path_attn": ("fla.ops.path_attn", "parallel_path_attn"),
 }
+
+
+def _fla_ttt_linear(x: dict) -> dict:
+    """FLA's TTT-Linear always has the inner LayerNorm (weight 1, bias 0 here, as ours by default), eta [B, T, H, 1]
+    and mini-batches of chunk_size = 16 tokens."""
+    H, V = x["v"].shape[-2:]
+    w = torch.ones(H, V, device=x["v"].device, dtype=x["v"].dtype)
+    return dict(q=x["q"], k=x["k"], v=x["v"], w=w, b=torch.zeros_like(w), eta=x["eta"][..., None], chunk_size=16)
+
+
+# How an op's example inputs become FLA's arguments, where the names or shapes differ.
+FLA_ARGUMENTS = {"ttt_linear": _fla_ttt_linear}
+# Keywords of our op in the benchmark: ttt_linear as the paper's block (and FLA's kernel), with the inner norm.
+OP_KWARGS = {"ttt_linear": {"inner_norm": True}}
 
 
 @dataclass
@@ -99,11 +115,12 @@ def bench_op(op: str, T: int, impl: str, *, B: int, H: int, K: int, V: int, dtyp
         fn = fla_function(op)
         if fn is None:
             return None
-        call = lambda x: _output(fn(**x))
+        arguments = FLA_ARGUMENTS.get(op, lambda x: x)
+        call = lambda x: _output(fn(**arguments(x)))
     else:
         if impl not in spec.backends:
             return None
-        call = lambda x: spec.fn(**x, backend=impl)[0]
+        call = lambda x: spec.fn(**x, **OP_KWARGS.get(op, {}), backend=impl)[0]
     try:
         fwd_ms, fb_ms, peak = _timed(call, inputs, device, repeats, budget_s, memory, fwdbwd)
     except Exception as err:  # e.g. FLA refusing a kernel on this GPU: report it, keep going

@@ -75,7 +75,7 @@ class InductionHeads(SyntheticTask):
 
 @dataclass
 class LongRangeCopy(SyntheticTask):
-    """Long-range copy (000 §25): ``[x_1..x_k, 0 * gap, marker * k]``; the target at the i-th marker is
+    """Long-range copy: ``[x_1..x_k, 0 * gap, marker * k]``; the target at the i-th marker is
     ``x_i``; accuracy = (1/k) sum_i 1[y_hat_i = x_i]. ``seq_len = 2k + gap``."""
 
     vocab: int = 16

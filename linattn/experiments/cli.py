@@ -1,20 +1,25 @@
-"""``linattn run STUDY`` as a function, for linattn/cli.py to call."""
+"""``linattn run STUDY`` as a function, for linattn/cli.py to call: the flags every study shares, each named
+study's own flags (its registry entry), and the run itself."""
 
 from __future__ import annotations
 
 import argparse
 import os
 
-from linattn.experiments.registry import get_study, list_studies
-from linattn.experiments.runner import resumable_study_dir, run_study
+from linattn.errors import ConfigError
+from linattn.experiments.registry import STUDIES, get_entry, is_study_file, list_studies
+from linattn.experiments.report import write_report
+from linattn.experiments.runner import run_study
+from linattn.experiments.study import Study
 from linattn.validation import check_device, check_float, check_int
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of ``linattn run``."""
+    """The flags of ``linattn run``: the shared ones, then a group per named study."""
     parser.add_argument("study", help=f"a named study ({', '.join(list_studies())}) or a study YAML file")
-    parser.add_argument("--preset", default="smoke", choices=["smoke", "full", "h100"],
-                        help="size of the grid (h100: lra only, one H100, every run at once)")
+    presets = "; ".join(f"{name}: {', '.join(entry.presets)}" for name, entry in STUDIES.items())
+    parser.add_argument("--preset", default=None,
+                        help=f"size of a named study's grid (default: smoke); {presets}")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (cuda uses every visible GPU)")
     parser.add_argument("--out", default="runs", help="root folder: results go to OUT/<study>/<stamp>/")
     parser.add_argument("--resume", action="store_true", help="continue the newest folder of this study")
@@ -24,17 +29,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="torch threads per run process (default: CPU count / workers on CPU, 1 on GPU)")
     parser.add_argument("--max-minutes", type=float, default=None,
                         help="stop (checkpointing running runs) after this many minutes; --resume continues")
-    lra = parser.add_argument_group("lra study")
-    lra.add_argument("--task", action="append", help="LRA task(s), comma list (default: the preset's)")
-    lra.add_argument("--model", action="append", help="model label(s) or mixer name(s), comma list")
-    lra.add_argument("--spt", action="append", help="none, causal and/or masked, comma list")
-    lra.add_argument("--data-dir", default=None, help="folder with the LRA release files (smoke: generated if absent)")
-    lra.add_argument("--seeds", default=None, help="comma list of seeds (default: the preset's)")
-    lra.add_argument("--steps", type=int, default=None,
-                     help="total steps of every run (SPT pretrains for half), instead of the preset's")
-    lra.add_argument("--run-minutes", type=float, default=None,
-                     help="fit the steps to this wall-clock budget per run, measured by a short probe of "
-                          "every run at the same concurrency (saved beside the study; --resume reuses it)")
+    parser.add_argument("--seeds", default=None, help="comma list of seeds, instead of the study's")
+    for name, entry in STUDIES.items():
+        if entry.options:
+            entry.add_options(parser.add_argument_group(f"{name} study"))
 
 
 def check_run_flags(args: argparse.Namespace) -> None:
@@ -48,28 +46,57 @@ def check_run_flags(args: argparse.Namespace) -> None:
     check_device("--device", args.device, allow_auto=False)
 
 
+def _check_study_flags(args: argparse.Namespace) -> None:
+    """The preset and study flags must belong to the study run: ConfigError naming the first that does not."""
+    own = () if is_study_file(args.study) else get_entry(args.study).options
+    for name, entry in STUDIES.items():
+        for dest in entry.options:
+            if dest not in own and getattr(args, dest, None) is not None:
+                flag = "--" + dest.replace("_", "-")
+                raise ConfigError(f"is an option of study {name!r}, not of {args.study!r}", field=flag)
+    if is_study_file(args.study):
+        if getattr(args, "preset", None) is not None:
+            raise ConfigError(f"a study file has no presets (got {args.preset!r}); edit the file", field="--preset")
+        return
+    entry = get_entry(args.study)
+    args.preset = getattr(args, "preset", None) or entry.presets[0]
+    if args.preset not in entry.presets:
+        raise ConfigError(f"study {entry.name!r} has presets {', '.join(entry.presets)}; got {args.preset!r}",
+                          field="--preset")
+
+
+def _seeds(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        seeds = []
+    if not seeds or min(seeds) < 0:
+        raise ConfigError(f"expected a comma list of integers >= 0, got {text!r}", field="--seeds")
+    return seeds
+
+
 def cli_run(args: argparse.Namespace) -> int:
     """Run the study; prints where the report is; exit code 0 when complete, 3 when runs are left
     (time budget), 1 when some runs failed."""
     import torch
 
     check_run_flags(args)
+    _check_study_flags(args)
+    seeds = getattr(args, "seeds", None)
+    args.seeds = _seeds(seeds) if isinstance(seeds, str) else seeds
     workers = args.workers
     if workers is None:
         gpus = max(1, torch.cuda.device_count())
         workers = 2 if args.device == "cpu" else min(os.cpu_count() or 16, 16 * gpus)
-    if args.study == "lra":
-        from linattn.experiments.lra import lra_report, lra_study_from_args, lra_study_within_budget
-
-        if args.resume:  # before the budget probe, which takes minutes
-            resumable_study_dir(args.out, "lra")
-        if getattr(args, "run_minutes", None) is not None:
-            study = lra_study_within_budget(args, workers=workers)
-        else:
-            study = lra_study_from_args(args)
-        report = lra_report
+    if is_study_file(args.study):
+        study, report = Study.from_yaml(args.study), write_report
     else:
-        study, report = get_study(args.study, args.preset)
+        entry = get_entry(args.study)
+        study, report = entry.study_from_args(args, workers), entry.report
+    if args.seeds is not None:
+        study = study.with_seeds(args.seeds)
     budget = None if args.max_minutes is None else 60.0 * args.max_minutes
     outcome = run_study(study, args.out, resume=args.resume, workers=workers, device=args.device,
                         threads=getattr(args, "threads", None),
@@ -90,8 +117,8 @@ def cli_list() -> int:
     """For ``linattn list``: the named studies (runs per preset) and the synthetic tasks."""
     from linattn.data import TASKS
 
-    for name in list_studies():
-        sizes = ", ".join(f"{p}: {len(get_study(name, p)[0].runs())} runs" for p in ("smoke", "full"))
+    for name, entry in STUDIES.items():
+        sizes = ", ".join(f"{p}: {len(entry.make(p).runs())} runs" for p in entry.presets)
         print(f"study {name:18s} {sizes}")
     for name, cls in sorted(TASKS.items()):
         print(f"task  {name:18s} {(cls.__doc__ or '').strip().splitlines()[0]}")

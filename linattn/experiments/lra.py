@@ -3,8 +3,9 @@
 Claim under test: pretraining on the task's own training inputs (SPT: causal next-token prediction or
 masked denoising) before fine-tuning beats training from scratch at the SAME total number of steps
 (pretraining + fine-tuning steps of SPT = fine-tuning steps of scratch), for a Transformer (RoPE) and
-for linear-attention and state-space mixers alike. Grid: LRA task x model x spt (none, causal, masked)
-x seeds; one run is :func:`linattn.experiments.lra_run.train_lra_from_config`; the score is test accuracy.
+for linear-attention and state-space mixers alike. Grid: LRA task x mixer x spt (none, causal, masked)
+x seeds; one run is a run of kind ``lra`` (:func:`linattn.experiments.lra_run.train_lra_from_config`); the
+score is test accuracy. The mixers are named as everywhere else (``softmax_attn`` is the Transformer).
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
-from linattn.data.lra import list_lra_tasks
-from linattn.data.lra.__main__ import LISTOPS_SMOKE
+from linattn.data.lra import LISTOPS_SMOKE, list_lra_tasks
 from linattn.errors import ConfigError
-from linattn.experiments.lra_run import SPT_MODES, check_lra_config
+from linattn.experiments.lra_run import KIND, SPT_MODES
 from linattn.experiments.report import Cell, write_report
-from linattn.experiments.study import Study
+from linattn.experiments.runner import resumable_study_dir
+from linattn.experiments.study import Study, StudyEntry
 from linattn.validation import check_float
 
 # the paper's Transformer (RoPE) test accuracy (%): trained from scratch -> causal SPT (None: failed)
@@ -27,11 +28,9 @@ PAPER_TRANSFORMER: dict[str, tuple[float | None, float]] = {
     "listops": (36.4, 59.2), "text": (64.3, 88.8), "retrieval": (57.5, 90.4), "image": (42.4, 76.0),
     "pathfinder32": (71.4, 88.5), "pathx": (None, 88.1),
 }
-MODELS: dict[str, str] = {  # study label -> mixer
-    "transformer": "softmax_attn", "gated_deltanet": "gated_delta_rule", "deltanet": "delta_rule",
-    "mamba2": "mamba2", "gla": "gla", "lru": "lru",
-}
-TRANSFORMER = "transformer"
+# the mixers of the study: a Transformer (RoPE), linear-attention mixers and a diagonal SSM (lru)
+MIXERS = ("softmax_attn", "gated_delta_rule", "delta_rule", "mamba2", "gla", "lru")
+TRANSFORMER = "softmax_attn"
 METRIC = "test_accuracy"
 
 PRESETS: dict[str, dict] = {
@@ -42,7 +41,7 @@ PRESETS: dict[str, dict] = {
         "model": {"d_model": 32, "n_layers": 1, "n_heads": 2},
         "train": {"max_steps": 400, "batch_size": 32, "warmup_steps": 20, "eval_every": 100,
                   "eval_batch_size": 200, "log_every": 50},
-        "models": ["transformer", "gla", "gated_deltanet"],
+        "mixers": ["softmax_attn", "gla", "gated_delta_rule"],
         "seeds": [0, 1],
         "lrs": [3e-3],
     },
@@ -52,7 +51,7 @@ PRESETS: dict[str, dict] = {
         "model": {"d_model": 128, "n_layers": 4, "n_heads": 4},
         "train": {"max_steps": 10000, "batch_size": 32, "warmup_steps": 500, "eval_every": 1000,
                   "eval_batch_size": 64, "log_every": 100},
-        "models": list(MODELS),
+        "mixers": list(MIXERS),
         "seeds": [0, 1, 2],
         "lrs": [1e-3],
     },
@@ -64,19 +63,19 @@ PRESETS: dict[str, dict] = {
         "model": {"d_model": 128, "n_layers": 2, "n_heads": 4},
         "train": {"max_steps": 1000, "batch_size": 32, "warmup_steps": 50, "eval_every": 500,
                   "eval_batch_size": 100, "log_every": 25},
-        "models": ["transformer", "gla", "gated_deltanet"],
+        "mixers": ["softmax_attn", "gla", "gated_delta_rule"],
         "seeds": [0, 1],
         "lrs": [1e-3],
     },
 }
 
 
-def lra_study(preset: str = "smoke", *, tasks: Sequence[str] = ("listops",), models: Sequence[str] | None = None,
+def lra_study(preset: str = "smoke", *, tasks: Sequence[str] = ("listops",), mixers: Sequence[str] | None = None,
               spt: Sequence[str] | None = None, data_dir: str | Path | None = None,
               seeds: Sequence[int] | None = None, train: dict | None = None, model: dict | None = None,
               task_options: dict | None = None, steps: dict[str, int] | None = None) -> Study:
-    """The study at ``preset`` ("smoke", "full" or "h100"), restricted to ``tasks``, ``models`` (labels of
-    :data:`MODELS` or their mixer names) and ``spt`` modes; ``data_dir`` replaces the preset's (smoke:
+    """The study at ``preset`` ("smoke", "full" or "h100"), restricted to ``tasks``, ``mixers`` (of
+    :data:`MIXERS`) and ``spt`` modes; ``data_dir`` replaces the preset's (smoke:
     None = generate ListOps into the study folder); ``seeds``, ``train``, ``model`` and ``task_options``
     (partial dicts; the last of LRA task keys: ``pretrain_steps``, ``generate``, ``mask_ratio``) override
     the preset's. ``steps`` maps a task to its total steps (SPT pretrains for half of them, evaluation
@@ -85,29 +84,26 @@ def lra_study(preset: str = "smoke", *, tasks: Sequence[str] = ("listops",), mod
         raise ConfigError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
     p = PRESETS[preset]
     tasks = list(tasks)
-    by_mixer = {mixer: label for label, mixer in MODELS.items()}
-    models = [by_mixer.get(m, m) for m in (p["models"] if models is None else models)]
+    mixers = list(p["mixers"] if mixers is None else mixers)
     spt = list(SPT_MODES if spt is None else spt)
-    for name, values, valid in (("tasks", tasks, list_lra_tasks()), ("models", models, list(MODELS)),
+    for name, values, valid in (("tasks", tasks, list_lra_tasks()), ("mixers", mixers, list(MIXERS)),
                                 ("spt", spt, list(SPT_MODES))):
         bad = [v for v in values if v not in valid]
         if not values or bad:
             raise ConfigError(f"{name} must be a non-empty list from {valid}, got {values}")
-    task = {**p["task"], **(task_options or {}), "name": f"lra/{tasks[0]}"}
+    task = {**p["task"], **(task_options or {}), "name": tasks[0]}
     if data_dir is not None:
         task["data_dir"] = str(data_dir)
     study = Study.from_dict({
         "name": "lra", "description": f"LRA self-pretraining, compute-matched (preset {preset}). "
         + __doc__.split("\n\n")[1].replace("\n", " "),
-        "base": {"task": task, "model": {"mixer": "softmax_attn", **p["model"], **(model or {})},
+        "base": {"kind": KIND, "task": task, "model": {"mixer": "softmax_attn", **p["model"], **(model or {})},
                  "train": {**p["train"], **(train or {})}},
-        "axes": {"task": {t: {"task.name": f"lra/{t}", **_steps_overrides((steps or {}).get(t))} for t in tasks},
-                 "model": {m: {"model.mixer": MODELS[m]} for m in models},
+        "axes": {"task": {t: {"task.name": t, **_steps_overrides((steps or {}).get(t))} for t in tasks},
+                 "mixer": {m: {"model.mixer": m} for m in mixers},
                  "spt": {s: {"task.spt": s} for s in spt}},
         "seeds": list(p["seeds"] if seeds is None else seeds), "lrs": p["lrs"], "metric": METRIC,
-        "report": {"facet": "task", "rows": ["model"], "cols": "spt"}})
-    for spec in study.runs():
-        check_lra_config(spec.config)
+        "report": {"facet": "task", "rows": ["mixer"], "cols": "spt"}})
     return study
 
 
@@ -121,17 +117,17 @@ def _steps_overrides(total: int | None) -> dict:
             "train.warmup_steps": max(1, total // 20)}
 
 
-def _by_spt(cells: list[Cell], task: str, model: str) -> dict[str, Cell]:
-    return {c.labels["spt"]: c for c in cells if c.labels["task"] == task and c.labels["model"] == model}
+def _by_spt(cells: list[Cell], task: str, mixer: str) -> dict[str, Cell]:
+    return {c.labels["spt"]: c for c in cells if c.labels["task"] == task and c.labels["mixer"] == mixer}
 
 
 def conclusion(study: Study, cells: list[Cell]) -> str:
     """Per task: the best SPT mode's mean gain over scratch across models, whether it exceeds the seed
-    noise (2 x pooled std / sqrt(#models)), how many models it helps, and the Transformer's change next
+    noise (2 x pooled std / sqrt(#mixers)), how many mixers it helps, and the Transformer's change next
     to the paper's."""
     lines = []
     for task in study.axes["task"]:
-        models = [m for m in study.axes["model"] if "none" in _by_spt(cells, task, m)]
+        models = [m for m in study.axes["mixer"] if "none" in _by_spt(cells, task, m)]
         for mode in ("causal", "masked"):
             pairs = [(_by_spt(cells, task, m)["none"], _by_spt(cells, task, m)[mode]) for m in models
                      if mode in _by_spt(cells, task, m)]
@@ -145,19 +141,19 @@ def conclusion(study: Study, cells: list[Cell]) -> str:
             if min(c.n for pair in pairs for c in pair) < 2:
                 verdict = "one seed only: no estimate of the seed noise, so no verdict"
             text = (f"- **{task}, {mode} SPT vs scratch**: mean gain {100 * gain:+.1f} points over {len(pairs)} "
-                    f"model(s) ({sum(g > 0 for g in gains)} improved), {verdict} ({100 * noise:.1f})")
+                    f"mixer(s) ({sum(g > 0 for g in gains)} improved), {verdict} ({100 * noise:.1f})")
             tr = _by_spt(cells, task, TRANSFORMER)
             if mode == "causal" and "none" in tr and "causal" in tr and task in PAPER_TRANSFORMER:
                 before, after = PAPER_TRANSFORMER[task]
                 text += (f"; Transformer {100 * tr['none'].mean:.1f} -> {100 * tr['causal'].mean:.1f} here, "
                          f"{before if before is not None else 'fail'} -> {after} in the paper")
             lines.append(text + ".")
-    return "\n".join(lines) or "- no model has both a scratch and an SPT result yet."
+    return "\n".join(lines) or "- no mixer has both a scratch and an SPT result yet."
 
 
 def paper_table(study: Study, cells: list[Cell]) -> str:
     """Markdown: our Transformer row per task and spt mode next to the paper's (test accuracy, %)."""
-    lines = ["| task | spt | ours (Transformer) | paper (Transformer + RoPE) |", "|---|---|---|---|"]
+    lines = ["| task | spt | ours (softmax_attn) | paper (Transformer + RoPE) |", "|---|---|---|---|"]
     for task in study.axes["task"]:
         tr = _by_spt(cells, task, TRANSFORMER)
         before, after = PAPER_TRANSFORMER.get(task, (None, None))
@@ -169,15 +165,15 @@ def paper_table(study: Study, cells: list[Cell]) -> str:
 
 
 def lra_report(study: Study, study_dir: Path, rows: list[dict]) -> None:
-    """The standard report (tables of test accuracy per model x spt, mean ± std over seeds) with a
+    """The standard report (tables of test accuracy per mixer x spt, mean ± std over seeds) with a
     computed conclusion, plus the Transformer row beside the paper's numbers."""
     cells = write_report(study, study_dir, rows, conclusion=conclusion)
-    if TRANSFORMER not in study.axes["model"]:
+    if TRANSFORMER not in study.axes["mixer"]:
         return
     extra = ["", "## Against the paper", "",
-             "Test accuracy (%). Paper: Amos et al. 2023, Transformer with RoPE, full-size LRA, trained from "
-             "scratch vs causal SPT. Ours: the preset's model size and steps (the smoke preset's small "
-             "generated ListOps is not the release data, so only the direction compares).", "",
+             "Test accuracy (%). Paper: Amos et al. 2023, Transformer with RoPE (here softmax_attn), full-size "
+             "LRA, trained from scratch vs causal SPT. Ours: the preset's model size and steps (the smoke "
+             "preset's small generated ListOps is not the release data, so only the direction compares).", "",
              paper_table(study, cells), ""]
     with open(study_dir / "report.md", "a") as f:
         f.write("\n".join(extra))
@@ -191,27 +187,22 @@ def _names(value: str | Sequence[str] | None) -> list[str] | None:
 
 
 def _tasks(args: argparse.Namespace) -> list[str]:
-    """The tasks of ``--task`` (default ListOps)."""
-    return _names(getattr(args, "task", None)) or ["listops"]
+    """The tasks of ``--tasks`` (default ListOps)."""
+    return _names(getattr(args, "tasks", None)) or ["listops"]
 
 
 def lra_study_from_args(args: argparse.Namespace, steps: dict[str, int] | None = None,
                         train: dict | None = None) -> Study:
-    """The study of ``linattn run lra --preset P [--task T] [--model M] [--spt S] [--data-dir DIR] [--seeds S]
-    [--steps N]``; each of --task, --model, --spt, --seeds takes a comma-separated list (or is repeated)
-    and defaults to the preset's. ``steps`` (per task) overrides --steps."""
+    """The study of ``linattn run lra [--preset P] [--tasks T] [--mixers M] [--spt S] [--data-dir DIR]
+    [--seeds S] [--steps N]``; each of --tasks, --mixers, --spt takes a comma-separated list (or is repeated)
+    and defaults to the preset's; ``args.seeds`` is a list of ints or None. ``steps`` (per task) overrides
+    --steps."""
     tasks = _tasks(args)
-    seeds = _names(getattr(args, "seeds", None))
-    if seeds is not None:
-        try:
-            seeds = [int(s) for s in seeds]
-        except ValueError:
-            raise ConfigError(f"--seeds must be a comma list of integers, got {args.seeds!r}") from None
     if steps is None and getattr(args, "steps", None) is not None:
         steps = {t: args.steps for t in tasks}
-    return lra_study(args.preset, tasks=tasks, models=_names(getattr(args, "model", None)),
+    return lra_study(args.preset, tasks=tasks, mixers=_names(getattr(args, "mixers", None)),
                      spt=_names(getattr(args, "spt", None)), data_dir=getattr(args, "data_dir", None),
-                     seeds=seeds, steps=steps, train=train)
+                     seeds=getattr(args, "seeds", None), steps=steps, train=train)
 
 
 PROBE_STEPS = 40
@@ -234,6 +225,36 @@ def lra_study_within_budget(args: argparse.Namespace, workers: int) -> Study:
         steps = steps_for_budget(timings, budget_s)
         save_budget(path, budget_s, steps, timings)
         for t in timings:
-            print(f"probe {t.task} {t.model} {t.spt}: {t.seconds_per_step:.3f} s/step, {t.fixed_s:.1f} s fixed")
+            print(f"probe {t.task} {t.mixer} {t.spt}: {t.seconds_per_step:.3f} s/step, {t.fixed_s:.1f} s fixed")
     print(f"steps per run for {args.run_minutes} min: {steps}")
     return lra_study_from_args(args, steps=steps)
+
+
+def _cli_study(args: argparse.Namespace, workers: int) -> Study:
+    """``linattn run lra ...``: with ``--run-minutes`` the steps come from a timing probe (minutes), so a
+    ``--resume`` with nothing to resume is refused before it."""
+    if args.resume:
+        resumable_study_dir(args.out, "lra")
+    if getattr(args, "run_minutes", None) is not None:
+        return lra_study_within_budget(args, workers=workers)
+    return lra_study_from_args(args)
+
+
+def add_lra_options(group: argparse._ArgumentGroup) -> None:
+    """The flags of ``linattn run lra``."""
+    group.add_argument("--tasks", action="append", help=f"LRA task(s), comma list, from {', '.join(list_lra_tasks())} "
+                       "(default: listops)")
+    group.add_argument("--mixers", action="append", help=f"mixer(s), comma list, from {', '.join(MIXERS)} "
+                       "(default: the preset's)")
+    group.add_argument("--spt", action="append", help="none, causal and/or masked, comma list (default: all three)")
+    group.add_argument("--data-dir", default=None,
+                       help="folder with the LRA release files (smoke: ListOps generated if absent)")
+    group.add_argument("--steps", type=int, default=None,
+                       help="total steps of every run (SPT pretrains for half), instead of the preset's")
+    group.add_argument("--run-minutes", type=float, default=None,
+                       help="fit the steps to this wall-clock budget per run, measured by a short probe of "
+                            "every run at the same concurrency (saved beside the study; --resume reuses it)")
+
+
+LRA_STUDY = StudyEntry("lra", tuple(PRESETS), lra_study, lra_report, add_lra_options,
+                       ("tasks", "mixers", "spt", "data_dir", "steps", "run_minutes"), _cli_study)

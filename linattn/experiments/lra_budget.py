@@ -9,7 +9,7 @@ pretrains for half of them, evaluation twice, as in the real run) and measures p
   evaluations on val and test).
 
 Per task, with the slowest run's figures: ``steps = floor(safety * (budget_s - fixed) / seconds_per_step)``.
-The steps are the same for every model and spt mode of a task (compute-matched, as in the paper);
+The steps are the same for every mixer and spt mode of a task (compute-matched, as in the paper);
 pretraining takes half of them. The measurements and the chosen steps are saved beside the study so a
 ``--resume`` reuses them instead of measuring again.
 """
@@ -31,10 +31,10 @@ BUDGET_FILE = "lra-budget.json"
 
 @dataclass
 class StepTiming:
-    """One probe run: its task, model and spt labels, seconds per step, fixed cost and wall time."""
+    """One probe run: its task, mixer and spt labels, seconds per step, fixed cost and wall time."""
 
     task: str
-    model: str
+    mixer: str
     spt: str
     seconds_per_step: float
     fixed_s: float
@@ -77,7 +77,7 @@ def measure(probe: Study, out_root: str | Path, *, workers: int, device: str, pr
     for row in load_results(outcome.study_dir):
         per_step = seconds_per_step(outcome.study_dir / "runs" / row["run_id"])
         wall = float(row["run_wall_s"])
-        timings.append(StepTiming(row["task"], row["model"], row["spt"], per_step,
+        timings.append(StepTiming(row["task"], row["mixer"], row["spt"], per_step,
                                   max(0.0, wall - probe_steps * per_step), wall))
     return timings
 

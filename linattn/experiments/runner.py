@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 
 from linattn.config_files import read_yaml
 from linattn.errors import ResumeError
+from linattn.experiments.runs import train_run
 from linattn.experiments.study import RunSpec, Study
 from linattn.train.resume import config_changes, format_changes
 from linattn.train.trainer import NonFiniteLossError
@@ -89,11 +90,7 @@ def execute_run(spec: RunSpec, run_dir: str, device: str, deadline: float | None
     "interrupted", "skipped" (deadline passed before it started) or "error"). ``gpu_share``: the
     fraction of the GPU's memory this process may hold (the caching allocator frees its cache
     before exceeding it, so processes sharing a GPU do not starve each other)."""
-    from linattn.experiments.lra_run import is_lra_config, train_lra_from_config
-    from linattn.train.build import train_from_config
-
     start = time.time()
-    train = train_lra_from_config if is_lra_config(spec.config) else train_from_config
     row = {"run_id": spec.run_id, **spec.row()}
     if deadline is not None and time.time() >= deadline:
         return {**row, "status": "skipped"}
@@ -103,7 +100,7 @@ def execute_run(spec: RunSpec, run_dir: str, device: str, deadline: float | None
         torch.cuda.set_per_process_memory_fraction(gpu_share, dev.index if dev.index is not None else 0)
     out = Path(run_dir)
     try:
-        result = train(spec.config, out, device=device, progress=False, deadline=deadline)
+        result = train_run(spec.config, out, device=device, progress=False, deadline=deadline)
     except NonFiniteLossError as exc:
         final = {**row, "status": "diverged", "message": str(exc)}
         (out / RESULT_NAME).write_text(json.dumps(final, indent=2))

@@ -1,6 +1,6 @@
 """The short-convolution study (the question of "Why does linear attention add Short Conv?").
 
-Claim under test (001): a short conv on the KEYS turns the state's online regression from "predict
+Claim under test: a short conv on the KEYS turns the state's online regression from "predict
 yourself" (k_t -> v_t from one token) into next-token prediction (k_{t-1}, k_t -> v_t), which binds a key
 to the value in the NEXT token. So on multi-query associative recall with key and value in adjacent
 tokens a 1-layer model needs conv on k (or a shift), conv on q or v helps far less, and on the
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from linattn.errors import ConfigError
 from linattn.experiments.report import Cell, write_report
-from linattn.experiments.study import Study
+from linattn.experiments.study import Study, StudyEntry
 
 CONV_PLACEMENTS: dict[str, dict] = {
     **{name: {"model.mixer_kwargs.short_conv": letters, "model.mixer_kwargs.conv_mode": "learned"}
@@ -142,3 +142,6 @@ def conclusion(study: Study, cells: list[Cell]) -> str:
 
 def shortconv_report(study: Study, study_dir: Path, rows: list[dict]) -> None:
     write_report(study, study_dir, rows, conclusion=conclusion)
+
+
+SHORTCONV_STUDY = StudyEntry("shortconv", tuple(PRESETS), shortconv_study, shortconv_report)

@@ -3,7 +3,7 @@
 A study (YAML or dict)::
 
     name: shortconv
-    base: {task: {...}, model: {...}, train: {...}, eval_examples: 512}   # a run config
+    base: {kind: synthetic, task: {...}, model: {...}, train: {...}, eval_examples: 512}   # a run config
     axes:                                   # the grid: every combination of one label per axis
       mixer: {gla: {model.mixer: gla}, gated_delta_rule: {model.mixer: gated_delta_rule}}
       conv:  {none: {model.mixer_kwargs.short_conv: ""}, k: {model.mixer_kwargs.short_conv: k}}
@@ -19,18 +19,20 @@ Overrides are dotted paths into the run config. Runs are the grid x seeds x lrs.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import hashlib
 import itertools
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from linattn.config_files import read_yaml
 from linattn.errors import ConfigError, bad_value, located
-from linattn.train.build import check_run_config
+from linattn.experiments.runs import check_config
 from linattn.validation import check_float, check_int, check_str
 
 STUDY_KEYS = ("name", "base", "axes", "exclude", "seeds", "lrs", "metric", "report", "description")
@@ -155,7 +157,7 @@ class Study:
         return [s for s in out if not self._excluded(dict(s))]
 
     def runs(self) -> list[RunSpec]:
-        """Every run: settings x seeds x lrs, each with its full, validated run config."""
+        """Every run: settings x seeds x lrs, each with its full run config, checked by its kind's checks."""
         specs = []
         for labels in self.settings():
             config = copy.deepcopy(self.base)
@@ -166,8 +168,39 @@ class Study:
                 c = copy.deepcopy(config)
                 c["seed"] = int(seed)
                 set_path(c, "train.lr", lr)
-                specs.append(RunSpec(labels, int(seed), lr, check_run_config(c)))
+                specs.append(RunSpec(labels, int(seed), lr, check_config(c)))
         ids = [s.run_id for s in specs]
         if len(set(ids)) != len(ids):
             raise ConfigError("two runs of the study share a run id; make the axis labels distinct")
         return specs
+
+    def with_seeds(self, seeds: list[int]) -> Study:
+        """This study with ``seeds`` instead of its own (checked like a study file's)."""
+        return Study.from_dict({**self.to_dict(), "seeds": list(seeds)})
+
+
+ReportFn = Callable[[Study, Path, list[dict]], None]
+
+
+def no_options(group: argparse._ArgumentGroup) -> None:
+    """A study without flags of its own."""
+
+
+@dataclass(frozen=True)
+class StudyEntry:
+    """A named study, everything ``linattn run NAME`` needs: ``presets`` (the first is the default);
+    ``make(preset)``, the study at a preset; ``report(study, study_dir, rows)``, which writes report.md;
+    ``add_options(group)``, the study's own flags (their dests in ``options``, each defaulting to None); and
+    ``from_args(args, workers)``, the study of a parsed command line (default: ``make(args.preset)``)."""
+
+    name: str
+    presets: tuple[str, ...]
+    make: Callable[[str], Study]
+    report: ReportFn
+    add_options: Callable[[argparse._ArgumentGroup], None] = no_options
+    options: tuple[str, ...] = ()
+    from_args: Callable[[argparse.Namespace, int], Study] | None = None
+
+    def study_from_args(self, args: argparse.Namespace, workers: int) -> Study:
+        """The study of ``args`` (``workers``: the run processes, for studies that measure before they run)."""
+        return self.from_args(args, workers) if self.from_args is not None else self.make(args.preset)

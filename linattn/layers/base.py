@@ -48,7 +48,8 @@ class MixerLayer(nn.Module):
     Args: d_model; n_heads; head_dim (key width per head, default d_model / n_heads); head_dim_v
     (value width, default head_dim); short_conv (letters of "qkv", "" for none; None: the paper's
     default); conv_mode ("learned", "shift", "identity"); conv_kernel (4); conv_activation ("silu"
-    or None); tie_kv (v uses k's projection, before k's conv and feature map; needs head_dim_v ==
+    or None); conv_bias (a learned bias per channel in each learned ShortConv, as in Mamba2's conv;
+    default False); tie_kv (v uses k's projection, before k's conv and feature map; needs head_dim_v ==
     head_dim); output_norm / output_gate (None: the paper's default); backend ("auto", ...);
     chunk_size; norm_eps.
     """
@@ -65,9 +66,9 @@ class MixerLayer(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, *, head_dim: int | None = None, head_dim_v: int | None = None,
                  short_conv: str | None = None, conv_mode: str = "learned", conv_kernel: int = 4,
-                 conv_activation: str | None = "silu", tie_kv: bool = False, output_norm: bool | None = None,
-                 output_gate: bool | None = None, backend: str = "auto", chunk_size: int = 64,
-                 norm_eps: float = 1e-5) -> None:
+                 conv_activation: str | None = "silu", conv_bias: bool = False, tie_kv: bool = False,
+                 output_norm: bool | None = None, output_gate: bool | None = None, backend: str = "auto",
+                 chunk_size: int = 64, norm_eps: float = 1e-5) -> None:
         super().__init__()
         K = head_dims(d_model, n_heads, head_dim)
         V = K if head_dim_v is None else head_dims(d_model, n_heads, head_dim_v)
@@ -87,7 +88,9 @@ class MixerLayer(nn.Module):
         self.conv_mode = conv_mode
         H = n_heads
         self.q_proj = nn.Linear(d_model, H * K, bias=False)
-        self._conv_args = dict(kernel_size=conv_kernel, activation=conv_activation, mode=conv_mode)
+        if not isinstance(conv_bias, bool):
+            raise TypeError(f"conv_bias must be a bool, got {conv_bias!r}")
+        self._conv_args = dict(kernel_size=conv_kernel, activation=conv_activation, mode=conv_mode, bias=conv_bias)
         self.convs = nn.ModuleDict({c: ShortConv(self.q_proj.out_features, **self._conv_args) for c in self.short_conv})
         self.set_kv_heads(H)
         self.output_norm = self.default_output_norm if output_norm is None else bool(output_norm)
@@ -126,13 +129,29 @@ class MixerLayer(nn.Module):
         return {"backend": self.backend, "chunk_size": self.chunk_size}
 
     # --- the frame --------------------------------------------------------------------------------
+    def x_projections(self) -> dict[str, nn.Linear]:
+        """The bias-free projections of the layer input that :meth:`streams` computes as one matmul, by stream name:
+        q, k and v where a ShortConv follows (it reads its slice of the joint output in place, so the joint output
+        costs no memory beyond the slices it keeps), and a subclass's small per-head projections (e.g. beta's).
+        One matmul instead of several saves the host time of each projection and of its weight's cast, forward and
+        backward. Streams without a ShortConv keep their own matmul: their consumers would keep a slice, and so the
+        whole joint output, for the backward pass."""
+        mods = {"q": self.q_proj, "k": self.k_proj, "v": self.v_proj}
+        return {name: m for name, m in mods.items() if m is not None and name in self.convs}
+
     def streams(self, x: torch.Tensor, cache: LayerCache | StaticLayerCache | None
                 ) -> tuple[dict[str, torch.Tensor], dict]:
-        """Projections q, k, v (flat [B, T, H*D]) after their ShortConvs, and the new conv caches."""
+        """Projections q, k, v (flat [B, T, H*D]) after their ShortConvs, the other :meth:`x_projections` by name,
+        and the new conv caches."""
         if isinstance(cache, LayerCache):
             check_conv_cache(cache, self.conv_modules())
-        k = self.k_proj(x)
-        out = {"q": self.q_proj(x), "k": k, "v": k if self.v_proj is None else self.v_proj(x)}
+        out = project_jointly(x, self.x_projections())
+        if "q" not in out:
+            out["q"] = self.q_proj(x)
+        if "k" not in out:
+            out["k"] = self.k_proj(x)
+        if "v" not in out:
+            out["v"] = out["k"] if self.v_proj is None else self.v_proj(x)
         new_conv = {}
         for name, conv in self.convs.items():
             out[name], new_conv[name] = run_conv(conv, name, out[name], cache)
@@ -243,6 +262,16 @@ class MixerLayer(nn.Module):
             if gate is not None:
                 o = o * torch.nn.functional.silu(gate)
         return self.o_proj(o)
+
+
+def project_jointly(x: torch.Tensor, linears: dict[str, nn.Linear]) -> dict[str, torch.Tensor]:
+    """{name: linear(x)} for bias-free Linears over x's last dim, computed as one matmul with their weights
+    concatenated; the results are slices of its output along the last dim (unit stride within a row)."""
+    if len(linears) <= 1:
+        return {name: m(x) for name, m in linears.items()}
+    weight = torch.cat([m.weight for m in linears.values()])
+    y = torch.nn.functional.linear(x, weight)
+    return dict(zip(linears, y.split([m.out_features for m in linears.values()], dim=-1)))
 
 
 def run_conv(conv: ShortConv, name: str, x: torch.Tensor, cache: LayerCache | StaticLayerCache | None

@@ -27,8 +27,12 @@ class _BetaLayer(MixerLayer):
         self.allow_neg_eigval = bool(allow_neg_eigval)
         self.b_proj = nn.Linear(d_model, n_heads, bias=False)
 
-    def beta(self, x: torch.Tensor) -> torch.Tensor:
-        b = torch.sigmoid(self.b_proj(x))
+    def x_projections(self) -> dict[str, nn.Linear]:
+        return {**super().x_projections(), "b": self.b_proj}
+
+    def beta(self, streams: Streams) -> torch.Tensor:
+        """sigmoid(W_b x) (times 2 with ``allow_neg_eigval``) from the projected streams."""
+        b = torch.sigmoid(streams["b"])
         return 2 * b if self.allow_neg_eigval else b
 
 
@@ -45,7 +49,7 @@ class DeltaNetLayer(_BetaLayer):
     step_inplace = True
 
     def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
-        beta = self.beta(x).to(q.dtype)
+        beta = self.beta(streams).to(q.dtype)
         return l2norm(q), l2norm(k), v, [(beta, True)], {"allow_neg_eigval": self.allow_neg_eigval}
 
 
@@ -66,9 +70,12 @@ class GatedDeltaNetLayer(_BetaLayer):
         super().__init__(d_model, n_heads, **kwargs)
         self.decay = MambaDecay(d_model, n_heads)
 
+    def x_projections(self) -> dict[str, nn.Linear]:
+        return {**super().x_projections(), "a": self.decay.a_proj}
+
     def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
-        g, _ = self.decay(x)
-        args = [(g.to(q.dtype), True), (self.beta(x).to(q.dtype), True)]
+        g, _ = self.decay.from_projection(streams["a"])
+        args = [(g.to(q.dtype), True), (self.beta(streams).to(q.dtype), True)]
         return l2norm(q), l2norm(k), v, args, {"allow_neg_eigval": self.allow_neg_eigval}
 
 
@@ -127,10 +134,13 @@ class MesaNetLayer(MixerLayer):
 
     def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
         g = F.logsigmoid(self.a_proj(x)).to(q.dtype)
-        beta = torch.sigmoid(self.b_proj(x)).to(q.dtype)
+        beta = torch.sigmoid(streams["b"]).to(q.dtype)
         lamb = (F.softplus(self.lamb_raw) + 0.25).to(q.dtype)
         args = [(g, True), (beta, True), (lamb, False)]
         return l2norm(q), l2norm(k), v, args, {"solver": self.solver, "cg_steps": self.cg_steps}
+
+    def x_projections(self) -> dict[str, nn.Linear]:
+        return {**super().x_projections(), "b": self.b_proj}
 
     def static_state(self, batch_size: int, max_length: int, dtype: torch.dtype,
                      device: torch.device) -> tuple[Tensor, Tensor]:

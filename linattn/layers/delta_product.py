@@ -39,13 +39,17 @@ class GatedDeltaProductLayer(MixerLayer):
         self.b_proj = nn.Linear(d_model, n_heads * num_householder, bias=False)
         self.decay = MambaDecay(d_model, n_heads) if use_gate else None
 
+    def x_projections(self) -> dict[str, nn.Linear]:
+        extra = {"b": self.b_proj} if self.decay is None else {"b": self.b_proj, "a": self.decay.a_proj}
+        return {**super().x_projections(), **extra}
+
     def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
         B, T, H, K = q.shape
         n = self.num_householder
         k = l2norm(k.reshape(B, T * n, H, K))
         v = v.reshape(B, T * n, H, -1)
-        beta = torch.sigmoid(self.b_proj(x)).reshape(B, T * n, H) * (2 if self.allow_neg_eigval else 1)
-        g = None if self.decay is None else self.decay(x)[0].to(q.dtype)
+        beta = torch.sigmoid(streams["b"]).reshape(B, T * n, H) * (2 if self.allow_neg_eigval else 1)
+        g = None if self.decay is None else self.decay.from_projection(streams["a"])[0].to(q.dtype)
         args = [(g, True), (beta.to(q.dtype), True)]
         return l2norm(q), k, v, args, {"allow_neg_eigval": self.allow_neg_eigval}
 

@@ -26,7 +26,10 @@ class MambaDecay(nn.Module):
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        a = self.a_proj(x)
+        return self.from_projection(self.a_proj(x))
+
+    def from_projection(self, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(g, dt) from a = W_a x (computed by the caller, e.g. jointly with other projections)."""
         if use_fused_kernels(a):  # one kernel each way instead of a chain of small ones (gates_triton.py)
             from .gates_triton import mamba_gate_triton
 
@@ -46,5 +49,23 @@ class LowRankLogSigmoidGate(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
-        g = F.logsigmoid(self.up(self.down(x)).float()) / self.normaliser
+        g = ScaledLogSigmoid.apply(self.up(self.down(x)), self.normaliser)
         return g.view(B, T, self.n_heads, self.head_dim)
+
+
+class ScaledLogSigmoid(torch.autograd.Function):
+    """g = logsigmoid(a) / n, computed in float32 and returned in a's dtype; d a = sigmoid(-a) / n d g.
+
+    Autograd through ``F.logsigmoid(a.float()) / n`` would keep a float32 copy of a and logsigmoid's float32
+    buffer (four times a's bf16 bytes); this keeps a alone."""
+
+    @staticmethod
+    def forward(ctx, a: torch.Tensor, n: float) -> torch.Tensor:
+        ctx.save_for_backward(a)
+        ctx.n = n
+        return (F.logsigmoid(a.float()) / n).to(a.dtype)
+
+    @staticmethod
+    def backward(ctx, dg: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (a,) = ctx.saved_tensors
+        return (dg.float() * torch.sigmoid(-a.float()) / ctx.n).to(a.dtype), None

@@ -22,6 +22,7 @@ import triton.language as tl
 from ..ops.common.triton_compat import patch_interpreter
 from ..ops.common.triton_launch import fast_launch
 from ..ops.common.triton_ops import eager_backward, eager_function, use_custom_op
+from ..ops.common.triton_utils import cdiv, next_power_of_2
 
 patch_interpreter()
 
@@ -79,8 +80,8 @@ def _gate_fwd(a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor) -> tu
     N = a.numel() // H
     g = torch.empty(a.shape, device=a.device, dtype=torch.float32)
     dt = torch.empty_like(g)
-    _gate_fwd_kernel[(triton.cdiv(N, ROWS),)](a=a, a_log=a_log, dt_bias=dt_bias, g=g, dt=dt, N=N, H=H, BR=ROWS,
-                                              BH=triton.next_power_of_2(H))
+    _gate_fwd_kernel[(cdiv(N, ROWS),)](a=a, a_log=a_log, dt_bias=dt_bias, g=g, dt=dt, N=N, H=H, BR=ROWS,
+                                              BH=next_power_of_2(H))
     return g, dt
 
 
@@ -89,11 +90,11 @@ def _gate_bwd(a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, dg: t
     """(da, d A_log, d dt_bias)."""
     H = a.shape[-1]
     N = a.numel() // H
-    programs = triton.cdiv(N, ROWS)
+    programs = cdiv(N, ROWS)
     da = torch.empty_like(a)
     part = torch.empty(programs, 2, H, device=a.device, dtype=torch.float32)
     _gate_bwd_kernel[(programs,)](a=a, a_log=a_log, dt_bias=dt_bias, dg=dg, ddt=dg if ddt is None else ddt, da=da,
-                                  part=part, N=N, H=H, HAS_DDT=ddt is not None, BR=ROWS, BH=triton.next_power_of_2(H))
+                                  part=part, N=N, H=H, HAS_DDT=ddt is not None, BR=ROWS, BH=next_power_of_2(H))
     # two separate reductions: a custom op's outputs must not alias one another (as two rows of one sum would)
     return da, part[:, 1].sum(0).to(a_log.dtype), part[:, 0].sum(0).to(dt_bias.dtype)
 

@@ -3,7 +3,8 @@
 Row-wise over the last dim (a head's K or V channels), arithmetic in float32 for every input dtype:
 
 - L2 normalisation of q and k (delta rules):  y = x / max(||x||, eps)   (``F.normalize``).
-  Backward, r = 1 / max(||x||, eps):  dx = r dy - [||x|| > eps] r y (dy . y).
+  Backward, r = 1 / max(||x||, eps):  dx = r dy - [||x|| > eps] r y (dy . y), from y and r alone, so the
+  backward keeps the output (which the op after the norm keeps anyway) rather than a second tensor.
 - Output RMSNorm with an optional SiLU gate:  n = o rsqrt(mean(o^2) + eps) ⊙ w,  y = n ⊙ SiLU(gate).
   Backward, ô = o rstd, dn = dy ⊙ SiLU(gate):  dgate = dy ⊙ n ⊙ SiLU'(gate),  dw = sum_rows dn ⊙ ô,
   do = rstd (dn ⊙ w - ô mean(dn ⊙ w ⊙ ô)).
@@ -23,6 +24,7 @@ import triton.language as tl
 from ..ops.common.triton_compat import patch_interpreter
 from ..ops.common.triton_launch import fast_launch
 from ..ops.common.triton_ops import eager_backward, eager_function, use_custom_op
+from ..ops.common.triton_utils import cdiv, next_power_of_2
 
 patch_interpreter()
 
@@ -44,15 +46,14 @@ def _l2norm_fwd_kernel(x, y, r, R, D: tl.constexpr, eps, BR: tl.constexpr, BD: t
 
 @fast_launch
 @triton.jit(do_not_specialize=["R"])
-def _l2norm_bwd_kernel(x, r, dy, dx, R, D: tl.constexpr, eps, BR: tl.constexpr, BD: tl.constexpr):
-    """Grid (cdiv(R, BR),): dx = r dy - [||x|| > eps] r y (dy . y), y = r x."""
+def _l2norm_bwd_kernel(y, r, dy, dx, R, D: tl.constexpr, eps, BR: tl.constexpr, BD: tl.constexpr):
+    """Grid (cdiv(R, BR),): dx = r dy - [||x|| > eps] r y (dy . y), from the forward's output y and r."""
     rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     cols = tl.arange(0, BD)
     m = (rows < R)[:, None] & (cols < D)[None, :]
-    xv = tl.load(x + rows[:, None] * D + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    yv = tl.load(y + rows[:, None] * D + cols[None, :], mask=m, other=0.0).to(tl.float32)
     g = tl.load(dy + rows[:, None] * D + cols[None, :], mask=m, other=0.0).to(tl.float32)
     inv = tl.load(r + rows, mask=rows < R, other=1.0)
-    yv = xv * inv[:, None]
     through_norm = tl.where(inv < 1.0 / eps, tl.sum(g * yv, axis=1), 0.0)  # the norm is clamped below eps
     tl.store(dx + rows[:, None] * D + cols[None, :], (inv[:, None] * (g - yv * through_norm[:, None])).to(
         dx.dtype.element_ty), mask=m)
@@ -115,16 +116,16 @@ def _l2norm_fwd(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor
     R, D = _rows(x)
     y = torch.empty_like(x)
     r = torch.empty(x.shape[:-1], device=x.device, dtype=torch.float32)
-    _l2norm_fwd_kernel[(triton.cdiv(R, ROWS_PER_PROGRAM),)](
-        x=x, y=y, r=r, R=R, D=D, eps=eps, BR=ROWS_PER_PROGRAM, BD=triton.next_power_of_2(D))
+    _l2norm_fwd_kernel[(cdiv(R, ROWS_PER_PROGRAM),)](
+        x=x, y=y, r=r, R=R, D=D, eps=eps, BR=ROWS_PER_PROGRAM, BD=next_power_of_2(D))
     return y, r
 
 
-def _l2norm_bwd(x: torch.Tensor, r: torch.Tensor, dy: torch.Tensor, eps: float) -> torch.Tensor:
-    R, D = _rows(x)
-    dx = torch.empty_like(x)
-    _l2norm_bwd_kernel[(triton.cdiv(R, ROWS_PER_PROGRAM),)](
-        x=x, r=r, dy=dy, dx=dx, R=R, D=D, eps=eps, BR=ROWS_PER_PROGRAM, BD=triton.next_power_of_2(D))
+def _l2norm_bwd(y: torch.Tensor, r: torch.Tensor, dy: torch.Tensor, eps: float) -> torch.Tensor:
+    R, D = _rows(y)
+    dx = torch.empty_like(y)
+    _l2norm_bwd_kernel[(cdiv(R, ROWS_PER_PROGRAM),)](
+        y=y, r=r, dy=dy, dx=dx, R=R, D=D, eps=eps, BR=ROWS_PER_PROGRAM, BD=next_power_of_2(D))
     return dx
 
 
@@ -138,19 +139,20 @@ def _(x, eps):
 
 
 @_l2norm_bwd_op.register_fake
-def _(x, r, dy, eps):
-    return torch.empty_like(x)
+def _(y, r, dy, eps):
+    return torch.empty_like(y)
 
 
 def _l2norm_setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0], output[1])
+    # the output (which the op after the norm keeps too: one tensor for both) and r, not the input
+    ctx.save_for_backward(*output)
     ctx.eps = inputs[1]
 
 
 def _l2norm_backward(ctx, dy, dr):
-    x, r = ctx.saved_tensors
+    y, r = ctx.saved_tensors
     run = _l2norm_bwd if eager_backward(ctx) else _l2norm_bwd_op
-    return run(x, r, dy.contiguous(), ctx.eps), None
+    return run(y, r, dy.contiguous(), ctx.eps), None
 
 
 _l2norm_fwd_op.register_autograd(_l2norm_backward, setup_context=_l2norm_setup)
@@ -169,9 +171,9 @@ def _rms_gate_fwd(o: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | No
     R, D = _rows(o)
     y = torch.empty(o.shape, device=o.device, dtype=o.dtype if gate is None else gate.dtype)
     rstd = torch.empty(o.shape[:-1], device=o.device, dtype=torch.float32)
-    _rms_gate_fwd_kernel[(triton.cdiv(R, ROWS_PER_PROGRAM),)](
+    _rms_gate_fwd_kernel[(cdiv(R, ROWS_PER_PROGRAM),)](
         o=o, w=weight, gate=o if gate is None else gate, y=y, rstd=rstd, R=R, D=D, eps=eps, HAS_GATE=gate is not None,
-        BR=ROWS_PER_PROGRAM, BD=triton.next_power_of_2(D))
+        BR=ROWS_PER_PROGRAM, BD=next_power_of_2(D))
     return y, rstd
 
 
@@ -179,15 +181,15 @@ def _rms_gate_bwd(o: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | No
                   dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(do, dweight, dgate (empty without a gate))."""
     R, D = _rows(o)
-    blocks = triton.cdiv(R, ROWS_PER_PROGRAM)
+    blocks = cdiv(R, ROWS_PER_PROGRAM)
     NB = max(1, min(64, blocks // 1024))  # about a thousand programs; few float32 partial rows of dw
-    programs = triton.cdiv(blocks, NB)
+    programs = cdiv(blocks, NB)
     do = torch.empty_like(o)
     dgate = torch.empty_like(gate) if gate is not None else o.new_empty(0)
     dw_part = torch.empty(programs, D, device=o.device, dtype=torch.float32)
     _rms_gate_bwd_kernel[(programs,)](
         o=o, w=weight, gate=o if gate is None else gate, rstd=rstd, dy=dy, do=do, dgate=o if gate is None else dgate,
-        dw_part=dw_part, R=R, D=D, HAS_GATE=gate is not None, BR=ROWS_PER_PROGRAM, BD=triton.next_power_of_2(D),
+        dw_part=dw_part, R=R, D=D, HAS_GATE=gate is not None, BR=ROWS_PER_PROGRAM, BD=next_power_of_2(D),
         NB=NB)
     return do, dw_part.sum(0).to(weight.dtype), dgate
 

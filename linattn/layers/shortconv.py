@@ -7,13 +7,14 @@ Modes: "learned" (trainable kernel, default), and two fixed controls for the stu
 (the activation without any mixing over time). The cache holds the last W-1 inputs, so a
 T-token call followed by single-token calls equals one call over the whole sequence.
 
-Backends (``ShortConv.backend``, set on the class, an instance, or a whole model with
+Backends (the setting ``shortconv_backend``: ``linattn.settings(shortconv_backend=...)``,
+``LINATTN_SHORTCONV_BACKEND``; or per instance, ``ShortConv.backend``, for a whole model with
 :func:`set_shortconv_backend`): "auto" (default; :func:`auto_backend`: the multiply-adds on the CPU,
 on CUDA conv1d for small inputs that need gradients and the Triton kernels otherwise), "muladd" (W
 shifted multiply-adds), "conv1d" (``F.conv1d`` with groups = D on the channels-first view) and "triton"
 (shortconv_triton.py: fused forward and backward kernels; for one token continuing a cache without
 autograd, shortconv_step.py's single-launch step; CUDA, or the CPU under TRITON_INTERPRET=1). All compute
-the same sum. The environment variable ``LINATTN_SHORTCONV_BACKEND`` sets the class default. Measured on the
+the same sum. Measured on the
 H100 (bf16, B=4, W=4; docs/benchmarks.md): the Triton kernels are 2.0-9.2x faster than the multiply-adds
 forward, and forward+backward 3.9-4.3x at T=16384 (D=2048-4096); at T=2048, D=1024 conv1d was faster
 forward+backward (0.80 vs 1.25 ms).
@@ -24,17 +25,16 @@ shifts a preallocated cache in place (the static decoding path, linattn/models/d
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from linattn import switches
 from linattn.ops.common.triton_compat import triton_importable
 
 CONV_MODES = ("learned", "shift", "identity")
 ACTIVATIONS = ("silu", None)
-CONV_BACKENDS = ("auto", "muladd", "conv1d", "triton")
+CONV_BACKENDS = switches.SHORTCONV_BACKENDS
 
 
 # On the H100 (bf16, W=4; docs/benchmarks.md) F.conv1d beat the Triton kernels forward+backward only for
@@ -56,15 +56,23 @@ def auto_backend(x: torch.Tensor) -> str:
     return "triton" if triton_importable() else "conv1d"
 
 
+def fixed_kernel(dim: int, kernel_size: int, mode: str) -> torch.Tensor:
+    """The [dim, 1, kernel_size] kernel of the fixed modes: "shift" (x_{t-1}) or "identity" (x_t)."""
+    w = torch.zeros(dim, 1, kernel_size)
+    w[:, 0, -2 if mode == "shift" else -1] = 1.0  # tap W-1 is x_t, tap W-2 is x_{t-1}
+    return w
+
+
 class ShortConv(nn.Module):
     """Causal depthwise conv1d over ``[B, T, D]`` inputs, kernel ``kernel_size`` (4), SiLU, no bias.
 
     ``forward(x, cache=None) -> (y, cache)``: ``cache`` is ``None`` (zeros before the start) or the
     ``[B, W-1, D]`` inputs preceding ``x``; the returned cache holds the last W-1 inputs seen.
-    ``backend`` ("auto", "muladd", "conv1d", "triton"; module docstring) may be set on the class or an instance.
+    ``backend`` ("auto", "muladd", "conv1d", "triton"; module docstring) set on an instance wins over the
+    setting ``shortconv_backend``; None (the default) follows the setting.
     """
 
-    backend: str = os.environ.get("LINATTN_SHORTCONV_BACKEND", "auto")
+    backend: str | None = None
 
     def __init__(self, dim: int, kernel_size: int = 4, activation: str | None = "silu", bias: bool = False,
                  mode: str = "learned") -> None:
@@ -86,9 +94,7 @@ class ShortConv(nn.Module):
             nn.init.kaiming_uniform_(self.weight, a=5 ** 0.5)  # nn.Conv1d's default initialisation
             self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
         else:
-            w = torch.zeros(dim, 1, kernel_size)
-            w[:, 0, -2 if mode == "shift" else -1] = 1.0  # tap W-1 is x_t, tap W-2 is x_{t-1}
-            self.register_buffer("weight", w, persistent=False)
+            self.register_buffer("weight", fixed_kernel(dim, kernel_size, mode), persistent=False)
             self.bias = None
 
     def extra_repr(self) -> str:
@@ -102,9 +108,7 @@ class ShortConv(nn.Module):
         W = self.kernel_size
         if cache is not None and tuple(cache.shape) != (B, W - 1, D):
             raise ValueError(f"cache must have shape [B, W-1, D] = [{B}, {W - 1}, {D}], got {list(cache.shape)}")
-        backend = self.backend
-        if backend == "auto":
-            backend = auto_backend(x)
+        backend = self._resolved_backend(x)
         if backend != "muladd":
             return self._forward_backend(x, cache, backend)
         if cache is None:
@@ -133,7 +137,7 @@ class ShortConv(nn.Module):
             raise ValueError(f"cache must be a [B, W-1, D] = [{x.shape[0]}, {W - 1}, {self.dim}] buffer of dtype "
                              f"{x.dtype}, got {list(cache.shape)} {cache.dtype} (allocate the static cache with the "
                              "activations' dtype, e.g. dtype=torch.bfloat16 under bf16 autocast)")
-        backend = auto_backend(x) if self.backend == "auto" else self.backend
+        backend = self._resolved_backend(x)
         if backend == "triton" and not self._records_grad(x, cache):
             from .shortconv_step import conv_step_triton
 
@@ -143,6 +147,11 @@ class ShortConv(nn.Module):
         y, new_cache = self(x, cache)
         cache.copy_(new_cache)
         return y
+
+    def _resolved_backend(self, x: torch.Tensor) -> str:
+        """The backend this call runs: the instance's, else the setting; "auto" decided for ``x``."""
+        backend = self.backend or switches.current().shortconv_backend
+        return auto_backend(x) if backend == "auto" else backend
 
     def _records_grad(self, *inputs: torch.Tensor) -> bool:
         """Whether autograd records through this call (the single-token step kernel has no backward)."""
@@ -170,7 +179,7 @@ class ShortConv(nn.Module):
             y = F.silu(y) if self.activation == "silu" else y
         else:
             raise ValueError(f"ShortConv.backend must be one of {', '.join(map(repr, CONV_BACKENDS))}; "
-                             f"got {self.backend!r}")
+                             f"got {backend!r}")
         if T >= W - 1:
             return y, x[:, T - (W - 1):].clone()  # a copy: a view would keep all of x alive in the cache
         before = x.new_zeros(B, W - 1, D) if cache is None else cache.to(x.dtype)

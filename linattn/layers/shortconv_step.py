@@ -23,6 +23,7 @@ import triton.language as tl
 
 from ..ops.common.triton_compat import patch_interpreter
 from ..ops.common.triton_launch import fast_launch
+from ..ops.common.triton_utils import cdiv, next_power_of_2
 
 patch_interpreter()
 
@@ -74,8 +75,8 @@ def conv_step_triton(x: torch.Tensor, cache: torch.Tensor, weight: torch.Tensor,
     if cache_out is None:
         cache_out = torch.empty_like(cache)
     y = torch.empty(B, D, device=x.device, dtype=x.dtype)
-    BD = min(LAUNCH["BD"], triton.next_power_of_2(D))
-    _conv_step_kernel[(triton.cdiv(D, BD), B)](
+    BD = min(LAUNCH["BD"], next_power_of_2(D))
+    _conv_step_kernel[(cdiv(D, BD), B)](
         x=x, cache=cache, w=weight.contiguous(), bias=x if bias is None else bias, y=y, cache_out=cache_out, D=D,
         sx_b=x.stride(0), W=W, BD=BD, HAS_BIAS=bias is not None, SILU=silu, num_warps=LAUNCH["num_warps"])
     return y, cache_out

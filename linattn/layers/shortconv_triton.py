@@ -32,6 +32,7 @@ import triton.language as tl
 from ..ops.common.triton_compat import patch_interpreter
 from ..ops.common.triton_launch import fast_launch
 from ..ops.common.triton_ops import eager_backward, eager_function, use_custom_op
+from ..ops.common.triton_utils import cdiv, next_power_of_2
 
 patch_interpreter()
 
@@ -151,7 +152,7 @@ def _has_cache(cache: torch.Tensor | None) -> bool:
 
 
 def _blocks(D: int) -> tuple[int, int]:
-    return LAUNCH["BT"], min(LAUNCH["BD"], max(16, triton.next_power_of_2(D)))
+    return LAUNCH["BT"], min(LAUNCH["BD"], max(16, next_power_of_2(D)))
 
 
 def _conv_fwd(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -161,7 +162,7 @@ def _conv_fwd(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.Tensor,
     x = _rows_contiguous(x)
     y = torch.empty(B, T, D, device=x.device, dtype=x.dtype)
     BT, BD = _blocks(D)
-    _conv_fwd_kernel[(triton.cdiv(T, BT), triton.cdiv(D, BD), B)](
+    _conv_fwd_kernel[(cdiv(T, BT), cdiv(D, BD), B)](
         x, cache if _has_cache(cache) else x, weight, bias if bias is not None else weight, y, T, D, x.stride(0),
         x.stride(1), W, BT, BD, _has_cache(cache), bias is not None, silu, num_warps=LAUNCH["fwd_warps"])
     return y
@@ -184,21 +185,21 @@ def _conv_bwd(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.Tensor,
     BT, BD = _blocks(D)
     # each program of the dz kernel walks NB row blocks, so the float32 partial sums of dw stay small next to x
     # (<= 1/16 of the blocks for long inputs) while about LAUNCH["bwd_programs"] programs keep the GPU busy
-    blocks = triton.cdiv(T, BT)
-    NB = max(1, min(LAUNCH["bwd_max_blocks"], blocks * triton.cdiv(D, BD) * B // LAUNCH["bwd_programs"]))
-    NP = triton.cdiv(blocks, NB)
+    blocks = cdiv(T, BT)
+    NB = max(1, min(LAUNCH["bwd_max_blocks"], blocks * cdiv(D, BD) * B // LAUNCH["bwd_programs"]))
+    NP = cdiv(blocks, NB)
     dz = torch.empty(B, T, D, device=x.device, dtype=torch.float32)
     dx = torch.empty(B, T, D, device=x.device, dtype=x.dtype)
     dcache = torch.empty(B, W - 1 if _has_cache(cache) else 0, D, device=x.device,
                          dtype=x.dtype if cache is None else cache.dtype)
     dw_part = torch.empty(B, NP, W, D, device=x.device, dtype=torch.float32)
     db_part = torch.empty(B, NP, D if bias is not None else 0, device=x.device, dtype=torch.float32)
-    _conv_dz_kernel[(NP, triton.cdiv(D, BD), B)](
+    _conv_dz_kernel[(NP, cdiv(D, BD), B)](
         x=x, cache=cache if _has_cache(cache) else x, w=weight, bias=bias if bias is not None else weight, dy=dy,
         dz=dz, dw_part=dw_part, db_part=db_part if bias is not None else dw_part, T=T, D=D, sx_b=x.stride(0),
-        sx_t=x.stride(1), NP=NP, NB=NB, W=W, BW=triton.next_power_of_2(W), BT=BT, BD=BD, HAS_CACHE=_has_cache(cache),
+        sx_t=x.stride(1), NP=NP, NB=NB, W=W, BW=next_power_of_2(W), BT=BT, BD=BD, HAS_CACHE=_has_cache(cache),
         HAS_BIAS=bias is not None, SILU=silu, num_warps=LAUNCH["bwd_warps"])
-    _conv_dx_kernel[(triton.cdiv(T + W - 1, BT), triton.cdiv(D, BD), B)](
+    _conv_dx_kernel[(cdiv(T + W - 1, BT), cdiv(D, BD), B)](
         w=weight, dz=dz, dx=dx, dcache=dcache if _has_cache(cache) else dx, T=T, D=D, W=W, BT=BT, BD=BD,
         HAS_CACHE=_has_cache(cache), num_warps=LAUNCH["bwd_warps"])
     dw = dw_part.sum((0, 1)).transpose(0, 1).contiguous().to(weight.dtype)  # [W, D] -> [D, W]

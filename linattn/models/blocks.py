@@ -35,6 +35,16 @@ def reverse_within(x: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tenso
     return x.gather(1, idx.view(*idx.shape, *([1] * (x.dim() - 2))).expand_as(x))
 
 
+def to_autocast_dtype(x: torch.Tensor) -> torch.Tensor:
+    """x in the autocast dtype when autocast is on for its device (else x). A norm's output feeds several
+    projections; autocast would cast it once per Linear and each Linear would keep its own copy for the backward
+    pass (six copies in a Gated DeltaNet layer), so the block casts it once and they all share it."""
+    device = x.device.type
+    if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
+        return x.to(torch.get_autocast_dtype(device))
+    return x
+
+
 class Bidirectional(nn.Module):
     """Runs one mixer left to right and another right to left and sums: y = f(x) + R(b(R(x))), where
     R reverses each sequence within its length."""
@@ -63,11 +73,12 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: LayerCache | None = None, *, use_cache: bool = True,
                 lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, LayerCache | None]:
+        h = to_autocast_dtype(self.norm1(x))
         if self.bidirectional:
-            h, cache = self.mixer(self.norm1(x), lengths), None
+            h, cache = self.mixer(h, lengths), None
         else:
-            h, cache = self.mixer(self.norm1(x), cache, use_cache=use_cache)
+            h, cache = self.mixer(h, cache, use_cache=use_cache)
         x = x + h
         if self.mlp is not None:
-            x = x + self.mlp(self.norm2(x))
+            x = x + self.mlp(to_autocast_dtype(self.norm2(x)))
         return x, cache

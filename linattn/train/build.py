@@ -1,7 +1,9 @@
 """Build a training run (task, model, data stream, eval set, Trainer) from one plain config dict.
 
-A run config (``linattn train CONFIG.yaml`` reads one; each run of a study is one)::
+A run config of kind ``synthetic`` (the default; ``linattn train CONFIG.yaml`` reads any kind through
+:mod:`linattn.experiments.runs`, which sends this kind here)::
 
+    kind: synthetic    # what the run is: a CausalLM trained on a synthetic task (linattn.data)
     task:  {name: mqar, vocab: 64, seq_len: 64, num_kv_pairs: 8}   # linattn.data.make_task
     model: {mixer: gla, d_model: 64, n_layers: 2, n_heads: 2}      # linattn.models.ModelConfig
     train: {max_steps: 1000, batch_size: 64, lr: 0.001}            # TrainConfig; seed is overridden
@@ -25,14 +27,14 @@ from typing import TypeVar
 import torch
 import yaml
 
-from linattn.config_files import read_yaml
 from linattn.data import TaskStream, eval_set, make_task
 from linattn.errors import ConfigError, located
 from linattn.train.config import TrainConfig
 from linattn.train.trainer import CHECKPOINT_NAME, Trainer, TrainResult
 from linattn.validation import check_device, check_int, check_str
 
-RUN_KEYS = ("task", "model", "train", "seed", "eval_examples", "eval_seed", "out_dir")
+RUN_KEYS = ("kind", "task", "model", "train", "seed", "eval_examples", "eval_seed", "out_dir")
+SYNTHETIC = "synthetic"
 T = TypeVar("T")
 
 
@@ -47,7 +49,8 @@ class Run:
 def check_run_config(config: dict) -> dict:
     """A normalised deep copy of ``config``; ConfigError naming an unknown or missing key or a bad value.
     The ``train`` and ``model`` sections are checked field by field (TrainConfig, ModelConfig), so a study
-    refuses a bad run before any run starts."""
+    refuses a bad run before any run starts. ``kind`` (default "synthetic") is only checked to be a str here:
+    the run kinds are known to :mod:`linattn.experiments.runs`."""
     if not isinstance(config, dict):
         raise ConfigError(f"a run config must be a mapping, got {type(config).__name__}")
     unknown = sorted(set(config) - set(RUN_KEYS))
@@ -57,6 +60,8 @@ def check_run_config(config: dict) -> dict:
         if not isinstance(config.get(key), dict):
             raise ConfigError(f"run config needs a '{key}' mapping, got {config.get(key)!r}")
     cfg = copy.deepcopy(config)
+    cfg.setdefault("kind", SYNTHETIC)
+    check_str("kind", cfg["kind"])
     cfg.setdefault("train", {})
     cfg.setdefault("seed", 0)
     cfg.setdefault("eval_examples", 512)
@@ -97,6 +102,9 @@ def build_run(config: dict, out_dir: str | Path | None = None, device: str | Non
     from linattn.models import CausalLM, ModelConfig
 
     cfg = check_run_config(config)
+    if cfg["kind"] != SYNTHETIC:
+        raise ConfigError(f"build_run builds runs of kind {SYNTHETIC!r}, got {cfg['kind']!r} (run it with "
+                          f"linattn.experiments.train_run or `linattn train`)", field="kind")
     if device is not None:
         check_device("--device", device)
     task_params = dict(cfg["task"])
@@ -142,18 +150,3 @@ def train_from_config(config: dict, out_dir: str | Path | None = None, device: s
 def _write_config(run: Run, out: Path, config: dict) -> None:
     if run.trainer.dist.is_main:
         (out / "config.yaml").write_text(yaml.safe_dump(check_run_config(config), sort_keys=False))
-
-
-def cli_train(path: str | Path, device: str | None = None, out_dir: str | Path | None = None,
-              override_config: bool = False) -> int:
-    """``linattn train CONFIG.yaml [--device D] [--out DIR] [--override-config]``: one run; under torchrun it
-    trains data-parallel. Prints the final eval metrics; returns the exit code. Errors in the config name
-    the file and the field."""
-    if device is not None:
-        check_device("--device", device)
-    with located(source=path):
-        config = read_yaml(path, "run config")
-        result = train_from_config(config, out_dir=out_dir, device=device, override_config=override_config)
-    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
-        print(json.dumps({"status": result.status, "step": result.step, **result.metrics}))
-    return 0

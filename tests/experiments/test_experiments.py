@@ -110,7 +110,7 @@ def test_rerun_reproduces_numbers_on_cpu(tmp_path):
 def test_cli_run_with_a_yaml_study(tmp_path, capsys):
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(_tiny_study(seeds=[0], lrs=[1e-3])))
-    args = argparse.Namespace(study=str(path), preset="smoke", device="cpu", out=str(tmp_path / "runs"),
+    args = argparse.Namespace(study=str(path), preset=None, device="cpu", out=str(tmp_path / "runs"),
                               resume=False, workers=1, max_minutes=None)
     assert cli_run(args) == 0
     assert "2 runs finished, 0 left" in capsys.readouterr().out
@@ -118,9 +118,11 @@ def test_cli_run_with_a_yaml_study(tmp_path, capsys):
         cli_run(argparse.Namespace(**{**vars(args), "study": "nope"}))
     with pytest.raises(ValueError, match="--threads: expected an int >= 1, got 0"):
         cli_run(argparse.Namespace(**{**vars(args), "threads": 0}))
+    with pytest.raises(ValueError, match="--preset: a study file has no presets"):
+        cli_run(argparse.Namespace(**{**vars(args), "preset": "smoke"}))
     out = tmp_path / "runs1"
-    assert cli_run(argparse.Namespace(**{**vars(args), "threads": 1, "out": str(out)})) == 0
-    assert len(list(out.glob("*/*/runs/*/result.json"))) == 2
+    assert cli_run(argparse.Namespace(**{**vars(args), "threads": 1, "out": str(out), "seeds": "0,1"})) == 0
+    assert len(list(out.glob("*/*/runs/*/result.json"))) == 4, "--seeds replaces the study's seeds"
 
 
 def test_shortconv_presets_cover_the_issue():

@@ -16,8 +16,8 @@ from linattn.data.lra import (
     LRADataset,
     MaskedLMView,
     collate,
-    load_pretrained,
 )
+from linattn.models import load_pretrained
 
 
 def toy(name="listops", n=4, pair=False, length=40):

@@ -7,11 +7,12 @@ import csv
 import pytest
 import torch
 
-from linattn.data.lra import BYTE_VOCAB, collate, get_task, write_listops
+from linattn.data.lra import BYTE_VOCAB, PAD_ID, LRABatches, collate, get_task, whole_split, write_listops
 from linattn.experiments import lra_run, run_study
 from linattn.experiments.lra import PAPER_TRANSFORMER, conclusion, lra_report, lra_study, paper_table
-from linattn.experiments.lra_run import LRABatches, build_models, check_lra_config, train_lra_from_config, transfer
+from linattn.experiments.lra_run import build_models, check_lra_config, train_lra_from_config
 from linattn.experiments.report import Cell
+from linattn.models import transfer_encoder
 from linattn.train.checkpoint import load_checkpoint
 
 TINY_LISTOPS = dict(num_train=64, num_val=24, num_test=24, min_length=4, max_length=24, max_depth=4, max_args=3)
@@ -31,7 +32,8 @@ def listops_dir(tmp_path_factory):
 
 
 def _config(spt: str, data_dir, **task) -> dict:
-    return {"task": {"name": "lra/listops", "data_dir": str(data_dir), "spt": spt, "pretrain_steps": 3, **task},
+    return {"kind": "lra",
+            "task": {"name": "listops", "data_dir": str(data_dir), "spt": spt, "pretrain_steps": 3, **task},
             "model": {"mixer": "gla", **TINY_MODEL}, "train": {**TINY_TRAIN, "device": "cpu", "progress": False},
             "seed": 0}
 
@@ -41,7 +43,7 @@ def _config(spt: str, data_dir, **task) -> dict:
     ({"pretrain_steps": 6}, "pretrain_steps"),
     ({"pretrain_steps": 0}, "pretrain_steps"),
     ({"colour": 1}, "unknown LRA task key"),
-    ({"name": "lra/chess"}, "name must be one of"),
+    ({"name": "chess"}, "name must be one of"),
     ({"generate": 5}, "task.generate"),
 ])
 def test_bad_lra_configs(change, match, tmp_path):
@@ -52,8 +54,10 @@ def test_bad_lra_configs(change, match, tmp_path):
 
 
 def test_bad_study_arguments():
-    with pytest.raises(ValueError, match="models must be"):
-        lra_study("smoke", models=["rnn"])
+    with pytest.raises(ValueError, match="mixers must be"):
+        lra_study("smoke", mixers=["rnn"])
+    with pytest.raises(ValueError, match="mixers must be"):
+        lra_study("smoke", mixers=["gated_deltanet"])
     with pytest.raises(ValueError, match="spt must be"):
         lra_study("smoke", spt=[])
     with pytest.raises(ValueError, match="preset"):
@@ -91,7 +95,7 @@ def test_transfer_copies_the_encoder_and_keeps_the_head(listops_dir):
     cfg = check_lra_config(_config("causal", listops_dir))
     lm, clf = build_models(cfg, num_classes=10, vocab_size=18)
     head = clf.classifier.head.weight.detach().clone()
-    names = transfer(lm, clf)
+    names = transfer_encoder(lm, clf)
     lm_state, clf_state = lm.state_dict(), clf.classifier.state_dict()
     assert "embed.weight" in names and any(n.startswith("blocks.0.mixer") for n in names)
     assert all(torch.equal(clf_state[n], lm_state[n]) for n in names)
@@ -122,7 +126,7 @@ def test_fine_tuning_starts_from_the_pretrained_weights(spt, listops_dir, tmp_pa
 
 
 def test_tiny_study_end_to_end(tmp_path):
-    study = lra_study("smoke", models=["transformer"], seeds=[0], data_dir=tmp_path / "missing",
+    study = lra_study("smoke", mixers=["softmax_attn"], seeds=[0], data_dir=tmp_path / "missing",
                       train=TINY_TRAIN, model=TINY_MODEL, task_options={"generate": TINY_LISTOPS, "pretrain_steps": 3})
     outcome = run_study(study, tmp_path / "out", workers=1, progress=False, write_report=lra_report)
     assert outcome.complete and outcome.finished == 3
@@ -141,21 +145,21 @@ def test_tiny_study_end_to_end(tmp_path):
     assert again.finished == 3, "finished runs are not rerun"
 
 
-def _cell(model: str, spt: str, mean: float, std: float = 0.01) -> Cell:
-    return Cell({"task": "listops", "model": model, "spt": spt}, 3e-3, mean, std, 2, {3e-3: mean})
+def _cell(mixer: str, spt: str, mean: float, std: float = 0.01) -> Cell:
+    return Cell({"task": "listops", "mixer": mixer, "spt": spt}, 3e-3, mean, std, 2, {3e-3: mean})
 
 
 def test_conclusion_and_paper_table_are_computed_from_the_numbers():
     study = lra_study("smoke")
-    cells = [_cell("transformer", "none", 0.30), _cell("transformer", "causal", 0.50),
-             _cell("transformer", "masked", 0.31), _cell("gla", "none", 0.20), _cell("gla", "causal", 0.40),
+    cells = [_cell("softmax_attn", "none", 0.30), _cell("softmax_attn", "causal", 0.50),
+             _cell("softmax_attn", "masked", 0.31), _cell("gla", "none", 0.20), _cell("gla", "causal", 0.40),
              _cell("gla", "masked", 0.19)]
     text = conclusion(study, cells)
-    assert ("causal SPT vs scratch**: mean gain +20.0 points over 2 model(s) (2 improved), beyond the seed noise: "
+    assert ("causal SPT vs scratch**: mean gain +20.0 points over 2 mixer(s) (2 improved), beyond the seed noise: "
             "SPT helps (2.0)") in text
-    assert "masked SPT vs scratch**: mean gain +0.0 points over 2 model(s) (1 improved), within the seed noise" in text
+    assert "masked SPT vs scratch**: mean gain +0.0 points over 2 mixer(s) (1 improved), within the seed noise" in text
     worse = conclusion(study, [_cell("gla", "none", 0.40), _cell("gla", "causal", 0.20)])
-    assert "mean gain -20.0 points over 1 model(s) (0 improved), beyond the seed noise: SPT hurts" in worse
+    assert "mean gain -20.0 points over 1 mixer(s) (0 improved), beyond the seed noise: SPT hurts" in worse
     assert "Transformer 30.0 -> 50.0 here, 36.4 -> 59.2 in the paper" in text
     table = paper_table(study, cells)
     assert "| listops | none | 30.0 ± 1.0 | 36.4 |" in table and "| listops | causal | 50.0 ± 1.0 | 59.2 |" in table
@@ -167,14 +171,14 @@ def test_cli_arguments_select_the_grid():
 
     from linattn.experiments.lra import lra_study_from_args
 
-    args = argparse.Namespace(preset="smoke", task="listops", model="transformer,gla", spt=["none", "causal"],
+    args = argparse.Namespace(preset="smoke", tasks="listops", mixers="softmax_attn,gla", spt=["none", "causal"],
                               data_dir="/d")
     study = lra_study_from_args(args)
-    assert list(study.axes["model"]) == ["transformer", "gla"] and list(study.axes["spt"]) == ["none", "causal"]
+    assert list(study.axes["mixer"]) == ["softmax_attn", "gla"] and list(study.axes["spt"]) == ["none", "causal"]
     assert study.base["task"]["data_dir"] == "/d"
     plain = lra_study_from_args(argparse.Namespace(preset="smoke"))
     assert len(plain.runs()) == 18 and plain.base["task"]["data_dir"] is None
-    assert list(lra_study("smoke", models=["gated_delta_rule"]).axes["model"]) == ["gated_deltanet"], "mixer names"
+    assert list(lra_study("smoke", mixers=["gated_delta_rule"]).axes["mixer"]) == ["gated_delta_rule"]
 
 
 def test_an_interrupted_run_resumes_to_the_same_end(listops_dir, tmp_path):
@@ -220,7 +224,7 @@ def aan_dir(tmp_path_factory):
 
 def _retrieval_config(spt: str, data_dir) -> dict:
     cfg = _config(spt, data_dir)
-    cfg["task"]["name"] = "lra/retrieval"
+    cfg["task"]["name"] = "retrieval"
     return cfg
 
 
@@ -228,12 +232,12 @@ def test_pair_batches_stack_both_documents(aan_dir):
     train = get_task("retrieval", aan_dir, "train")
     x, y = LRABatches(train, 8, seed=0).batch(0)
     assert x.shape[:2] == (8, 2) and y.shape == (8, 1)
-    x_all, y_all = lra_run.whole_split(train)
+    x_all, y_all = whole_split(train)
     for i in range(len(train)):
         for j, key in enumerate(("input_ids", "input_ids2")):
             doc = train[i][key]
             assert torch.equal(x_all[i, j, :doc.numel()], doc)
-            assert (x_all[i, j, doc.numel():] == lra_run.PAD_ID).all()
+            assert (x_all[i, j, doc.numel():] == PAD_ID).all()
     assert torch.equal(y_all[:, 0], train.labels)
 
 
@@ -242,14 +246,14 @@ def test_dual_classifier_reads_pairs_like_the_sequence_classifier(aan_dir):
     lm, clf = build_models(cfg, num_classes=2, vocab_size=len(BYTE_VOCAB), dual=True)
     assert clf.classifier.dual
     train = get_task("retrieval", aan_dir, "train")
-    x, _ = lra_run.whole_split(train)
+    x, _ = whole_split(train)
     b = collate([train[i] for i in range(3)])
-    want = clf.classifier(b["input_ids"], b["input_ids2"], mask=b["input_ids"] != lra_run.PAD_ID,
-                          mask2=b["input_ids2"] != lra_run.PAD_ID)
+    want = clf.classifier(b["input_ids"], b["input_ids2"], mask=b["input_ids"] != PAD_ID,
+                          mask2=b["input_ids2"] != PAD_ID)
     assert torch.allclose(clf(x[:3])[:, 0], want, atol=1e-5)
     with pytest.raises(ValueError, match=r"\[B, 2, T\]"):
         clf(x[:3, 0])
-    names = transfer(lm, clf)
+    names = transfer_encoder(lm, clf)
     assert "embed.weight" in names and not any(n.startswith("head") for n in names)
 
 
@@ -283,7 +287,7 @@ def test_retrieval_run_pretrains_on_documents_then_fine_tunes_the_dual_encoder(s
 
 
 def test_tiny_retrieval_study_end_to_end(aan_dir, tmp_path):
-    study = lra_study("smoke", tasks=["retrieval"], models=["transformer"], spt=["none", "masked"], seeds=[0],
+    study = lra_study("smoke", tasks=["retrieval"], mixers=["softmax_attn"], spt=["none", "masked"], seeds=[0],
                       data_dir=aan_dir, train=TINY_TRAIN, model=TINY_MODEL, task_options={"pretrain_steps": 3})
     outcome = run_study(study, tmp_path / "out", workers=1, progress=False, write_report=lra_report)
     assert outcome.complete and outcome.finished == 2

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import linattn
 from linattn.layers import fused, norms
 from linattn.ops.common.triton_compat import triton_available
 from linattn.testing import rel_rmse
@@ -77,9 +78,9 @@ def test_layer_is_the_same_with_either_norm_backend(mixer, monkeypatch):
     x = torch.randn(2, 23, 32, device=DEVICE)
     outs = {}
     for backend in ("torch", "triton"):
-        monkeypatch.setattr(fused, "FUSED_BACKEND", backend)
         layer.zero_grad()
-        y, _ = layer(x, use_cache=False)
+        with linattn.settings(fused_backend=backend):
+            y, _ = layer(x, use_cache=False)
         y.square().mean().backward()
         outs[backend] = (y.detach(), {n: p.grad.clone() for n, p in layer.named_parameters()})
     assert rel_rmse(outs["triton"][0], outs["torch"][0]) <= 1e-5

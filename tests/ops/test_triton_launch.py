@@ -74,3 +74,26 @@ def test_repeated_launches_give_the_first_launchs_values():
     flat = torch.randn(65 * 8 + 1, device=device)
     shifted = flat[1:].view(65, 8)  # 4 bytes past an aligned address: a new key
     assert torch.allclose(l2norm_triton(shifted, 1e-6), torch.nn.functional.normalize(shifted, dim=-1), atol=1e-6)
+
+
+def test_an_empty_hook_chain_is_no_hook(monkeypatch):
+    """Newer Triton always has a (usually empty) chain of launch hooks: only a chain with a hook in it, or a
+    hook function (older Triton), sends launches through Triton."""
+    import triton
+
+    from linattn.ops.common.triton_launch import launch_hooks_set
+
+    class Chain:
+        def __init__(self, calls):
+            self.calls = calls
+
+    assert not launch_hooks_set(), "by default no hook is installed: launches take the direct path"
+    runtime = triton.knobs.runtime
+    monkeypatch.setattr(runtime, "launch_enter_hook", Chain([]), raising=False)
+    monkeypatch.setattr(runtime, "launch_exit_hook", None, raising=False)
+    assert not launch_hooks_set()
+    monkeypatch.setattr(runtime, "launch_exit_hook", Chain([print]), raising=False)
+    assert launch_hooks_set()
+    monkeypatch.setattr(runtime, "launch_exit_hook", None, raising=False)
+    monkeypatch.setattr(runtime, "launch_enter_hook", print, raising=False)
+    assert launch_hooks_set()

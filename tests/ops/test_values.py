@@ -4,11 +4,11 @@ checks off (a delta rule's beta outside [0, 1] then passes); the switch is resto
 from __future__ import annotations
 
 import contextvars
-import importlib
 
 import pytest
 import torch
 
+from linattn import switches
 from linattn.ops.common import values
 from linattn.ops.gated_delta_rule import gated_delta_rule
 from linattn.testing import l2norm, log_gate, randn
@@ -100,29 +100,30 @@ def test_auto_mode_checks_cpu_tensors_and_skips_cuda_ones_strict_checks_both():
 
 @pytest.mark.parametrize("raw, mode", [("auto", "auto"), ("1", "strict"), ("strict", "strict"), ("0", "off"),
                                        ("off", "off")])
-def test_environment_variable_sets_the_default_mode(monkeypatch, raw, mode):
-    monkeypatch.setenv("LINATTN_CHECK_VALUES", raw)
-    assert values._env_mode() == mode
-    monkeypatch.setenv("LINATTN_CHECK_VALUES", "sometimes")
+def test_environment_variable_sets_the_default_mode(raw, mode):
+    assert switches.from_environment({"LINATTN_CHECK_VALUES": raw}).value_checks == mode
     with pytest.raises(ValueError, match="LINATTN_CHECK_VALUES must be one of"):
-        values._env_mode()
+        switches.from_environment({"LINATTN_CHECK_VALUES": "sometimes"})
 
 
-@pytest.mark.parametrize("setting, enabled", [("0", False), ("1", True)])
-def test_environment_variable_sets_the_default(setting, enabled, monkeypatch):
-    monkeypatch.setenv("LINATTN_CHECK_VALUES", setting)
+@pytest.mark.parametrize("mode, enabled", [("off", False), ("strict", True)])
+def test_the_process_default_sets_the_mode(mode, enabled):
+    previous = switches.configure(value_checks=mode)  # what LINATTN_CHECK_VALUES sets at import
     try:
-        importlib.reload(values)  # the default is read at import; the op's checks look it up in the module
-        assert values.value_checks_enabled() is enabled
-        if enabled:
+        # a fresh context: no mode set by a block or set_value_checks, so the process default holds
+        contextvars.Context().run(_default_mode_holds, enabled)
+    finally:
+        switches.configure(value_checks=previous.value_checks)
+    assert values.value_checks_enabled()
+
+
+def _default_mode_holds(enabled: bool) -> None:
+    assert values.value_checks_enabled() is enabled
+    if enabled:
+        with pytest.raises(ValueError, match="beta must have values"):
+            _call(1.5)
+    else:
+        assert torch.isfinite(_call(1.5)).all()
+        with values.value_checks(True):
             with pytest.raises(ValueError, match="beta must have values"):
                 _call(1.5)
-        else:
-            assert torch.isfinite(_call(1.5)).all()
-            with values.value_checks(True):
-                with pytest.raises(ValueError, match="beta must have values"):
-                    _call(1.5)
-    finally:
-        monkeypatch.delenv("LINATTN_CHECK_VALUES")
-        importlib.reload(values)
-    assert values.value_checks_enabled()

@@ -11,9 +11,9 @@ import yaml
 from test_trainer import ShiftSum, TinyLM
 
 from linattn.errors import CheckpointError, ConfigError, MissingFileError, ResumeError, UserError
+from linattn.experiments.runs import cli_train
 from linattn.models import ModelConfig
 from linattn.train import TrainConfig, Trainer, load_checkpoint
-from linattn.train.build import cli_train
 from linattn.train.checkpoint import MAGIC, UncheckedCheckpointWarning
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -8,7 +8,8 @@ import pytest
 import torch
 import yaml
 
-from linattn.train.build import build_run, check_run_config, cli_train
+from linattn.experiments.runs import cli_train
+from linattn.train.build import build_run, check_run_config
 
 CONFIG = {
     "task": {"name": "mqar", "vocab": 16, "seq_len": 16, "num_kv_pairs": 2},

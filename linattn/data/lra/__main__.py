@@ -13,11 +13,8 @@ from pathlib import Path
 
 from linattn.validation import int_arg
 
-from .listops_gen import ListOpsConfig, write_listops
+from .listops_gen import LISTOPS_SMOKE, ListOpsConfig, write_listops
 from .pathfinder_gen import DIFFICULTIES, pathfinder_config, write_pathfinder
-
-LISTOPS_SMOKE = dict(num_train=2000, num_val=200, num_test=200, min_length=20, max_length=200, max_depth=6,
-                     max_args=5)
 
 
 def _one_batch(args: tuple[str, int, str, int, int, int]) -> None:

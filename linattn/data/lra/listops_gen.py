@@ -95,6 +95,11 @@ class ListOpsConfig:
         check_int("max_draws", self.max_draws, 1)
 
 
+# a small, short set for CPU smoke runs (``--smoke`` of the generator, the lra study's smoke preset)
+LISTOPS_SMOKE: dict[str, int] = dict(num_train=2000, num_val=200, num_test=200, min_length=20, max_length=200,
+                                     max_depth=6, max_args=5)
+
+
 def generate_trees(cfg: ListOpsConfig) -> list[Tree]:
     """``num_train + num_val + num_test`` distinct trees with ``min_length < length < max_length``, in
     the order drawn. Raises RuntimeError if ``max_draws`` draws do not suffice (bounds too tight)."""

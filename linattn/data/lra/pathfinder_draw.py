@@ -8,7 +8,7 @@ index of the first dash of the curve being grown that came within ``link`` of it
 lazily, once a later dash must keep away from them). A candidate pixel set fits dash ``k`` when no cell
 under it holds a value ``<= k - exempt`` (``BLOCK`` when ``k < exempt``): one lookup per pixel tests the
 border, the other curves and the curve's own older dashes at once. Scalar arithmetic on Python ints and
-floats avoids numpy's per-call cost on arrays of a few elements, which dominated the first version.
+floats avoids numpy's per-call cost on arrays of a few elements, which would dominate the drawing.
 """
 
 from __future__ import annotations

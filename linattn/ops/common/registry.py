@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from linattn import switches
+
 from .checks import CHUNK_SIZES
 
 BACKENDS = ("recurrent", "parallel", "chunk", "triton")
@@ -50,8 +52,12 @@ class OpSpec:
         return tuple(b for b in BACKENDS if b in self.implementations)
 
     def resolve(self, backend: str, device: torch.device, chunk_size: int | None = None) -> Callable:
-        """The implementation for ``backend`` ("auto": triton on CUDA when present and it takes
-        ``chunk_size``, else ``auto_cuda`` on CUDA when set, else chunk)."""
+        """The implementation for ``backend`` ("auto": the setting ``op_backend`` where this op has it, else
+        triton on CUDA when present and it takes ``chunk_size``, else ``auto_cuda`` on CUDA when set, else chunk)."""
+        if backend == "auto":  # the setting op_backend chooses for "auto" calls where this op has that backend
+            preferred = switches.current().op_backend
+            if preferred != "auto" and preferred in self.implementations:
+                backend = preferred
         if backend == "auto":
             triton_fits = chunk_size is None or chunk_size in self.triton_chunk_sizes
             if device.type == "cuda" and "triton" in self.implementations and triton_fits:

@@ -14,7 +14,8 @@ the kernel), later ones call the compiled kernel's launcher on the current strea
 
 Launches go through Triton unchanged under its CPU interpreter, while a profiler or tool has set Triton's launch
 hooks or replaced ``JITFunction.__getitem__`` (bench/triton_resources.py), with an argument of a kind the key
-does not cover, and everywhere when ``LINATTN_FAST_LAUNCH=0``.
+does not cover, and everywhere when the setting ``fast_launch`` is off (``LINATTN_FAST_LAUNCH=0``,
+``linattn.settings(fast_launch=False)``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import torch
 import triton
 from triton.runtime.jit import JITFunction
 
-_ENABLED = os.environ.get("LINATTN_FAST_LAUNCH", "1") != "0"
+from linattn import switches
+
 _GETITEM = JITFunction.__getitem__
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _CONSTEXPR, _NOT_SPECIALISED, _SPECIALISED = 0, 1, 2
@@ -39,6 +41,8 @@ class FastKernel:
     def __init__(self, kernel: Any) -> None:
         self.kernel = kernel
         self.direct = isinstance(kernel, JITFunction) and hasattr(triton, "knobs")
+        # Triton reads TRITON_INTERPRET when a kernel is defined, so it is read here once, not per launch
+        self.interpreted = os.environ.get("TRITON_INTERPRET") == "1"
         if self.direct:
             dns = set(kernel.do_not_specialize or ())
             self.names = tuple(kernel.arg_names)
@@ -55,10 +59,8 @@ class FastKernel:
 
     def launch(self, grid: tuple[int, ...], args: tuple, kwargs: dict[str, Any]) -> None:
         """Launch on the current CUDA stream (through Triton the first time per launch key)."""
-        if not (self.direct and _ENABLED) or JITFunction.__getitem__ is not _GETITEM \
-                or triton.knobs.runtime.launch_enter_hook is not None \
-                or triton.knobs.runtime.launch_exit_hook is not None \
-                or os.environ.get("TRITON_INTERPRET") == "1":
+        if not (self.direct and switches.current().fast_launch) or self.interpreted \
+                or JITFunction.__getitem__ is not _GETITEM or launch_hooks_set():
             self.kernel[grid](*args, **kwargs)
             return
         values, options = self._bind(args, kwargs)
@@ -107,6 +109,22 @@ class FastKernel:
             else:
                 return None
         return tuple(key)
+
+
+def _hook_set(hook: Any) -> bool:
+    """Whether a Triton launch hook is installed: newer Triton keeps an always-present chain of hooks
+    (``HookChain``, empty unless a tool adds one) where older Triton kept None."""
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return True if calls is None else len(calls) > 0
+
+
+def launch_hooks_set() -> bool:
+    """Whether a profiler or tool has installed a Triton launch hook (launches then go through Triton, which calls
+    it)."""
+    runtime = triton.knobs.runtime
+    return _hook_set(runtime.launch_enter_hook) or _hook_set(runtime.launch_exit_hook)
 
 
 def fast_launch(kernel: Any) -> FastKernel:

@@ -28,34 +28,34 @@ from collections.abc import Callable
 
 import torch
 
+from linattn import switches
+
 from .checks import check_choice
 from .triton_compat import triton_importable
 
-STEP_BACKENDS = ("auto", "torch", "triton")
+STEP_BACKENDS = switches.STEP_BACKENDS
 _FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_backend = check_choice("LINATTN_STEP_BACKEND", os.environ.get("LINATTN_STEP_BACKEND", "auto"), STEP_BACKENDS)
 
 
 def set_step_backend(name: str) -> str:
-    """Choose the step implementation: "auto" (fused kernel on CUDA, default), "torch" (always PyTorch) or
-    "triton" (fused wherever Triton can run: CUDA, or the CPU under TRITON_INTERPRET=1). Returns the
-    previous setting. The environment variable LINATTN_STEP_BACKEND sets the initial value."""
-    global _backend
+    """Choose the step implementation from now on (the setting ``step_backend``: ``linattn.settings``,
+    ``LINATTN_STEP_BACKEND``): "auto" (fused kernel on CUDA, default), "torch" (always PyTorch) or "triton"
+    (fused wherever Triton can run: CUDA, or the CPU under TRITON_INTERPRET=1). Returns the previous setting."""
     check_choice("step backend", name, STEP_BACKENDS)
-    previous, _backend = _backend, name
-    return previous
+    return switches.configure(step_backend=name).step_backend
 
 
 def get_step_backend() -> str:
     """The current step backend setting ("auto", "torch" or "triton")."""
-    return _backend
+    return switches.current().step_backend
 
 
 def _fused_ok(q_t: torch.Tensor, tensors: tuple[torch.Tensor, ...]) -> bool:
-    if _backend == "torch" or not triton_importable():
+    backend = switches.current().step_backend
+    if backend == "torch" or not triton_importable():
         return False
     on_cuda = all(x.is_cuda for x in tensors)
-    if not (on_cuda or (_backend == "triton" and os.environ.get("TRITON_INTERPRET") == "1")):
+    if not (on_cuda or (backend == "triton" and os.environ.get("TRITON_INTERPRET") == "1")):
         return False
     if any(x.dtype not in _FUSED_DTYPES for x in tensors):
         return False

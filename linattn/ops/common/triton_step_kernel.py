@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from .triton_compat import patch_interpreter
-from .triton_utils import block
+from .triton_utils import block, cdiv
 
 patch_interpreter()
 
@@ -110,7 +110,7 @@ def fused_step(q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor, state: t
     o_t = torch.empty(B, H, V, device=q_t.device, dtype=q_t.dtype)
     BK = block(K)
     BV = min(LAUNCH["BV"], block(V), max(16, LAUNCH["max_tile"] // BK))
-    _step_kernel[(triton.cdiv(V, BV), B * H)](
+    _step_kernel[(cdiv(V, BV), B * H)](
         q_t, k_t, v_t, q_t if g_t is None else g_t, q_t if beta_t is None else beta_t,
         S_out if S_in is None else S_in, S_out, o_t, float(scale), H,
         *_bh_strides(q_t), *_bh_strides(k_t), *_bh_strides(v_t), *_bh_strides(g_t), *_bh_strides(beta_t),

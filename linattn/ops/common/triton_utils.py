@@ -13,9 +13,13 @@ from .triton_compat import patch_interpreter
 patch_interpreter()
 
 
+# Triton reads TRITON_INTERPRET when a kernel is defined (at import), so it cannot change afterwards
+_INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def interpreting() -> bool:
     """True when kernels run on the CPU through Triton's interpreter."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    return _INTERPRETING
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -31,26 +35,13 @@ def upcast_dots(dtype: torch.dtype) -> bool:
 
 
 def launch_overrides(family: str, launch: dict) -> dict:
-    """``launch`` updated from the environment variable ``LINATTN_TRITON_LAUNCH`` (JSON
-    ``{"<family>": {"<key>": value}}``), for tuning and for working around compiler faults without
-    editing the code; unknown keys are an error naming the valid ones."""
-    import json
+    """``launch`` (a kernel module's ``LAUNCH`` dict) made to follow the setting ``triton_launch``
+    (``{"<family>": {"<key>": value}}``; ``linattn.settings(triton_launch=...)`` or the environment variable
+    ``LINATTN_TRITON_LAUNCH``), for tuning and for working around compiler faults without editing the code;
+    unknown keys are an error naming the valid ones."""
+    from linattn.switches import register_launch
 
-    raw = os.environ.get("LINATTN_TRITON_LAUNCH")
-    if not raw:
-        return launch
-    try:
-        changes = json.loads(raw).get(family, {})
-    except (ValueError, AttributeError) as exc:
-        raise ValueError(f"LINATTN_TRITON_LAUNCH must be a JSON object of families, got {raw!r}") from exc
-    if not isinstance(changes, dict):
-        raise ValueError(f"LINATTN_TRITON_LAUNCH: the {family} entry must be a JSON object of launch keys, "
-                         f"got {changes!r}")
-    unknown = sorted(set(changes) - set(launch))
-    if unknown:
-        raise ValueError(f"LINATTN_TRITON_LAUNCH: unknown {family} launch key(s) {unknown}; valid: {sorted(launch)}")
-    launch.update(changes)
-    return launch
+    return register_launch(family, launch)
 
 
 def launch_options(launch: dict, kernel: str, dtype: torch.dtype, float32_stages: int | None = None) -> dict:
@@ -61,9 +52,21 @@ def launch_options(launch: dict, kernel: str, dtype: torch.dtype, float32_stages
     return {"num_warps": launch[f"{kernel}_warps"], **({} if stages is None else {"num_stages": stages})}
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for launch grids. Host code uses these two rather than ``triton.cdiv`` and
+    ``triton.next_power_of_2``: in newer Triton those are constexpr functions that cost microseconds per call,
+    and a launch computes several."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1)."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
 def block(n: int) -> int:
     """Power-of-two block covering n (at least 16, the smallest tl.dot size)."""
-    return max(16, triton.next_power_of_2(n))
+    return max(16, next_power_of_2(n))
 
 
 @triton.jit

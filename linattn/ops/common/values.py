@@ -12,23 +12,22 @@ three modes:
 - ``"off"``: never checked, for callers that guarantee the ranges (the layers make beta by a sigmoid
   and decays by a log-sigmoid/softplus, in range by construction, and call their ops so).
 
-Shape, dtype and Python-value checks are free and always run. ``value_checks(mode)`` is a context
-manager, ``set_value_checks(mode)`` sets the mode for this thread/context, and the environment
-variable ``LINATTN_CHECK_VALUES`` (``auto``, ``strict`` or ``1``, ``off`` or ``0``) sets the default.
-``True`` means ``"strict"`` and ``False`` means ``"off"`` wherever a mode is taken.
+Shape, dtype and Python-value checks are free and always run. The mode is one of the library's settings
+(``linattn.settings(value_checks=...)``, ``LINATTN_CHECK_VALUES``; linattn/switches.py); ``value_checks(mode)``
+(a context manager that is a no-op under torch.compile, for the layers) and ``set_value_checks(mode)`` set it
+for this thread/context. ``True`` means ``"strict"`` and ``False`` means ``"off"`` wherever a mode is taken.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
-from contextvars import ContextVar
 
 import torch
 
-MODES = ("auto", "strict", "off")
-_ALIASES = {"1": "strict", "0": "off", "true": "strict", "false": "off", "on": "strict"}
+from linattn import switches
+
+MODES = switches.VALUE_CHECK_MODES
 
 
 def _mode(value: object, name: str = "mode") -> str:
@@ -41,21 +40,9 @@ def _mode(value: object, name: str = "mode") -> str:
                     f"False: 'off'), got {type(value).__name__} {value!r}")
 
 
-def _env_mode() -> str:
-    raw = os.environ.get("LINATTN_CHECK_VALUES", "auto").strip().lower()
-    raw = _ALIASES.get(raw, raw)
-    if raw not in MODES:
-        raise ValueError(f"LINATTN_CHECK_VALUES must be one of auto, strict (or 1), off (or 0); got {raw!r}")
-    return raw
-
-
-_DEFAULT_MODE: str = _env_mode()
-_MODE: ContextVar[str] = ContextVar("linattn_value_checks", default=_DEFAULT_MODE)
-
-
 def value_check_mode() -> str:
     """The current mode: "auto", "strict" or "off"."""
-    return _MODE.get()
+    return switches.value_check_mode()
 
 
 def value_checks_enabled(x: torch.Tensor | None = None) -> bool:
@@ -63,7 +50,7 @@ def value_checks_enabled(x: torch.Tensor | None = None) -> bool:
     "off"; in mode "auto" only for tensors that are not on CUDA (no host synchronisation)."""
     if torch.compiler.is_compiling():
         return False
-    mode = _MODE.get()
+    mode = switches.value_check_mode()
     if mode == "auto":
         return x is None or x.device.type != "cuda"
     return mode == "strict"
@@ -71,7 +58,7 @@ def value_checks_enabled(x: torch.Tensor | None = None) -> bool:
 
 def set_value_checks(mode: str | bool) -> None:
     """Set the value-check mode for this thread/context (see the module docstring)."""
-    _MODE.set(_mode(mode, "enabled"))
+    switches.set_context_value_checks(_mode(mode, "enabled"))
 
 
 @contextlib.contextmanager
@@ -81,11 +68,11 @@ def value_checks(mode: str | bool) -> Iterator[None]:
     if torch.compiler.is_compiling():  # a ContextVar cannot be set inside a compiled graph
         yield
         return
-    token = _MODE.set(mode)
+    token = switches.set_context_value_checks(mode)
     try:
         yield
     finally:
-        _MODE.reset(token)
+        switches.reset_context_value_checks(token)
 
 
 def check_bool(name: str, value: object) -> bool:

@@ -51,7 +51,14 @@ from ..common.triton_launch import fast_launch
 from ..common.triton_ops import eager_backward, eager_function, needs_backward, use_custom_op
 from ..common.triton_tril import unit_lower_inverse
 from ..common.triton_utils import block as _block
-from ..common.triton_utils import dot_precision, launch_options, launch_overrides, mm, upcast_dots
+from ..common.triton_utils import (
+    cdiv,
+    dot_precision,
+    launch_options,
+    launch_overrides,
+    mm,
+    upcast_dots,
+)
 from ..simple_gla.triton import _output_fwd_kernel, _state_dtype
 
 
@@ -424,7 +431,7 @@ def _prepare(k, v, beta, g, C, p=None, tm=None, keep_tm=False):
     if keep_tm:
         tm = torch.empty(B, T, H, C, device=k.device, dtype=k.dtype)
     BV = min(LAUNCH["prep_BV"], _block(V))
-    _prepare_kernel[(triton.cdiv(T, C), B * H)](
+    _prepare_kernel[(cdiv(T, C), B * H)](
         k, k if p is None else p, v, beta, w if g is None else g, w if tm is None else tm, w, u, T, H, K, V, C,
         _block(K), BV, g is not None, p is not None, mode, dot_precision(k.dtype), _prepare_upcasts(k, BV),
         **_options(k, "prep"))
@@ -435,12 +442,12 @@ def _states(k, w, u, g, initial_state, C):
     """(h [B, H, N, K, V]: states entering the chunks, delta [B, T, H, V], final state float32)."""
     B, T, H, K = k.shape
     V = u.shape[-1]
-    N = triton.cdiv(T, C)
+    N = cdiv(T, C)
     h = torch.empty(B, H, N, K, V, device=k.device, dtype=_state_dtype(k))
     dlt = torch.empty_like(u)
     ht = torch.empty(B, H, K, V, device=k.device, dtype=torch.float32)
     BV = min(LAUNCH["scan_BV"], _block(V))
-    _state_fwd_kernel[(triton.cdiv(V, BV), B * H)](
+    _state_fwd_kernel[(cdiv(V, BV), B * H)](
         k, w, u, ht if g is None else g, h, dlt, ht if initial_state is None else initial_state, ht, T, H, K, V, C,
         _block(K), BV, g is not None, initial_state is not None, *_launch_args(k), **_options(k, "scan"))
     return h, dlt, ht
@@ -452,7 +459,7 @@ def _output(q, k, dlt, g, h, scale, C):
     g = torch.zeros(B, T, H, device=q.device, dtype=torch.float32) if g is None else g
     o = torch.empty_like(dlt)
     BV = min(LAUNCH["out_BV"], _block(V))
-    _output_fwd_kernel[(triton.cdiv(V, BV), triton.cdiv(T, C), B * H)](
+    _output_fwd_kernel[(cdiv(V, BV), cdiv(T, C), B * H)](
         q, k, dlt, g, h, o, scale, T, H, K, V, C, _block(K), BV, *_launch_args(q), **_options(q, "out"))
     return o
 
@@ -470,7 +477,7 @@ def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, d
     the read key's gradient is then part of dk)). ``tm``: the forward pass's Tm (recomputed when None)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    N = triton.cdiv(T, C)
+    N = cdiv(T, C)
     BK = _block(K)
     gp = beta if g is None else g  # pointer placeholder when there is no gate
     if tm is None:
@@ -480,19 +487,19 @@ def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, d
     h, dlt, _ = _states(k, w, u, g, initial_state, C)
     dd = torch.empty_like(dlt)
     BV = min(LAUNCH["dv_BV"], _block(V))
-    _dv_local_kernel[(triton.cdiv(V, BV), N, B * H)](q, k, gp, do, dd, scale, T, H, K, V, C, BK, BV, g is not None,
+    _dv_local_kernel[(cdiv(V, BV), N, B * H)](q, k, gp, do, dd, scale, T, H, K, V, C, BK, BV, g is not None,
                                                      *_launch_args(q), **_options(q, "dv"))
     dh = torch.empty_like(h)
     dh0 = torch.empty(B, H, K, V, device=q.device, dtype=torch.float32)
     BV = min(LAUNCH["bscan_BV"], _block(V))
-    _state_bwd_kernel[(triton.cdiv(V, BV), B * H)](
+    _state_bwd_kernel[(cdiv(V, BV), B * H)](
         q, k, w, gp, do, dd, dh, dh0 if dht is None else dht, dh0, scale, T, H, K, V, C, BK, BV, g is not None,
         dht is not None, bool(LAUNCH["bscan_tload"]), *_launch_args(q), **_options(q, "bscan"))
     dq, dk, dv, dw = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(w)
     dbeta = torch.empty_like(beta)
     dg = torch.zeros_like(beta) if g is None else torch.empty_like(g)
     BKQ = min(LAUNCH["grads_BK"], BK)
-    NKQ = triton.cdiv(K, BKQ)
+    NKQ = cdiv(K, BKQ)
     # shares of the part of db_t from o and S', one per key block (unused without a gate)
     db = dg if g is None else torch.empty(NKQ, *g.shape, device=g.device, dtype=torch.float32)
     BV = min(LAUNCH["grads_BV"], _block(V))

@@ -72,7 +72,14 @@ import triton.language as tl
 from ..common.triton_launch import fast_launch
 from ..common.triton_ops import gated_rnn_backend
 from ..common.triton_utils import block as _block
-from ..common.triton_utils import dot_precision, launch_options, launch_overrides, mm, upcast_dots
+from ..common.triton_utils import (
+    cdiv,
+    dot_precision,
+    launch_options,
+    launch_overrides,
+    mm,
+    upcast_dots,
+)
 from ..simple_gla.triton import _state_dtype
 
 SUB = 16  # sub-chunk length of the intra-chunk scores
@@ -383,12 +390,12 @@ def _prec(x: torch.Tensor) -> tuple[str, bool]:
 def _states(k, v, g, initial_state, C):
     B, T, H, K = k.shape
     V = v.shape[-1]
-    N = triton.cdiv(T, C)
+    N = cdiv(T, C)
     BK, BV = min(LAUNCH["scan_BK"], _block(K)), min(LAUNCH["BV"], _block(V))
     h = torch.empty(B, H, N, K, V, device=k.device, dtype=_state_dtype(k))
     ht = torch.empty(B, H, K, V, device=k.device, dtype=torch.float32)
     h0 = initial_state if initial_state is not None else ht  # unused pointer when HAS_H0 is False
-    _state_fwd_kernel[(triton.cdiv(V, BV), triton.cdiv(K, BK), B * H)](
+    _state_fwd_kernel[(cdiv(V, BV), cdiv(K, BK), B * H)](
         k, v, g, h, h0, ht, T, H, K, V, C, BK, BV, initial_state is not None, *_prec(k), **_options(k, "scan"))
     return h, ht
 
@@ -397,7 +404,7 @@ def _scores(q, k, g, scale, C):
     B, T, H, K = q.shape
     # every use casts A to the input dtype first, so bf16/fp16 inputs keep it in that dtype (half the traffic)
     A = torch.empty(B, T, H, C, device=q.device, dtype=q.dtype)
-    _scores_kernel[(C // SUB, triton.cdiv(T, C), B * H)](q, k, g, A, scale, T, H, K, C, _block(K), SUB,
+    _scores_kernel[(C // SUB, cdiv(T, C), B * H)](q, k, g, A, scale, T, H, K, C, _block(K), SUB,
                                                           _factor_limit(q), *_prec(q), **_options(q, "scores"))
     return A
 
@@ -412,7 +419,7 @@ def gla_triton_forward(q, k, v, g, scale, initial_state, C, keep=False):
     A = _scores(q, k, g, scale, C)
     o = torch.empty_like(v)
     BV = min(LAUNCH["BV"], _block(V))
-    _output_kernel[(triton.cdiv(V, BV), triton.cdiv(T, C), B * H)](
+    _output_kernel[(cdiv(V, BV), cdiv(T, C), B * H)](
         q, v, g, h, A, o, scale, T, H, K, V, C, _block(K), BV, *_prec(q), **_options(q, "out"))
     return (o, ht, h, A) if keep else (o, ht)
 
@@ -421,14 +428,14 @@ def gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, saved=(Non
     """Backward pass: (dq, dk, dv, dg, d_initial_state). ``saved``: the forward's (h, A), recomputed where None."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    N = triton.cdiv(T, C)
+    N = cdiv(T, C)
     h, A = saved
     h = _states(k, v, g, initial_state, C)[0] if h is None else h
     A = _scores(q, k, g, scale, C) if A is None else A
     BK, BV = min(LAUNCH["bscan_BK"], _block(K)), min(LAUNCH["BV"], _block(V))
     dh = torch.empty_like(h)
     dh0 = torch.empty(B, H, K, V, device=q.device, dtype=torch.float32)
-    _state_bwd_kernel[(triton.cdiv(V, BV), triton.cdiv(K, BK), B * H)](
+    _state_bwd_kernel[(cdiv(V, BV), cdiv(K, BK), B * H)](
         q, g, do, dh, dht if dht is not None else dh0, dh0, scale, T, H, K, V, C, BK, BV, dht is not None,
         *_prec(q), **_options(q, "bscan"))
     dv = torch.empty_like(v)
@@ -442,7 +449,7 @@ def gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, saved=(Non
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     dg = torch.empty_like(g)  # in g's dtype; computed in float32
     BKI = min(LAUNCH["intra_BK"], _block(K))
-    _intra_bwd_kernel[(triton.cdiv(K, BKI), N, B * H)](q, k, g, dA, dq_inter, dk_inter, dL, dq, dk, dg, scale, T, H, K,
+    _intra_bwd_kernel[(cdiv(K, BKI), N, B * H)](q, k, g, dA, dq_inter, dk_inter, dL, dq, dk, dg, scale, T, H, K,
                                                        C, BKI, SUB, _factor_limit(q), *_prec(q),
                                                        **_options(q, "intra"))
     return dq, dk, dv, dg, dh0
@@ -451,7 +458,7 @@ def gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, saved=(Non
 def _saved_like(q, k, v, g, C):
     """Empty tensors shaped like the forward's kept (h, A), for tracing."""
     B, T, H, K = q.shape
-    N = triton.cdiv(T, C)
+    N = cdiv(T, C)
     return (q.new_empty(B, H, N, K, v.shape[-1], dtype=_state_dtype(k)), q.new_empty(B, T, H, C))
 
 

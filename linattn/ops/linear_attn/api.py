@@ -8,9 +8,10 @@ and with ``normalize=True``
 
 The normaliser lives in the state as one extra value column: the state is [B, H, M, V + 1] with
 S = state[..., :V] and z = state[..., V] (M is the feature dimension, see ``feature_maps``). Every
-backend is simple_gla's with g = 0 applied to (phi(q), phi(k), [v, 1]), in float32 (float64 for
-float64 inputs); the division runs in that dtype too. ``scale`` multiplies phi(q), so with the
-normaliser it cancels up to eps.
+PyTorch backend is simple_gla's with g = 0 applied to (phi(q), phi(k), [v, 1]), in float32 (float64
+for float64 inputs); the division runs in that dtype too. ``scale`` multiplies phi(q), so with the
+normaliser it cancels up to eps. The triton backend (``triton.py``) runs simple_gla's kernels on the
+features in the input's dtype and computes the normaliser with its own float32 kernels.
 """
 
 from __future__ import annotations

@@ -35,7 +35,14 @@ import triton.language as tl
 from ..common.triton_launch import fast_launch
 from ..common.triton_ops import gated_rnn_backend
 from ..common.triton_utils import block as _block
-from ..common.triton_utils import dot_precision, launch_options, launch_overrides, mm, upcast_dots
+from ..common.triton_utils import (
+    cdiv,
+    dot_precision,
+    launch_options,
+    launch_overrides,
+    mm,
+    upcast_dots,
+)
 
 
 @fast_launch
@@ -188,22 +195,51 @@ LAUNCH = {"BV": 64, "scan_warps": 4, "scan_stages": 3, "bscan_warps": 4, "bscan_
 launch_overrides("simple_gla", LAUNCH)
 
 
+def _fitted(K: int, dtype: torch.dtype, C: int) -> tuple[int, dict, int | None]:
+    """(chunk size, launch settings, float32 stages) that fit an H100's 227 KB of shared memory per program.
+
+    LAUNCH is tuned for bf16/fp16 at head dims up to 128 and is used unchanged there. Wider key blocks and float32
+    tiles need more shared memory (``python -m linattn.bench.triton_resources`` for sm_90, Triton 3.9): the gradient
+    kernel took 311 KB at float32, K = 128 and 328 KB at bf16, K = 256 with LAUNCH; the output kernel 279 KB at float32,
+    K = 256. So bf16/fp16 with K > 128 take value blocks of 32 in the gradient kernel (201 KB); float32 with K <= 128
+    value blocks of 32 and 2 stages there (164 KB); float32 with K > 128 chunks of at most 32 tokens, value blocks of
+    32 and one stage everywhere (at most 172 KB). The chunk size changes only the order of the sums, not the result.
+    """
+    launch = dict(LAUNCH)
+    if dtype != torch.float32:
+        if _block(K) > 128:
+            launch["grads_BV"] = min(launch["grads_BV"], 32)
+        return C, launch, None
+    if _block(K) <= 128:
+        launch["grads_BV"] = min(launch["grads_BV"], 32)
+        return C, launch, None
+    launch.update(BV=min(launch["BV"], 32), grads_BV=min(launch["grads_BV"], 32))
+    return min(C, 32), launch, 1
+
+
+def _options(launch: dict, kernel: str, dtype: torch.dtype, f32_stages: int | None) -> dict:
+    """Warps and stages of ``kernel``; float32 gradient kernels at K <= 128 run 2 stages (see :func:`_fitted`)."""
+    if dtype == torch.float32 and f32_stages is None and kernel == "grads":
+        f32_stages = 2
+    return launch_options(launch, kernel, dtype, float32_stages=f32_stages)
+
+
 def _state_dtype(x: torch.Tensor) -> torch.dtype:
     """Chunk-entry states are kept in the input dtype for bf16/fp16 (half the memory, as FLA does)."""
     return torch.float32 if x.dtype == torch.float32 else x.dtype
 
 
-def _states(k, v, g, initial_state, C):
+def _states(k, v, g, initial_state, C, launch, f32_stages):
     B, T, H, K = k.shape
     V = v.shape[-1]
-    N = triton.cdiv(T, C)
-    BK, BV = _block(K), min(LAUNCH["BV"], _block(V))
+    N = cdiv(T, C)
+    BK, BV = _block(K), min(launch["BV"], _block(V))
     h = torch.empty(B, H, N, K, V, device=k.device, dtype=_state_dtype(k))
     ht = torch.empty(B, H, K, V, device=k.device, dtype=torch.float32)
     h0 = initial_state if initial_state is not None else ht  # unused pointer when HAS_H0 is False
-    _state_fwd_kernel[(triton.cdiv(V, BV), B * H)](
-        k, v, g, h, h0, ht, T, H, K, V, C, BK, BV, initial_state is not None, dot_precision(k.dtype),
-        upcast_dots(k.dtype), **launch_options(LAUNCH, "scan", k.dtype))
+    _state_fwd_kernel[(cdiv(V, BV), B * H)](
+        k=k, v=v, g=g, h=h, h0=h0, ht=ht, T=T, H=H, K=K, V=V, C=C, BK=BK, BV=BV, HAS_H0=initial_state is not None,
+        PREC=dot_precision(k.dtype), UP=upcast_dots(k.dtype), **_options(launch, "scan", k.dtype, f32_stages))
     return h, ht
 
 
@@ -212,12 +248,13 @@ def simple_gla_triton_forward(q, k, v, g, scale, initial_state, C, keep=False):
     Nothing is kept for the backward pass (``keep`` is ignored): its states cost one cheap scan to recompute."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    h, ht = _states(k, v, g, initial_state, C)
+    C, launch, f32_stages = _fitted(K, q.dtype, C)
+    h, ht = _states(k, v, g, initial_state, C, launch, f32_stages)
     o = torch.empty_like(v)
-    BK, BV = _block(K), min(LAUNCH["BV"], _block(V))
-    _output_fwd_kernel[(triton.cdiv(V, BV), triton.cdiv(T, C), B * H)](
-        q, k, v, g, h, o, scale, T, H, K, V, C, BK, BV, dot_precision(q.dtype), upcast_dots(q.dtype),
-        **launch_options(LAUNCH, "out", q.dtype))
+    BK, BV = _block(K), min(launch["BV"], _block(V))
+    _output_fwd_kernel[(cdiv(V, BV), cdiv(T, C), B * H)](
+        q=q, k=k, v=v, g=g, h=h, o=o, scale=scale, T=T, H=H, K=K, V=V, C=C, BK=BK, BV=BV,
+        PREC=dot_precision(q.dtype), UP=upcast_dots(q.dtype), **_options(launch, "out", q.dtype, f32_stages))
     return o, ht
 
 
@@ -225,19 +262,22 @@ def simple_gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, sav
     """Backward pass: (dq, dk, dv, dg, d_initial_state); the chunk states are recomputed (nothing is kept)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    N = triton.cdiv(T, C)
-    BK, BV = _block(K), min(LAUNCH["BV"], _block(V))
-    h, ht = _states(k, v, g, initial_state, C)
+    C, launch, f32_stages = _fitted(K, q.dtype, C)
+    N = cdiv(T, C)
+    BK, BV = _block(K), min(launch["BV"], _block(V))
+    h, ht = _states(k, v, g, initial_state, C, launch, f32_stages)
     dh = torch.empty_like(h)
     dh0 = torch.empty(B, H, K, V, device=q.device, dtype=torch.float32)
-    _state_bwd_kernel[(triton.cdiv(V, BV), B * H)](
-        q, g, do, dh, dht if dht is not None else dh0, dh0, scale, T, H, K, V, C, BK, BV, dht is not None,
-        dot_precision(q.dtype), upcast_dots(q.dtype), **launch_options(LAUNCH, "bscan", q.dtype))
+    _state_bwd_kernel[(cdiv(V, BV), B * H)](
+        q=q, g=g, do=do, dh=dh, dht=dht if dht is not None else dh0, dh0=dh0, scale=scale, T=T, H=H, K=K, V=V, C=C,
+        BK=BK, BV=BV, HAS_DHT=dht is not None, PREC=dot_precision(q.dtype), UP=upcast_dots(q.dtype),
+        **_options(launch, "bscan", q.dtype, f32_stages))
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dG = torch.empty(B, T, H, device=q.device, dtype=torch.float32)
-    _grads_bwd_kernel[(N, B * H)](q, k, v, g, h, do, dh, dq, dk, dv, dG, scale, T, H, K, V, C, BK,
-                                  min(LAUNCH["grads_BV"], _block(V)), dot_precision(q.dtype), upcast_dots(q.dtype),
-                                  **launch_options(LAUNCH, "grads", q.dtype))
+    _grads_bwd_kernel[(N, B * H)](
+        q=q, k=k, v=v, g=g, h=h, do=do, dh=dh, dq=dq, dk=dk, dv=dv, dG=dG, scale=scale, T=T, H=H, K=K, V=V, C=C,
+        BK=BK, BV=min(launch["grads_BV"], _block(V)), PREC=dot_precision(q.dtype), UP=upcast_dots(q.dtype),
+        **_options(launch, "grads", q.dtype, f32_stages))
     if dht is not None:
         dG[:, -1] += (dht.float() * ht).sum((-2, -1))
     # reverse cumulative sum over time, run along the innermost dimension ([B, H, T]): torch's scan over an outer
@@ -250,11 +290,11 @@ simple_gla_triton = gated_rnn_backend("simple_gla_triton", simple_gla_triton_for
 
 
 def _derived_backends() -> dict:
-    """retention and linear_attn run on simple_gla's implementations (a constant gate; features, g = 0)."""
-    from ..linear_attn.api import _on_simple_gla as linear_attn_on
+    """retention runs on simple_gla's implementation (a constant gate); linear_attn has its own module on these
+    kernels (``linear_attn/triton.py``: features in the input dtype, a float32 normaliser)."""
     from ..retention.api import _on_simple_gla as retention_on
 
-    return {"retention": retention_on(simple_gla_triton), "linear_attn": linear_attn_on(simple_gla_triton)}
+    return {"retention": retention_on(simple_gla_triton)}
 
 
 TRITON_BACKENDS = {"simple_gla": simple_gla_triton, **_derived_backends()}

@@ -15,7 +15,7 @@ from ..common.checks import (
 )
 from ..common.registry import OpSpec, register_op
 from ..common.values import check_bool
-from .checks import check_mini_batch_size, check_step_state, check_weights, resolve_inner_norm
+from .checks import check_mini_batch_size, check_step_state, check_weights, resolve_inner_norm, triton_takes
 from .chunk import ttt_linear_chunk
 from .reference import make_norm, ttt_linear_recurrent, ttt_token
 from .state import MiniBatchState
@@ -82,6 +82,8 @@ def ttt_linear(
     check_chunk_size(chunk_size)
     check_mini_batch_size(mini_batch_size)
     norm_weight, norm_bias = resolve_inner_norm(inner_norm, norm_weight, norm_bias, norm_eps, d, q)
+    if backend == "auto" and not triton_takes(mini_batch_size, d.K, d.V):
+        backend = "chunk"  # the kernels' limits (mini-batches of 16 or 32, head dims up to 128)
     impl = SPEC.resolve(backend, q.device)
     return impl(
         q, k, v, eta,

@@ -7,6 +7,17 @@ import torch
 from ..common.checks import Dims, check_shape, compute_dtype
 from .state import MiniBatchState
 
+# What ttt_linear's Triton kernels take (ttt/triton.py): one program holds the [K, V] weights and their gradient,
+# and mini-batches of 16 or 32 tokens; larger ones exceed an H100's shared memory in the backward kernel.
+TRITON_MINI_BATCH_SIZES = (16, 32)
+TRITON_MAX_HEAD_DIM = 128
+
+
+def triton_takes(mini_batch_size: int, K: int, V: int) -> bool:
+    """Whether ttt_linear's Triton backend runs this mini-batch size and these head dims ("auto" falls back to
+    chunk otherwise)."""
+    return mini_batch_size in TRITON_MINI_BATCH_SIZES and max(K, V) <= TRITON_MAX_HEAD_DIM
+
 
 def check_mini_batch_size(mini_batch_size: object) -> int:
     """A positive int."""

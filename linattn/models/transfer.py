@@ -1,5 +1,5 @@
-"""Fine-tuning from self-pretrained weights: copy a pretrained model's weights into a classifier,
-dropping the pretraining head."""
+"""Fine-tuning from pretrained weights: copy a pretrained model's weights into another model (a classifier
+from a self-pretrained CausalLM), dropping the pretraining head."""
 
 from __future__ import annotations
 
@@ -44,3 +44,14 @@ def load_pretrained(model: nn.Module, pretrained: Mapping[str, torch.Tensor],
     model.load_state_dict({n: pretrained[n] for n in loaded}, strict=False)
     kept = tuple(n for n in target if n not in set(loaded))
     return TransferReport(tuple(loaded), kept, tuple(dropped))
+
+
+def transfer_encoder(lm: nn.Module, classifier: nn.Module) -> list[str]:
+    """Copy a pretrained CausalLM's weights (all but its ``lm_head``) into ``classifier`` (a
+    SequenceClassifier, or a module wrapping one as ``.classifier``); the names copied. RuntimeError when
+    nothing matches (a classifier of another architecture would silently start from scratch)."""
+    target = getattr(classifier, "classifier", classifier)
+    report = load_pretrained(target, lm.state_dict(), drop_prefixes=("lm_head",))
+    if not report.loaded:
+        raise RuntimeError("no pretrained tensor matched the classifier's names")
+    return list(report.loaded)
