@@ -19,12 +19,11 @@ The cache (KVCache of keys and u's) is the past of both the kernel rows and the 
 from __future__ import annotations
 
 import torch
-import triton
 
 from ..common.checks import compute_dtype
 from ..common.kv_cache import KVCache
 from ..common.triton_ops import eager_backward, eager_function, use_custom_op
-from ..common.triton_utils import block, dot_precision, launch_options, launch_overrides, upcast_dots
+from ..common.triton_utils import block, cdiv, dot_precision, launch_options, launch_overrides, upcast_dots
 from ..forgetting_attn.triton import KERNEL_DTYPES, MAX_HEAD_DIM, fox_attention, fox_backward, fox_forward
 from .triton_kernels import deltaformer_psi_kernel, deltaformer_solve_kernel
 
@@ -52,7 +51,7 @@ def solve_forward(k_all: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, u_ca
     U[:, :T0] = u_cache
     r = torch.empty(B, T, H, V, device=k_all.device, dtype=torch.float32)
     BV = min(LAUNCH["BV"], block(V))
-    deltaformer_solve_kernel[(triton.cdiv(V, BV), B * H)](
+    deltaformer_solve_kernel[(cdiv(V, BV), B * H)](
         k=k_all, v=v, beta=beta, lse=lse, u=U, r=r, scale=scale, T=T, Tk=Tk, H=H, K=K, V=V, C=LAUNCH["C"],
         BN=LAUNCH["BN"], BK=block(K), BV=BV, PREC=dot_precision(k_all.dtype), UP=upcast_dots(k_all.dtype),
         **launch_options(LAUNCH, "solve", k_all.dtype, 1))
@@ -67,7 +66,7 @@ def solve_backward(k_all: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor, U
     T0 = Tk - T
     psi = torch.empty_like(r)
     BV = min(LAUNCH["BV"], block(V))
-    deltaformer_psi_kernel[(triton.cdiv(V, BV), B * H)](
+    deltaformer_psi_kernel[(cdiv(V, BV), B * H)](
         k=k_all, beta=beta, lse=lse, du=dU[:, T0:].float().contiguous(), psi=psi, scale=scale, T=T, Tk=Tk, H=H,
         K=K, V=V, C=LAUNCH["C"], BM=LAUNCH["C"], BK=block(K), BV=BV, PREC=dot_precision(k_all.dtype),
         UP=upcast_dots(k_all.dtype), **launch_options(LAUNCH, "psi", k_all.dtype, 1))

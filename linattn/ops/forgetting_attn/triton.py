@@ -15,13 +15,12 @@ Memory: the forward keeps q, k, v, G, o and the row log-sum-exp; no Tq x Tk tile
 from __future__ import annotations
 
 import torch
-import triton
 
 from ..common.checks import compute_dtype
 from ..common.kv_cache import KVCache
 from ..common.positions import apply_rope, rope_config
 from ..common.triton_ops import eager_backward, eager_function, use_custom_op
-from ..common.triton_utils import block, dot_precision, launch_options, launch_overrides, upcast_dots
+from ..common.triton_utils import block, cdiv, dot_precision, launch_options, launch_overrides, upcast_dots
 from .triton_kernels import fox_delta_kernel, fox_dkv_kernel, fox_dq_kernel, fox_fwd_kernel
 
 # Block sizes and warps per kernel, fixed per head size (never per sequence length); "fwd_BM" query rows per
@@ -51,7 +50,7 @@ def fox_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Tens
     lse = q.new_empty(B, H, Tq, dtype=torch.float32)
     # a decoding step (a few queries against a long cache) would leave most of a 128-row block idle
     BM = LAUNCH["fwd_BM"] if Tq > 16 else 16
-    fox_fwd_kernel[(triton.cdiv(Tq, BM), B * H)](
+    fox_fwd_kernel[(cdiv(Tq, BM), B * H)](
         q=q, k=k, v=v, G=G, o=o, lse=lse, scale=scale, Tq=Tq, Tk=Tk, W=window, H=H, HKV=Hkv, K=K, V=V, BM=BM,
         BN=LAUNCH["fwd_BN"], BK=block(K), BV=block(V), HAS_WINDOW=window > 0, STRICT=strict,
         PREC=dot_precision(q.dtype), UP=upcast_dots(q.dtype), **launch_options(LAUNCH, "fwd", q.dtype, 1))
@@ -66,18 +65,18 @@ def fox_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Ten
     do = do.to(q.dtype).contiguous()
     delta = q.new_empty(B, H, Tq, dtype=torch.float32)
     BMd = LAUNCH["delta_BM"]
-    fox_delta_kernel[(triton.cdiv(Tq, BMd), B * H)](
+    fox_delta_kernel[(cdiv(Tq, BMd), B * H)](
         o=o, do=do, delta=delta, Tq=Tq, H=H, V=V, BM=BMd, BV=block(V), **launch_options(LAUNCH, "delta", q.dtype, 1))
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dG = torch.empty(B, H, Tk, device=q.device, dtype=torch.float64)
     common = dict(scale=scale, Tq=Tq, Tk=Tk, W=window, H=H, HKV=Hkv, K=K, V=V, BK=block(K), BV=block(V),
                   HAS_WINDOW=window > 0, STRICT=strict, PREC=dot_precision(q.dtype), UP=upcast_dots(q.dtype))
     BN = LAUNCH["dkv_BN"]
-    fox_dkv_kernel[(triton.cdiv(Tk, BN), B * Hkv)](
+    fox_dkv_kernel[(cdiv(Tk, BN), B * Hkv)](
         q=q, k=k, v=v, G=G, do=do, lse=lse, delta=delta, dk=dk, dv=dv, dG=dG, BM=LAUNCH["dkv_BM"], BN=BN,
         **common, **launch_options(LAUNCH, "dkv", q.dtype, 1))
     BM = LAUNCH["dq_BM"]
-    fox_dq_kernel[(triton.cdiv(Tq, BM), B * H)](
+    fox_dq_kernel[(cdiv(Tq, BM), B * H)](
         q=q, k=k, v=v, G=G, do=do, lse=lse, delta=delta, dq=dq, dG=dG, BM=BM, BN=LAUNCH["dq_BN"], **common,
         **launch_options(LAUNCH, "dq", q.dtype, 1))
     return dq, dk, dv, dG

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-import triton
 
 from ..common.causal_softmax import causal_mask
 from ..common.checks import compute_dtype
@@ -23,7 +22,15 @@ from ..common.chunking import chunk_local_cumsum, to_chunks
 from ..common.kv_cache import KVCache
 from ..common.triangular import solve_unit_lower
 from ..common.triton_ops import eager_backward, eager_function, use_custom_op
-from ..common.triton_utils import block, dot_precision, interpreting, launch_options, launch_overrides, upcast_dots
+from ..common.triton_utils import (
+    block,
+    cdiv,
+    dot_precision,
+    interpreting,
+    launch_options,
+    launch_overrides,
+    upcast_dots,
+)
 from ..forgetting_attn.triton import KERNEL_DTYPES, MAX_HEAD_DIM
 from ..forgetting_attn.triton_kernels import fox_delta_kernel
 from .chunk import _final_state
@@ -71,7 +78,7 @@ def path_flash_backward(qh: torch.Tensor, intra: torch.Tensor, P: torch.Tensor, 
     N, C, V, T0 = intra.shape[2], intra.shape[3], v.shape[-1], s0.shape[2]
     do = do.to(qh.dtype).contiguous()
     delta = qh.new_empty(B * H, 1, NC, dtype=torch.float32)  # [B H, 1, N C]: the [B, T, H, V] kernel with H = 1
-    fox_delta_kernel[(triton.cdiv(NC, 64), B * H)](o=o, do=do, delta=delta, Tq=NC, H=1, V=V, BM=64, BV=block(V))
+    fox_delta_kernel[(cdiv(NC, 64), B * H)](o=o, do=do, delta=delta, Tq=NC, H=1, V=V, BM=64, BV=block(V))
     f32 = dict(device=qh.device, dtype=torch.float32)
     dqh, dkh = torch.empty(B, H, NC, K, **f32), torch.zeros(B, H, NC, K, **f32)
     dintra, dP = torch.empty(B, H, N, C, C, **f32), torch.zeros(B, H, N, K, K, **f32)
