@@ -52,28 +52,29 @@ def _programs(device: torch.device, work: int) -> int:
     return min(torch.cuda.get_device_properties(device).multi_processor_count, work)
 
 
-def path_flash_forward(qh: torch.Tensor, intra: torch.Tensor, P: torch.Tensor, kh: torch.Tensor, v: torch.Tensor,
+def path_flash_forward(qh: torch.Tensor, intra: torch.Tensor, E: torch.Tensor, kh: torch.Tensor, v: torch.Tensor,
                        s0: torch.Tensor, v0: torch.Tensor, G: torch.Tensor, scale: float
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """(o [B, H, N C, V], base-2 log-sum-exp [B, H, N C]) from qh, kh [B, H, N C, K], intra [B, H, N, C, C] float32,
-    P [B, H, N, K, K], v [B, H, N C, V], the cache s0 [B, H, T0, K], v0 [B, H, T0, V], G [B, H, T0 + N C] float64."""
+    E = I - P [B, H, N, K, K] (P the chunks' products), v [B, H, N C, V], the cache s0 [B, H, T0, K],
+    v0 [B, H, T0, V], G [B, H, T0 + N C] float64."""
     B, H, NC, K = qh.shape
     N, C, V, T0 = intra.shape[2], intra.shape[3], v.shape[-1], s0.shape[2]
     o = qh.new_empty(B, H, NC, V)
     lse = qh.new_empty(B, H, NC, dtype=torch.float32)
     path_fwd_kernel[(N, B * H)](
-        qh=qh, intra=intra, P=P, kh=kh, v=v, s0=s0, v0=v0, G=G, o=o, lse=lse, scale=scale, N=N, T0=T0, K=K, V=V, C=C,
+        qh=qh, intra=intra, E=E, kh=kh, v=v, s0=s0, v0=v0, G=G, o=o, lse=lse, scale=scale, N=N, T0=T0, K=K, V=V, C=C,
         BN=LAUNCH["BN"], BK=block(K), BV=block(V), PREC=dot_precision(qh.dtype), UP=upcast_dots(qh.dtype),
         **launch_options(LAUNCH, "fwd", qh.dtype, 1))
     return o, lse
 
 
-def path_flash_backward(qh: torch.Tensor, intra: torch.Tensor, P: torch.Tensor, kh: torch.Tensor, v: torch.Tensor,
+def path_flash_backward(qh: torch.Tensor, intra: torch.Tensor, E: torch.Tensor, kh: torch.Tensor, v: torch.Tensor,
                         s0: torch.Tensor, v0: torch.Tensor, G: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                         do: torch.Tensor, scale: float
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                    torch.Tensor, torch.Tensor]:
-    """Gradients of qh, intra, P, kh, v, s0, v0 (float32) and G (float64)."""
+    """Gradients of qh, intra, E, kh, v, s0, v0 (float32) and G (float64)."""
     B, H, NC, K = qh.shape
     N, C, V, T0 = intra.shape[2], intra.shape[3], v.shape[-1], s0.shape[2]
     do = do.to(qh.dtype).contiguous()
@@ -81,18 +82,18 @@ def path_flash_backward(qh: torch.Tensor, intra: torch.Tensor, P: torch.Tensor, 
     fox_delta_kernel[(cdiv(NC, 64), B * H)](o=o, do=do, delta=delta, Tq=NC, H=1, V=V, BM=64, BV=block(V))
     f32 = dict(device=qh.device, dtype=torch.float32)
     dqh, dkh = torch.empty(B, H, NC, K, **f32), torch.zeros(B, H, NC, K, **f32)
-    dintra, dP = torch.empty(B, H, N, C, C, **f32), torch.zeros(B, H, N, K, K, **f32)
+    dintra, dE = torch.empty(B, H, N, C, C, **f32), torch.zeros(B, H, N, K, K, **f32)
     dv, ds0, dv0 = torch.zeros(B, H, NC, V, **f32), torch.zeros(B, H, T0, K, **f32), torch.zeros(B, H, T0, V, **f32)
     dG = torch.zeros(B, H, T0 + NC, **f32)
     nprog = _programs(qh.device, N * B * H)
     qscr = torch.empty(nprog, N, C, block(K), **f32)
     sscr = torch.empty(nprog, N, C, C, **f32)
     path_bwd_kernel[(nprog,)](
-        qh=qh, intra=intra, P=P, kh=kh, v=v, s0=s0, v0=v0, G=G, do=do, lse=lse, delta=delta, dqh=dqh,
-        dintra=dintra, dP=dP, dkh=dkh, dv=dv, ds0=ds0, dv0=dv0, dG=dG, qscr=qscr, sscr=sscr, scale=scale, N=N,
+        qh=qh, intra=intra, E=E, kh=kh, v=v, s0=s0, v0=v0, G=G, do=do, lse=lse, delta=delta, dqh=dqh,
+        dintra=dintra, dE=dE, dkh=dkh, dv=dv, ds0=ds0, dv0=dv0, dG=dG, qscr=qscr, sscr=sscr, scale=scale, N=N,
         T0=T0, BH=B * H, NPROG=nprog, K=K, V=V, C=C, BN=LAUNCH["BN"], BK=block(K), BV=block(V),
         PREC=dot_precision(qh.dtype), UP=upcast_dots(qh.dtype), **launch_options(LAUNCH, "bwd", qh.dtype, 1))
-    return dqh, dintra, dP, dkh, dv, ds0, dv0, dG.double()
+    return dqh, dintra, dE, dkh, dv, ds0, dv0, dG.double()
 
 
 _fwd_op = torch.library.custom_op("linattn::path_attn_triton_fwd", path_flash_forward, mutates_args=())
@@ -100,15 +101,15 @@ _bwd_op = torch.library.custom_op("linattn::path_attn_triton_bwd", path_flash_ba
 
 
 @_fwd_op.register_fake
-def _(qh, intra, P, kh, v, s0, v0, G, scale):
+def _(qh, intra, E, kh, v, s0, v0, G, scale):
     B, H, NC, _ = qh.shape
     return qh.new_empty(B, H, NC, v.shape[-1]), qh.new_empty(B, H, NC, dtype=torch.float32)
 
 
 @_bwd_op.register_fake
-def _(qh, intra, P, kh, v, s0, v0, G, o, lse, do, scale):
+def _(qh, intra, E, kh, v, s0, v0, G, o, lse, do, scale):
     f32 = lambda x: torch.empty_like(x, dtype=torch.float32)
-    return f32(qh), f32(intra), f32(P), f32(kh), f32(v), f32(s0), f32(v0), torch.empty_like(G)
+    return f32(qh), f32(intra), f32(E), f32(kh), f32(v), f32(s0), f32(v0), torch.empty_like(G)
 
 
 def _setup_context(ctx, inputs, output):
@@ -165,19 +166,20 @@ def path_attn_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch
     Qhat = Q - QW @ Tw
     intra = scale * (tril(Q @ tr(Kc), M) - QW @ Tk + (Gl[..., :, None] - Gl[..., None, :]))
     intra = intra.masked_fill(~M, float("-inf")).float().contiguous()
-    P = torch.eye(K, dtype=sdt, device=q.device) - tr(W) @ Tw  # Q_{a,j-1} = Q_{a,j} P_j
+    E = tr(W) @ Tw  # the chunk's product is P = I - E; the chain is Q_{a,j-1} = Q_{a,j} - Q_{a,j} E_j
     Khat = Kc - tr(Tk) @ W
     S0, V0, D0 = (x.transpose(1, 2) for x in (k0, v0, d0))  # cache [B, H, T0, *]
     G_new = torch.cumsum(F.pad(g, (0, 0, 0, N * C - T)).transpose(1, 2).to(torch.float64), dim=-1)
     G = torch.cat([-D0.to(torch.float64), G_new], dim=-1).contiguous()  # the cache's end at G = 0
     flat = lambda x: x.reshape(B, H, N * C, x.shape[-1]).to(dt).contiguous()
     flash = _fwd_op if use_custom_op(Q) else _PathFunction.apply
-    o, _ = flash(flat(Qhat), intra, P.to(dt).contiguous(), flat(Khat), flat(Vc), S0.to(dt).contiguous(),
+    o, _ = flash(flat(Qhat), intra, E.to(dt).contiguous(), flat(Khat), flat(Vc), S0.to(dt).contiguous(),
                  V0.to(dt).contiguous(), G, float(scale))
     o = o[:, :, :T].transpose(1, 2).to(in_dtype)
     state = None
     if output_final_state:
-        state = _final_state(S0, V0, D0, Khat, Vc, tr(P), Gl[..., -1], Gl, T)
+        state = _final_state(S0, V0, D0, Khat, Vc, torch.eye(K, dtype=sdt, device=q.device) - tr(E), Gl[..., -1], Gl,
+                             T)
     return o, state
 
 

@@ -1,7 +1,8 @@
 """PaTH's attention across chunks as Triton kernels: the flash pass with queries moved back chunk by chunk.
 
 Inputs per batch*head (from the per-chunk UT transform, ``triton.py``), chunks of C positions: Q^_a (queries moved
-to the start of chunk a), K^_j (keys moved to the end of chunk j), P_j (the chunk's K x K Householder product),
+to the start of chunk a), K^_j (keys moved to the end of chunk j), E_j = I - P_j (P_j the chunk's K x K Householder
+product: the chain applies q - q E_j, so the identity part is exact and only the correction is rounded),
 the intra-chunk logits A_a (scale and gate included, -inf above the diagonal), values, the cache (keys S0 in the
 frame of chunk 0's start, values V0) and G (float64 cumulative log gates at every position, the cache's first).
 For query block a and an earlier chunk j,
@@ -16,7 +17,7 @@ Backward (a fixed number of programs, each taking query blocks in turn, so that 
 pass 1 walks j = a-1 .. 0 as the forward, storing Q_{a,j} and dS_{a,j} = P (dP - delta) in the program's scratch
 and adding dV_j += P^T dO, dK^_j += scale dS^T Q_{a,j} and the gates' column sums with atomic adds; the cache
 ends it with W = scale dS_{a,-1} S0. Pass 2 walks j = 0 .. a-1 up the chain's adjoint, reading the scratch:
-dP_j += Q_{a,j}^T W, W <- W P_j^T + scale dS_{a,j} K^_j; finally dQ^_a = W. Memory: the scratch is
+dE_j -= Q_{a,j}^T W, W <- W - W E_j^T + scale dS_{a,j} K^_j; finally dQ^_a = W. Memory: the scratch is
 programs x N x C x (K + C) float32, linear in T; nothing of size T x T.
 """
 
@@ -39,10 +40,10 @@ def _gate_bias(Grow, Gb, n, cols, L, scale2):
 
 @fast_launch
 @triton.jit(do_not_specialize=["N", "T0"])
-def path_fwd_kernel(qh, intra, P, kh, v, s0, v0, G, o, lse, scale, N, T0, K: tl.constexpr, V: tl.constexpr,
+def path_fwd_kernel(qh, intra, E, kh, v, s0, v0, G, o, lse, scale, N, T0, K: tl.constexpr, V: tl.constexpr,
                     C: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
                     UP: tl.constexpr):
-    """Grid (N, B*H). qh, kh [B, H, N C, K]; intra [B, H, N, C, C]; P [B, H, N, K, K]; v [B, H, N C, V];
+    """Grid (N, B*H). qh, kh [B, H, N C, K]; intra [B, H, N, C, C]; E [B, H, N, K, K]; v [B, H, N C, V];
     s0 [B, H, T0, K]; v0 [B, H, T0, V]; G [B, H, T0 + N C] float64; o [B, H, N C, V]; lse [B, H, N C] float32."""
     a, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     NC = N * C
@@ -74,9 +75,9 @@ def path_fwd_kernel(qh, intra, P, kh, v, s0, v0, G, o, lse, scale, N, T0, K: tl.
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + mm(p.to(vj.dtype), vj, PREC, UP)
         m_i = m_new
-        Pj = tl.load(P + (i_bh * N + j) * K * K + o_k[:, None] * K + o_k[None, :],
+        Ej = tl.load(E + (i_bh * N + j) * K * K + o_k[:, None] * K + o_k[None, :],
                      mask=m_k[:, None] & m_k[None, :], other=0.0)
-        q_cur = mm(q_cur.to(Pj.dtype), Pj, PREC, UP)
+        q_cur = q_cur - mm(q_cur.to(Ej.dtype), Ej, PREC, UP)
     for n in range(0, T0, BN):
         cols = n + tl.arange(0, BN)
         mc = cols < T0
@@ -97,12 +98,12 @@ def path_fwd_kernel(qh, intra, P, kh, v, s0, v0, G, o, lse, scale, N, T0, K: tl.
 
 @fast_launch
 @triton.jit(do_not_specialize=["N", "T0", "BH", "NPROG"])
-def path_bwd_kernel(qh, intra, P, kh, v, s0, v0, G, do, lse, delta, dqh, dintra, dP, dkh, dv, ds0, dv0, dG,
+def path_bwd_kernel(qh, intra, E, kh, v, s0, v0, G, do, lse, delta, dqh, dintra, dE, dkh, dv, ds0, dv0, dG,
                     qscr, sscr, scale, N, T0, BH, NPROG, K: tl.constexpr, V: tl.constexpr,
                     C: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
                     UP: tl.constexpr):
     """Grid (NPROG,): every (query block, batch*head) in turn. Gradients (float32, zero-initialised, added to
-    atomically where query blocks share them): dqh, dkh [B, H, N C, K]; dintra [B, H, N, C, C]; dP [B, H, N, K, K];
+    atomically where query blocks share them): dqh, dkh [B, H, N C, K]; dintra [B, H, N, C, C]; dE [B, H, N, K, K];
     dv [B, H, N C, V]; ds0, dv0 like s0, v0; dG [B, H, T0 + N C]. qscr [NPROG, N, C, BK], sscr [NPROG, N, C, C]
     float32: the program's scratch."""
     pid = tl.program_id(0)
@@ -150,9 +151,9 @@ def path_bwd_kernel(qh, intra, P, kh, v, s0, v0, G, do, lse, delta, dqh, dintra,
                           mm(tl.trans(ds).to(qd.dtype), qd, PREC, UP) * scale, mask=m_k[None, :], sem="relaxed")
             dgr += tl.sum(ds, axis=1)
             tl.atomic_add(dG + i_bh * L + T0 + cols, -tl.sum(ds, axis=0) * scale, sem="relaxed")
-            Pj = tl.load(P + (i_bh * N + j) * K * K + o_k[:, None] * K + o_k[None, :],
+            Ej = tl.load(E + (i_bh * N + j) * K * K + o_k[:, None] * K + o_k[None, :],
                          mask=m_k[:, None] & m_k[None, :], other=0.0)
-            q_cur = mm(qd.to(Pj.dtype), Pj, PREC, UP)
+            q_cur = q_cur - mm(qd.to(Ej.dtype), Ej, PREC, UP)
         W = tl.zeros([C, BK], dtype=tl.float32)  # the gradient of Q_{a,-1}
         qd = q_cur.to(qh.dtype.element_ty)
         for n in range(0, T0, BN):
@@ -178,14 +179,15 @@ def path_bwd_kernel(qh, intra, P, kh, v, s0, v0, G, do, lse, delta, dqh, dintra,
         tl.debug_barrier()  # pass 2 reads what other threads of this program stored in pass 1
         for j in range(0, a):  # pass 2: up the chain's adjoint
             Qj = tl.load(qs + (j * C + o_c[:, None]) * BK + o_k[None, :])
-            Pj = tl.load(P + (i_bh * N + j) * K * K + o_k[:, None] * K + o_k[None, :],
+            Ej = tl.load(E + (i_bh * N + j) * K * K + o_k[:, None] * K + o_k[None, :],
                          mask=m_k[:, None] & m_k[None, :], other=0.0)
-            tl.atomic_add(dP + (i_bh * N + j) * K * K + o_k[:, None] * K + o_k[None, :],
-                          mm(tl.trans(Qj.to(Pj.dtype)), W.to(Pj.dtype), PREC, UP), mask=m_k[:, None] & m_k[None, :],
+            Wd = W.to(Ej.dtype)
+            tl.atomic_add(dE + (i_bh * N + j) * K * K + o_k[:, None] * K + o_k[None, :],
+                          -mm(tl.trans(Qj.to(Ej.dtype)), Wd, PREC, UP), mask=m_k[:, None] & m_k[None, :],
                           sem="relaxed")
             dsj = tl.load(ss + (j * C + o_c[:, None]) * C + o_c[None, :])
             cols = j * C + o_c
             kj = tl.load(kb + cols[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
-            W = mm(W.to(Pj.dtype), tl.trans(Pj), PREC, UP) + mm(dsj.to(kj.dtype), kj, PREC, UP) * scale
+            W = W - mm(Wd, tl.trans(Ej), PREC, UP) + mm(dsj.to(kj.dtype), kj, PREC, UP) * scale
         tl.store(dqh + (i_bh * NC + rows[:, None]) * K + o_k[None, :], W, mask=m_k[None, :])
         tl.debug_barrier()  # the next query block overwrites the scratch
