@@ -18,7 +18,8 @@ from linattn.ops import get_op
 from .memprobe import probe
 from .timing import cuda_peak_mb, median_ms
 
-# FLA's chunk kernels for the ops that have one, same argument names and [B, T, H, K] layout.
+# FLA's kernels for the ops that have one (chunk kernels; the parallel ones of the softmax family), same argument
+# names and [B, T, H, K] layout.
 FLA_FUNCTIONS = {
     "simple_gla": ("fla.ops.simple_gla", "chunk_simple_gla"),
     "gla": ("fla.ops.gla", "chunk_gla"),
@@ -28,6 +29,8 @@ FLA_FUNCTIONS = {
     "linear_attn": ("fla.ops.linear_attn", "chunk_linear_attn"),
     "ttt_linear": ("fla.ops.ttt", "chunk_ttt_linear"),
     "mesa_net": ("fla.ops.mesa_net", "chunk_mesa_net"),
+    "forgetting_attn": ("fla.ops.forgetting_attn", "parallel_forgetting_attn"),
+    "path_attn": ("fla.ops.path_attn", "parallel_path_attn"),
 }
 
 
@@ -66,6 +69,12 @@ def fla_function(op: str):
         return getattr(importlib.import_module(module), name)
     except Exception:  # FLA missing or broken on this stack: the row is simply absent
         return None
+
+
+def _output(result):
+    """The output of an FLA function: the first element of a tuple (output, state), or the tensor it returned
+    (parallel_forgetting_attn returns o alone)."""
+    return result[0] if isinstance(result, tuple) else result
 
 
 def _timed(call, inputs: dict, device: torch.device, repeats: int, budget_s: float, memory: bool,
@@ -107,7 +116,7 @@ def bench_op(op: str, T: int, impl: str, *, B: int, H: int, K: int, V: int, dtyp
         if fn is None:
             return None
         arguments = FLA_ARGUMENTS.get(op, lambda x: x)
-        call = lambda x: fn(**arguments(x))[0]
+        call = lambda x: _output(fn(**arguments(x)))
     else:
         if impl not in spec.backends:
             return None

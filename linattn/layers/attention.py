@@ -207,7 +207,7 @@ class PaTHLayer(_KVLayer):
                        cache: StaticLayerCache) -> Tensor:
         """Every buffered key moved by H_t = I - b_t w_t w_t^T (all L positions: the unwritten ones are zero and
         stay so), log decays advanced by g_t; then k_t, v_t and a zero decay written at the row's position and
-        attention with the decays as bias."""
+        attention with the decays times scale as bias (path_attn's gate bias is inside the scale)."""
         kv, pos = cache.state, cache.pos
         q_t, k_t, v_t, scale = self.token(q, k, v, kv)
         dt = kv.k.dtype
@@ -220,7 +220,7 @@ class PaTHLayer(_KVLayer):
         write_at(kv.k, pos, k_t)
         write_at(kv.v, pos, v_t)
         write_at(decay, pos, torch.zeros_like(beta_t))
-        return attend(q_t, kv.k, kv.v, key_mask(pos, kv.max_length), scale, decay)[:, None].to(q.dtype)
+        return attend(q_t, kv.k, kv.v, key_mask(pos, kv.max_length), scale, scale * decay)[:, None].to(q.dtype)
 
     def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
         B, T, H, K = q.shape

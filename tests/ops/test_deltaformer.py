@@ -137,7 +137,7 @@ def test_very_long_sequence_finite(backend):
 
 def test_registry_entry():
     spec = get_op("deltaformer")
-    assert spec.backends == ("recurrent", "parallel", "chunk")
+    assert spec.backends[:3] == ("recurrent", "parallel", "chunk")  # and "triton" where Triton imports
     x = spec.example_inputs(1, 20, 2, 8, 8, dtype=torch.float64)
     o_ref, _ = spec.fn(**x, backend="recurrent")
     o, _ = spec.fn(**x)  # auto = chunk on CPU

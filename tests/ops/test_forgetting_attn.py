@@ -199,7 +199,7 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="v must have shape"):
         forgetting_attn(q, k, v[:, :3], g)
     with pytest.raises(ValueError, match="backend"):
-        forgetting_attn(q, k, v, g, backend="triton")
+        forgetting_attn(q, k, v, g, backend="flash")
     with pytest.raises(ValueError, match="window_size"):
         forgetting_attn(q, k, v, g, window_size=-1)
     with pytest.raises(TypeError, match="unexpected keyword argument 'alibi'"):

@@ -118,9 +118,10 @@ def forgetting_attn_step(
     check_log_decay("g_t", g_t)
     _check_options(window_size, rope, d.K)
     check_kv_cache("state", state, d, H_kv, EXTRAS, q_t.device)
-    o, cache = run_attention("recurrent", q_t[:, None], k_t[:, None], v_t[:, None], g_t[:, None],
-                             scale=resolve_scale(scale, d.K), causal=True, window_size=window_size, rope=rope,
-                             alibi=False, initial_state=state, output_final_state=True, chunk_size=64)
+    # on CUDA the Triton kernel (one launch, no host synchronisation), else the explicit softmax
+    impl = SPEC.implementations["triton" if q_t.is_cuda and "triton" in SPEC.implementations else "recurrent"]
+    o, cache = impl(q_t[:, None], k_t[:, None], v_t[:, None], g_t[:, None], scale=resolve_scale(scale, d.K),
+                    window_size=window_size, rope=rope, initial_state=state, output_final_state=True)
     return o[:, 0], cache
 
 

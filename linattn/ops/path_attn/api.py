@@ -21,7 +21,7 @@ from ..common.values import check_bool, check_log_decay
 from .chunk import path_attn_chunk
 from .reference import path_attn_parallel, path_attn_recurrent
 
-EQUATION = ("logit_ts = scale q_t^T (prod_{r=t..s+1} (I - b_r w_r w_r^T)) k_s + G_t - G_s;  "
+EQUATION = ("logit_ts = scale (q_t^T (prod_{r=t..s+1} (I - b_r w_r w_r^T)) k_s + G_t - G_s);  "
             "o_t = sum_{s<=t} softmax_s(logit_t.) v_s")
 
 SPEC = register_op(
@@ -54,13 +54,18 @@ def path_attn(
     """PaTH attention (Yang et al., arXiv 2505.16381): softmax attention with a data-dependent
     Householder position encoding and an optional FoX-style forget gate.
 
-        logit_ts = scale q_t^T H_t H_{t-1} ... H_{s+1} k_s + G_t - G_s    (s <= t; H_r = I - b_r w_r w_r^T)
-        o_t = sum_{s<=t} softmax_s(logit_t.) v_s,                         G = cumsum(g)
+        logit_ts = scale (q_t^T H_t H_{t-1} ... H_{s+1} k_s + G_t - G_s)    (s <= t; H_r = I - b_r w_r w_r^T)
+        o_t = sum_{s<=t} softmax_s(logit_t.) v_s,                           G = cumsum(g)
+
+    The gate bias is inside the scale, as in FLA's ``parallel_path_attn`` (its kernel and its PyTorch reference
+    ``naive_path_attn``): the same q, k, v, w, beta, g and scale give the same output (tested against FLA's
+    reference in float32 where FLA is importable). So the forget bias is FoX's with g scaled: with beta = 0,
+    path_attn(g) = forgetting_attn(scale * g), whose bias G_t - G_s is added after the scale.
 
     ``w`` is used as given: as in the paper, the caller (the layer) L2-normalises it (after its short
     convolution) and sets beta = 2 sigmoid(.) in (0, 2), which makes every H_r an orthogonal-like
     contraction (||H_r|| <= 1); the op does not renormalise, so w = 0 or beta = 0 means "no rotation".
-    beta = 0 gives plain causal softmax attention (plus the forget bias when g is given).
+    beta = 0 gives plain causal softmax attention (plus the scaled forget bias when g is given).
 
     Args: q, k, w [B, T, H, K]; v [B, T, H, V]; beta [B, T, H]; g [B, T, H] log forget gates (<= 0) or
     None; initial_state: a KVCache (keys already moved to the frame of its last position, values,

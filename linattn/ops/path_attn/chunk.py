@@ -8,13 +8,13 @@ Inside every chunk c (C positions, all chunks batched), with L = tril(diag(b) W 
     P  = I - W^T T_w                  the chunk's Householder product H_{a+C-1} .. H_a  (K x K)
     K^ = K - T_k^T W                  the chunk's keys moved to the frame of the chunk end
 
-Across chunks (blockwise.py), query block a attends to earlier chunk j through its queries moved back
-chunk by chunk, Q^_a P_{a-1} .. P_{j+1}, against K^_j (and to the cache, keys in the frame of the first
-chunk's start, likewise). The forget gate enters as chunk-local cumulative sums plus sums of chunk
-totals, so nothing is exponentiated but softmax logits. Cost O(T^2 (K + K^2 / C)). Forward and backward
-(hand-written, recomputing each query block's logits from the saved row log-sum-exp) hold O(T (K + C + V)
-+ N K^2) memory: linear in T for training too. The final cache moves every key to the frame of the end
-with suffix products of the chunks' K x K products.
+Across chunks (blockwise.py), query block a attends to earlier chunk j through its queries moved back chunk by
+chunk, Q^_a P_{a-1} .. P_{j+1}, against K^_j (and to the cache, keys in the frame of the first chunk's start,
+likewise). The forget gate enters as chunk-local cumulative sums plus sums of chunk totals (times scale, like
+the scores), so nothing is exponentiated but softmax logits. Cost O(T^2 (K + K^2 / C)). Forward and backward
+(hand-written, recomputing each query block's logits from the saved row log-sum-exp) hold O(T (K + C + V) + N
+K^2) memory: linear in T for training too. The final cache moves every key to the frame of the end with suffix
+products of the chunks' K x K products.
 """
 
 from __future__ import annotations
@@ -69,17 +69,19 @@ def path_attn_chunk(
     Tw, Tk = X[..., :K], X[..., K:]
     QW = tril(Q @ tr(W), M)
     Qhat = Q - tril_matmul(QW, Tw)  # row t reads rows <= t only, whatever the later rows hold (masking.py)
-    intra = scale * (tril(Q @ tr(Kc), M) - tril_matmul(QW, Tk)) + (Gl[..., :, None] - Gl[..., None, :])
+    intra = scale * (tril(Q @ tr(Kc), M) - tril_matmul(QW, Tk) + (Gl[..., :, None] - Gl[..., None, :]))
     intra = intra.masked_fill(~M, float("-inf"))
     Pt = torch.eye(K, dtype=dt, device=q.device) - tr(Tw) @ W  # P^T = I - T_w^T W
     Khat = Kc - tr(Tk) @ W
     total = Gl[..., -1]  # [B, H, N] log decay across each chunk
 
     S0, V0, D0 = (x.transpose(1, 2) for x in (k0, v0, d0))  # cache [B, H, T0, *]
+    # the gate bias is inside the scale (logit = scale (q.k~ + G_t - G_s)): the blockwise pass adds scaled gates
     if all_finite_here(Vc, V0):
-        o = PathBlockwise.apply(Qhat, intra, Pt, Khat, total, Gl, Vc, S0, V0, D0, scale)  # [B, H, N, C, V]
+        o = PathBlockwise.apply(Qhat, intra, Pt, Khat, scale * total, scale * Gl, Vc, S0, V0, scale * D0, scale)
     else:  # P V reads the values' finite part; the rows that see a non-finite value are NaN afterwards (masking.py)
-        o = PathBlockwise.apply(Qhat, intra, Pt, Khat, total, Gl, finite_part(Vc), S0, finite_part(V0), D0, scale)
+        o = PathBlockwise.apply(Qhat, intra, Pt, Khat, scale * total, scale * Gl, finite_part(Vc), S0,
+                                finite_part(V0), scale * D0, scale)
         bad = nonfinite_rows(torch.cat([V0, Vc.flatten(2, 3)], dim=2))  # [B, H, T0 + N C]
         o = confine_attention(o.flatten(2, 3), bad).unflatten(2, (-1, C))
     o = from_chunks(o.permute(0, 2, 3, 1, 4), T)

@@ -2,18 +2,20 @@
 
 Per head, with Householder-like transitions H_r = I - b_r w_r w_r^T (w_r unit-norm, b_r in (0, 2)),
 
-    logit_ts = scale q_t^T (H_t H_{t-1} ... H_{s+1}) k_s + (G_t - G_s),     s <= t   (empty product: I)
+    logit_ts = scale (q_t^T (H_t H_{t-1} ... H_{s+1}) k_s + G_t - G_s),     s <= t   (empty product: I)
     o_t = sum_{s<=t} softmax_s(logit_t.) v_s,          G = cumsum(g) (optional forget gate, FoX-style)
 
 Recurrence: keep every past key in the frame of "now": when H_t arrives, k~_s <- H_t k~_s for all s < t,
-then append k_t; logit_ts = scale q_t.k~_s. The transformed keys k~ obey the delta-rule-like recurrence
+then append k_t; logit_ts = scale (q_t.k~_s + G_t - G_s). The transformed keys k~ obey the delta-rule-like recurrence
 S_t = H_t S_{t-1} + k_t e_t^T (S = [k~_1 .. k~_t]), whose WY/UT form gives the matrix form
 
     X = (I + L)^-1 diag(b) [W S0 | tril(W K^T, -1)],     L = tril(diag(b) W W^T, -1)
-    scores = [Q S0 | tril(Q K^T)] - tril(Q W^T) X,       O = softmax(scale scores + bias, causal) [V0; V]
+    scores = [Q S0 | tril(Q K^T)] - tril(Q W^T) X,       O = softmax(scale (scores + bias), causal) [V0; V]
 
-(S0 = the cached keys, already in the frame of the cache's end). The state is a KVCache of the keys
-transformed up to the last position, the values, and extras["log_decay"] = G_end - G_s (0 without g).
+(S0 = the cached keys, already in the frame of the cache's end). The gate bias is inside the scale, as in
+FLA's path_attn (its kernel and its PyTorch reference): the same arguments give the same numbers. The state is
+a KVCache of the keys transformed up to the last position, the values, and extras["log_decay"] = G_end - G_s
+(0 without g).
 Both forms compute in float32 (float64 for float64 inputs); outputs take the input dtype.
 """
 
@@ -62,7 +64,7 @@ def path_attn_recurrent(
         keys = torch.cat([keys, k[:, t, None]], dim=1)
         vals = torch.cat([vals, v[:, t, None]], dim=1)
         decay = torch.cat([decay, decay.new_zeros(decay.shape[0], 1, decay.shape[2])], dim=1)
-        logits = scale * torch.einsum("bhk,bshk->bhs", q[:, t], keys) + decay.transpose(1, 2)
+        logits = scale * (torch.einsum("bhk,bshk->bhs", q[:, t], keys) + decay.transpose(1, 2))
         outputs.append(torch.einsum("bhs,bshv->bhv", torch.softmax(logits, dim=-1), vals))
     o = torch.stack(outputs, dim=1)
     state = KVCache(keys, vals, {"log_decay": decay}) if output_final_state else None
@@ -97,7 +99,7 @@ def path_attn_parallel(
     scores = scores - tril_matmul(tril(Q @ W.transpose(-1, -2), M), X)  # [B, H, T, T0 + T] (masking.py)
     G = torch.zeros_like(beta).transpose(1, 2) if g is None else torch.cumsum(g.to(dt), dim=1).transpose(1, 2)
     bias = G[..., None] + torch.cat([d0.transpose(1, 2), -G], dim=-1)[..., None, :]  # G_t - G_s (G_s past: -d0)
-    p = masked_softmax(scale * scores + bias, causal_mask(T, T0 + T, device=q.device))
+    p = masked_softmax(scale * (scores + bias), causal_mask(T, T0 + T, device=q.device))
     o = confined_attention(lambda p_, _, v_: p_ @ v_, p, Vall, Vall).transpose(1, 2)  # P V: masking.py
     state = None
     if output_final_state:

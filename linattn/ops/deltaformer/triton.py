@@ -1,0 +1,152 @@
+"""backend="triton" for deltaformer: the pseudo-values U by a chunked triangular solve on the GPU, then flash attention.
+
+    kappa_ts = softmax_{s<t}(scale k_t.k_s),   u_t = v_t - b_t sum_{s<t} kappa_ts u_s,
+    o_t = sum_{s<=t} softmax_{s<=t}(scale q_t.k_s) u_s
+
+Three steps, each a few kernel launches and no host loop: (1) the kernel rows' log-normalisers lse_t over the keys
+strictly before t (forgetting_attn's flash forward with strict visibility, zero gates); (2) the solve
+(``triton_kernels.py``: one sequential pass over the chunks per value block and batch*head); (3) the output
+attention over (K, U) (the flash kernels with zero gates). The solve is an autograd Function whose backward runs
+the adjoint kernel (psi = (I + A)^-T dU) and then the flash backward kernels with strict visibility for the kernel
+logits' share of dk (the attention backward with dO = -b psi, O = r; see ``triton_kernels.py``); the attention's
+backward is forgetting_attn's. Memory: U, r (float32) and the log-normalisers are kept: linear in T.
+Both steps are torch.library custom ops with fake kernels (torch.compile(fullgraph=True) traces them) and run
+through plain autograd Functions in eager mode.
+
+The cache (KVCache of keys and u's) is the past of both the kernel rows and the attention.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..common.checks import compute_dtype
+from ..common.kv_cache import KVCache
+from ..common.triton_ops import eager_backward, eager_function, use_custom_op
+from ..common.triton_utils import block, cdiv, dot_precision, launch_options, launch_overrides, upcast_dots
+from ..forgetting_attn.triton import KERNEL_DTYPES, MAX_HEAD_DIM, fox_attention, fox_backward, fox_forward
+from .triton_kernels import deltaformer_psi_kernel, deltaformer_solve_kernel
+
+# "C": rows per chunk of the solve (16, 32 or 64: the in-kernel inverse); "BN" keys per step over the past;
+# "BV" value columns per program; LINATTN_TRITON_LAUNCH='{"deltaformer": {...}}' overrides them.
+LAUNCH = {"C": 64, "BN": 64, "BV": 64, "solve_warps": 4, "solve_stages": 2, "psi_warps": 4, "psi_stages": 2}
+launch_overrides("deltaformer", LAUNCH)
+
+
+def _zero_gates(k: torch.Tensor, H: int) -> torch.Tensor:
+    return torch.zeros(k.shape[0], H, k.shape[1], device=k.device, dtype=torch.float64)
+
+
+def solve_forward(k_all: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, u_cache: torch.Tensor, scale: float
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(U_all [B, Tk, H, V] float32: the cache's u's then the new ones, r [B, T, H, V] float32, the kernel rows'
+    base-2 log-normalisers [B, H, T]) from k_all [B, Tk, H, K] (cache then new keys), the new values v, beta
+    [B, T, H] float32 and the cache's u's [B, T0, H, V] float32."""
+    B, Tk, H, K = k_all.shape
+    T, V = v.shape[1], v.shape[-1]
+    T0 = Tk - T
+    dummy = k_all.new_zeros(B, Tk, H, 1)  # the normalisers need no values
+    _, lse = fox_forward(k_all[:, T0:].contiguous(), k_all, dummy, _zero_gates(k_all, H), scale, 0, strict=True)
+    U = torch.empty(B, Tk, H, V, device=k_all.device, dtype=torch.float32)
+    U[:, :T0] = u_cache
+    r = torch.empty(B, T, H, V, device=k_all.device, dtype=torch.float32)
+    BV = min(LAUNCH["BV"], block(V))
+    deltaformer_solve_kernel[(cdiv(V, BV), B * H)](
+        k=k_all, v=v, beta=beta, lse=lse, u=U, r=r, scale=scale, T=T, Tk=Tk, H=H, K=K, V=V, C=LAUNCH["C"],
+        BN=LAUNCH["BN"], BK=block(K), BV=BV, PREC=dot_precision(k_all.dtype), UP=upcast_dots(k_all.dtype),
+        **launch_options(LAUNCH, "solve", k_all.dtype, 1))
+    return U, r, lse
+
+
+def solve_backward(k_all: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor, U: torch.Tensor, r: torch.Tensor,
+                   dU: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dk_all, psi = dv (float32), dbeta, du_cache) from dU = the gradient of U_all."""
+    B, Tk, H, K = k_all.shape
+    T, V = r.shape[1], r.shape[-1]
+    T0 = Tk - T
+    psi = torch.empty_like(r)
+    BV = min(LAUNCH["BV"], block(V))
+    deltaformer_psi_kernel[(cdiv(V, BV), B * H)](
+        k=k_all, beta=beta, lse=lse, du=dU[:, T0:].float().contiguous(), psi=psi, scale=scale, T=T, Tk=Tk, H=H,
+        K=K, V=V, C=LAUNCH["C"], BM=LAUNCH["C"], BK=block(K), BV=BV, PREC=dot_precision(k_all.dtype),
+        UP=upcast_dots(k_all.dtype), **launch_options(LAUNCH, "psi", k_all.dtype, 1))
+    # the kernel logits' gradient is an attention backward: queries and keys k, values U, dO = -b psi, O = r
+    dt = k_all.dtype
+    do = -(beta[..., None] * psi)
+    dq, dk, du_kernel, _ = fox_backward(k_all[:, T0:].contiguous(), k_all, U.to(dt), _zero_gates(k_all, H),
+                                        r.to(dt), lse, do, scale, 0, strict=True)
+    dk = dk.float()
+    dk[:, T0:] += dq.float()
+    dbeta = -(psi * r).sum(-1)
+    du_cache = dU[:, :T0].float() + du_kernel[:, :T0].float()
+    return dk.to(dt), psi, dbeta, du_cache
+
+
+_solve_fwd_op = torch.library.custom_op("linattn::deltaformer_solve_fwd", solve_forward, mutates_args=())
+_solve_bwd_op = torch.library.custom_op("linattn::deltaformer_solve_bwd", solve_backward, mutates_args=())
+
+
+@_solve_fwd_op.register_fake
+def _(k_all, v, beta, u_cache, scale):
+    B, Tk, H, _ = k_all.shape
+    T, V = v.shape[1], v.shape[-1]
+    f32 = torch.float32
+    return k_all.new_empty(B, Tk, H, V, dtype=f32), k_all.new_empty(B, T, H, V, dtype=f32), \
+        k_all.new_empty(B, H, T, dtype=f32)
+
+
+@_solve_bwd_op.register_fake
+def _(k_all, beta, lse, U, r, dU, scale):
+    return torch.empty_like(k_all), torch.empty_like(r), torch.empty_like(beta), \
+        U.new_empty(U.shape[0], U.shape[1] - r.shape[1], *U.shape[2:])
+
+
+def _setup_context(ctx, inputs, output):
+    k_all, v, beta, u_cache, scale = inputs
+    U, r, lse = output
+    ctx.save_for_backward(k_all, beta, lse, U, r)
+    ctx.scale, ctx.v_dtype = scale, v.dtype
+
+
+def _backward_rule(ctx, dU, dr, dlse):
+    k_all, beta, lse, U, r = ctx.saved_tensors
+    run = solve_backward if eager_backward(ctx) else _solve_bwd_op
+    dU = torch.zeros_like(U) if dU is None else dU
+    dk, psi, dbeta, du_cache = run(k_all, beta, lse, U, r, dU, ctx.scale)
+    return dk, psi.to(ctx.v_dtype), dbeta, du_cache, None
+
+
+_solve_fwd_op.register_autograd(_backward_rule, setup_context=_setup_context)
+_SolveFunction = eager_function("DeltaFormerSolve", solve_forward, _setup_context, _backward_rule,
+                                non_differentiable=(1, 2))
+
+
+def deltaformer_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *, scale: float,
+                       initial_state: KVCache | None = None, output_final_state: bool = False,
+                       chunk_size: int = 64) -> tuple[torch.Tensor, KVCache | None]:
+    """deltaformer through the Triton kernels (inputs validated by :func:`deltaformer`; ``chunk_size`` is not used:
+    the solve's chunk comes from ``LAUNCH``). bf16 / fp16 / float32 inputs run in their dtype (float32 solve and
+    accumulation), float64 in float32; the output is in q's dtype, the cache in float32 (float64 for float64)."""
+    K, V = q.shape[-1], v.shape[-1]
+    if K > MAX_HEAD_DIM or V > MAX_HEAD_DIM:
+        raise ValueError(f"backend='triton' takes head dims K, V <= {MAX_HEAD_DIM}, got K = {K}, V = {V}")
+    in_dtype, sdt = q.dtype, compute_dtype(q)
+    dt = in_dtype if in_dtype in KERNEL_DTYPES else torch.float32
+    B, T, H, _ = q.shape
+    if initial_state is not None:
+        k_all = torch.cat([initial_state.k.to(dt), k.to(dt)], dim=1).contiguous()
+        u_cache = initial_state.v.float()
+    else:
+        k_all = k.to(dt).contiguous()
+        u_cache = k.new_zeros(B, 0, H, V, dtype=torch.float32)
+    solve = _solve_fwd_op if use_custom_op(k_all) else _SolveFunction.apply
+    U, _, _ = solve(k_all, v.to(dt).contiguous(), beta.float().contiguous(), u_cache, float(scale))
+    o = fox_attention(q.to(dt).contiguous(), k_all, U.to(dt), _zero_gates(k_all, H), scale)
+    state = None
+    if output_final_state:
+        keys = k.to(sdt) if initial_state is None else torch.cat([initial_state.k.to(sdt), k.to(sdt)], dim=1)
+        state = KVCache(keys, U.to(sdt))
+    return o.to(in_dtype), state
+
+
+TRITON_BACKENDS = {"deltaformer": deltaformer_triton}

@@ -1,0 +1,186 @@
+"""backend="triton" for path_attn: the per-chunk UT transform (PyTorch, all chunks at once), then the flash pass.
+
+    logit_ts = scale (q_t^T H_t .. H_{s+1} k_s + G_t - G_s),   o_t = sum_{s<=t} softmax_s(logit_t.) v_s
+
+Per chunk of C positions (as ``chunk.py``): [T_w | T_k] = (I + L)^-1 diag(b) [W | tril(W K^T, -1)], the queries
+moved to the chunk start Q^ = Q - tril(Q W^T) T_w, the intra-chunk logits, the chunk's product P = I - W^T T_w and
+its keys moved to the chunk end K^ = K - T_k^T W: O(T C K) work and memory, differentiated by autograd. The
+cross-chunk attention, O(T^2 (K + K^2 / C)), runs in the kernels of ``triton_kernels.py`` (forward: the flash pass
+with the query chain in registers; backward: a bounded number of programs with a scratch for one query block's
+chain each). Memory linear in T in training. The flash pass is a torch.library custom op with fake kernels
+(torch.compile(fullgraph=True) traces it) and runs through a plain autograd Function in eager mode.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..common.causal_softmax import causal_mask
+from ..common.checks import compute_dtype
+from ..common.chunking import chunk_local_cumsum, to_chunks
+from ..common.kv_cache import KVCache
+from ..common.triangular import solve_unit_lower
+from ..common.triton_ops import eager_backward, eager_function, use_custom_op
+from ..common.triton_utils import (
+    block,
+    cdiv,
+    dot_precision,
+    interpreting,
+    launch_options,
+    launch_overrides,
+    upcast_dots,
+)
+from ..forgetting_attn.triton import KERNEL_DTYPES, MAX_HEAD_DIM
+from ..forgetting_attn.triton_kernels import fox_delta_kernel
+from .chunk import _final_state
+from .reference import _past
+from .triton_kernels import path_bwd_kernel, path_fwd_kernel
+
+# "C": the chunk (query and key block) of the flash pass; "BN": cached keys per step; "programs": backward programs
+# (0: one per SM on CUDA). LINATTN_TRITON_LAUNCH='{"path_attn": {...}}' overrides them.
+LAUNCH = {"C": 64, "BN": 64, "programs": 0, "fwd_warps": 8, "fwd_stages": 2, "bwd_warps": 8, "bwd_stages": 1}
+launch_overrides("path_attn", LAUNCH)
+
+
+def _programs(device: torch.device, work: int) -> int:
+    if LAUNCH["programs"]:
+        return min(LAUNCH["programs"], work)
+    if interpreting() or device.type != "cuda":
+        return min(3, work)
+    # one per SM: at 255 registers and 8 warps no second program fits on an SM, and more would only add scratch
+    return min(torch.cuda.get_device_properties(device).multi_processor_count, work)
+
+
+def path_flash_forward(qh: torch.Tensor, intra: torch.Tensor, E: torch.Tensor, kh: torch.Tensor, v: torch.Tensor,
+                       s0: torch.Tensor, v0: torch.Tensor, G: torch.Tensor, scale: float
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o [B, H, N C, V], base-2 log-sum-exp [B, H, N C]) from qh, kh [B, H, N C, K], intra [B, H, N, C, C] float32,
+    E = I - P [B, H, N, K, K] (P the chunks' products), v [B, H, N C, V], the cache s0 [B, H, T0, K],
+    v0 [B, H, T0, V], G [B, H, T0 + N C] float64."""
+    B, H, NC, K = qh.shape
+    N, C, V, T0 = intra.shape[2], intra.shape[3], v.shape[-1], s0.shape[2]
+    o = qh.new_empty(B, H, NC, V)
+    lse = qh.new_empty(B, H, NC, dtype=torch.float32)
+    path_fwd_kernel[(N, B * H)](
+        qh=qh, intra=intra, E=E, kh=kh, v=v, s0=s0, v0=v0, G=G, o=o, lse=lse, scale=scale, N=N, T0=T0, K=K, V=V, C=C,
+        BN=LAUNCH["BN"], BK=block(K), BV=block(V), PREC=dot_precision(qh.dtype), UP=upcast_dots(qh.dtype),
+        **launch_options(LAUNCH, "fwd", qh.dtype, 1))
+    return o, lse
+
+
+def path_flash_backward(qh: torch.Tensor, intra: torch.Tensor, E: torch.Tensor, kh: torch.Tensor, v: torch.Tensor,
+                        s0: torch.Tensor, v0: torch.Tensor, G: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                        do: torch.Tensor, scale: float
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                   torch.Tensor, torch.Tensor]:
+    """Gradients of qh, intra, E, kh, v, s0, v0 (float32) and G (float64)."""
+    B, H, NC, K = qh.shape
+    N, C, V, T0 = intra.shape[2], intra.shape[3], v.shape[-1], s0.shape[2]
+    do = do.to(qh.dtype).contiguous()
+    delta = qh.new_empty(B * H, 1, NC, dtype=torch.float32)  # [B H, 1, N C]: the [B, T, H, V] kernel with H = 1
+    fox_delta_kernel[(cdiv(NC, 64), B * H)](o=o, do=do, delta=delta, Tq=NC, H=1, V=V, BM=64, BV=block(V))
+    f32 = dict(device=qh.device, dtype=torch.float32)
+    dqh, dkh = torch.empty(B, H, NC, K, **f32), torch.zeros(B, H, NC, K, **f32)
+    dintra, dE = torch.empty(B, H, N, C, C, **f32), torch.zeros(B, H, N, K, K, **f32)
+    dv, ds0, dv0 = torch.zeros(B, H, NC, V, **f32), torch.zeros(B, H, T0, K, **f32), torch.zeros(B, H, T0, V, **f32)
+    dG = torch.zeros(B, H, T0 + NC, **f32)
+    nprog = _programs(qh.device, N * B * H)
+    qscr = torch.empty(nprog, N, C, block(K), **f32)
+    sscr = torch.empty(nprog, N, C, C, **f32)
+    path_bwd_kernel[(nprog,)](
+        qh=qh, intra=intra, E=E, kh=kh, v=v, s0=s0, v0=v0, G=G, do=do, lse=lse, delta=delta, dqh=dqh,
+        dintra=dintra, dE=dE, dkh=dkh, dv=dv, ds0=ds0, dv0=dv0, dG=dG, qscr=qscr, sscr=sscr, scale=scale, N=N,
+        T0=T0, BH=B * H, NPROG=nprog, K=K, V=V, C=C, BN=LAUNCH["BN"], BK=block(K), BV=block(V),
+        PREC=dot_precision(qh.dtype), UP=upcast_dots(qh.dtype), **launch_options(LAUNCH, "bwd", qh.dtype, 1))
+    return dqh, dintra, dE, dkh, dv, ds0, dv0, dG.double()
+
+
+_fwd_op = torch.library.custom_op("linattn::path_attn_triton_fwd", path_flash_forward, mutates_args=())
+_bwd_op = torch.library.custom_op("linattn::path_attn_triton_bwd", path_flash_backward, mutates_args=())
+
+
+@_fwd_op.register_fake
+def _(qh, intra, E, kh, v, s0, v0, G, scale):
+    B, H, NC, _ = qh.shape
+    return qh.new_empty(B, H, NC, v.shape[-1]), qh.new_empty(B, H, NC, dtype=torch.float32)
+
+
+@_bwd_op.register_fake
+def _(qh, intra, E, kh, v, s0, v0, G, o, lse, do, scale):
+    f32 = lambda x: torch.empty_like(x, dtype=torch.float32)
+    return f32(qh), f32(intra), f32(E), f32(kh), f32(v), f32(s0), f32(v0), torch.empty_like(G)
+
+
+def _setup_context(ctx, inputs, output):
+    *tensors, scale = inputs
+    ctx.save_for_backward(*tensors, *output)
+    ctx.scale = scale
+
+
+def _backward_rule(ctx, do, dlse):
+    *tensors, o, lse = ctx.saved_tensors
+    run = path_flash_backward if eager_backward(ctx) else _bwd_op
+    do = torch.zeros_like(o) if do is None else do
+    grads = run(*tensors, o, lse, do, ctx.scale)
+    return (*(gr.to(x.dtype) for gr, x in zip(grads, tensors)), None)
+
+
+_fwd_op.register_autograd(_backward_rule, setup_context=_setup_context)
+_PathFunction = eager_function("PathAttnTriton", path_flash_forward, _setup_context, _backward_rule,
+                               non_differentiable=(1,))
+
+
+def _heads_first(x: torch.Tensor, C: int) -> torch.Tensor:
+    """[B, T, H, ...] -> [B, H, N, C, ...] (zero-padded to a multiple of C)."""
+    x = to_chunks(x, C)
+    return x.permute(0, 3, 1, 2, *range(4, x.dim()))
+
+
+def path_attn_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, beta: torch.Tensor,
+                     g: torch.Tensor | None = None, *, scale: float, initial_state: KVCache | None = None,
+                     output_final_state: bool = False, chunk_size: int = 64) -> tuple[torch.Tensor, KVCache | None]:
+    """path_attn through the Triton kernels (inputs validated by :func:`path_attn`; ``chunk_size`` is not used: the
+    chunk comes from ``LAUNCH``). The UT transform runs in float32 (float64 for float64 inputs), the flash pass in
+    the input dtype (bf16 / fp16 / float32; float64 runs in float32); output in q's dtype, the cache in float32."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    if K > MAX_HEAD_DIM or V > MAX_HEAD_DIM:
+        raise ValueError(f"backend='triton' takes head dims K, V <= {MAX_HEAD_DIM}, got K = {K}, V = {V}")
+    in_dtype, sdt = q.dtype, compute_dtype(q)
+    dt = in_dtype if in_dtype in KERNEL_DTYPES else torch.float32
+    C = LAUNCH["C"]
+    q, k, v, w, beta = (x.to(sdt) for x in (q, k, v, w, beta))
+    g = torch.zeros_like(beta) if g is None else g.to(sdt)
+    k0, v0, d0 = _past(initial_state, k, V, sdt)
+    Q, Kc, W, Vc = (_heads_first(x, C) for x in (q, k, w, v))  # [B, H, N, C, *]; padding: w = b = 0, H = I
+    N = Q.shape[2]
+    b = _heads_first(beta, C)[..., None]
+    Gl = chunk_local_cumsum(g, C).permute(0, 3, 1, 2)  # [B, H, N, C]
+    M, Ms = causal_mask(C, C, device=q.device), causal_mask(C, C, strict=True, device=q.device)
+    tril = lambda x, m: x.masked_fill(~m, 0.0)
+    tr = lambda x: x.transpose(-1, -2)
+    X = solve_unit_lower(b * (W @ tr(W)), b * torch.cat([W, tril(W @ tr(Kc), Ms)], dim=-1))
+    Tw, Tk = X[..., :K], X[..., K:]
+    QW = tril(Q @ tr(W), M)
+    Qhat = Q - QW @ Tw
+    intra = scale * (tril(Q @ tr(Kc), M) - QW @ Tk + (Gl[..., :, None] - Gl[..., None, :]))
+    intra = intra.masked_fill(~M, float("-inf")).float().contiguous()
+    E = tr(W) @ Tw  # the chunk's product is P = I - E; the chain is Q_{a,j-1} = Q_{a,j} - Q_{a,j} E_j
+    Khat = Kc - tr(Tk) @ W
+    S0, V0, D0 = (x.transpose(1, 2) for x in (k0, v0, d0))  # cache [B, H, T0, *]
+    G_new = torch.cumsum(F.pad(g, (0, 0, 0, N * C - T)).transpose(1, 2).to(torch.float64), dim=-1)
+    G = torch.cat([-D0.to(torch.float64), G_new], dim=-1).contiguous()  # the cache's end at G = 0
+    flat = lambda x: x.reshape(B, H, N * C, x.shape[-1]).to(dt).contiguous()
+    flash = _fwd_op if use_custom_op(Q) else _PathFunction.apply
+    o, _ = flash(flat(Qhat), intra, E.to(dt).contiguous(), flat(Khat), flat(Vc), S0.to(dt).contiguous(),
+                 V0.to(dt).contiguous(), G, float(scale))
+    o = o[:, :, :T].transpose(1, 2).to(in_dtype)
+    state = None
+    if output_final_state:
+        state = _final_state(S0, V0, D0, Khat, Vc, torch.eye(K, dtype=sdt, device=q.device) - tr(E), Gl[..., -1], Gl,
+                             T)
+    return o, state
+
+
+TRITON_BACKENDS = {"path_attn": path_attn_triton}

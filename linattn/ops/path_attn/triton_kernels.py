@@ -1,0 +1,193 @@
+"""PaTH's attention across chunks as Triton kernels: the flash pass with queries moved back chunk by chunk.
+
+Inputs per batch*head (from the per-chunk UT transform, ``triton.py``), chunks of C positions: Q^_a (queries moved
+to the start of chunk a), K^_j (keys moved to the end of chunk j), E_j = I - P_j (P_j the chunk's K x K Householder
+product: the chain applies q - q E_j, so the identity part is exact and only the correction is rounded),
+the intra-chunk logits A_a (scale and gate included, -inf above the diagonal), values, the cache (keys S0 in the
+frame of chunk 0's start, values V0) and G (float64 cumulative log gates at every position, the cache's first).
+For query block a and an earlier chunk j,
+
+    logit_{a,j} = scale (Q_{a,j} K^_j^T + G_t - G_s),   Q_{a,a-1} = Q^_a,   Q_{a,j-1} = Q_{a,j} P_j,
+
+and the cache is read with Q_{a,-1}. Forward (a program per query block and batch*head): the diagonal block from
+A_a, then chunks a-1 .. 0 with the query chain carried in registers, then the cache, in one online softmax; o and
+the base-2 log-sum-exp are stored.
+
+Backward (a fixed number of programs, each taking query blocks in turn, so that its scratch stays bounded):
+pass 1 walks j = a-1 .. 0 as the forward, storing Q_{a,j} and dS_{a,j} = P (dP - delta) in the program's scratch
+and adding dV_j += P^T dO, dK^_j += scale dS^T Q_{a,j} and the gates' column sums with atomic adds; the cache
+ends it with W = scale dS_{a,-1} S0. Pass 2 walks j = 0 .. a-1 up the chain's adjoint, reading the scratch:
+dE_j -= Q_{a,j}^T W, W <- W - W E_j^T + scale dS_{a,j} K^_j; finally dQ^_a = W. Memory: the scratch is
+programs x N x C x (K + C) float32, linear in T; nothing of size T x T.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..common.triton_launch import fast_launch
+from ..common.triton_utils import mm
+
+
+@triton.jit
+def _gate_bias(Grow, Gb, n, cols, L, scale2):
+    """scale (G_t - G_s) in log2 units, from float64 G relative to the block's first key (see forgetting_attn)."""
+    ref = tl.load(Gb + n)
+    gc = tl.load(Gb + cols, mask=cols < L, other=ref)
+    return ((Grow - ref).to(tl.float32) * scale2)[:, None] - ((gc - ref).to(tl.float32) * scale2)[None, :]
+
+
+@fast_launch
+@triton.jit(do_not_specialize=["N", "T0"])
+def path_fwd_kernel(qh, intra, E, kh, v, s0, v0, G, o, lse, scale, N, T0, K: tl.constexpr, V: tl.constexpr,
+                    C: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+                    UP: tl.constexpr):
+    """Grid (N, B*H). qh, kh [B, H, N C, K]; intra [B, H, N, C, C]; E [B, H, N, K, K]; v [B, H, N C, V];
+    s0 [B, H, T0, K]; v0 [B, H, T0, V]; G [B, H, T0 + N C] float64; o [B, H, N C, V]; lse [B, H, N C] float32."""
+    a, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    NC = N * C
+    L = T0 + NC
+    o_c, o_k, o_v = tl.arange(0, C), tl.arange(0, BK), tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    rows = a * C + o_c
+    scale2 = scale * 1.4426950408889634
+    qb, kb, vb = qh + i_bh * NC * K, kh + i_bh * NC * K, v + i_bh * NC * V
+    Gb = G + i_bh * L
+    Grow = tl.load(Gb + T0 + rows)
+    q_cur = tl.load(qb + rows[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0).to(tl.float32)
+    s = tl.load(intra + (i_bh * N + a) * C * C + o_c[:, None] * C + o_c[None, :]) * 1.4426950408889634
+    m_i = tl.max(s, axis=1)  # every row sees itself: finite
+    p = tl.exp2(s - m_i[:, None])
+    l_i = tl.sum(p, axis=1)
+    va = tl.load(vb + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+    acc = mm(p.to(va.dtype), va, PREC, UP)
+    for i in range(0, a):
+        j = a - 1 - i
+        cols = j * C + o_c
+        kj = tl.load(kb + cols[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+        vj = tl.load(vb + cols[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+        s = mm(q_cur.to(kj.dtype), tl.trans(kj), PREC, UP) * scale2 + _gate_bias(Grow, Gb, T0 + j * C, T0 + cols,
+                                                                                   L, scale2)
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + mm(p.to(vj.dtype), vj, PREC, UP)
+        m_i = m_new
+        Ej = tl.load(E + (i_bh * N + j) * K * K + o_k[:, None] * K + o_k[None, :],
+                     mask=m_k[:, None] & m_k[None, :], other=0.0)
+        q_cur = q_cur - mm(q_cur.to(Ej.dtype), Ej, PREC, UP)
+    for n in range(0, T0, BN):
+        cols = n + tl.arange(0, BN)
+        mc = cols < T0
+        sk = tl.load(s0 + (i_bh * T0 + cols[:, None]) * K + o_k[None, :], mask=mc[:, None] & m_k[None, :], other=0.0)
+        sv = tl.load(v0 + (i_bh * T0 + cols[:, None]) * V + o_v[None, :], mask=mc[:, None] & m_v[None, :], other=0.0)
+        s = mm(q_cur.to(sk.dtype), tl.trans(sk), PREC, UP) * scale2 + _gate_bias(Grow, Gb, n, cols, L, scale2)
+        s = tl.where(mc[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + mm(p.to(sv.dtype), sv, PREC, UP)
+        m_i = m_new
+    tl.store(o + (i_bh * NC + rows[:, None]) * V + o_v[None, :], (acc / l_i[:, None]).to(o.dtype.element_ty),
+             mask=m_v[None, :])
+    tl.store(lse + i_bh * NC + rows, m_i + tl.log2(l_i))
+
+
+@fast_launch
+@triton.jit(do_not_specialize=["N", "T0", "BH", "NPROG"])
+def path_bwd_kernel(qh, intra, E, kh, v, s0, v0, G, do, lse, delta, dqh, dintra, dE, dkh, dv, ds0, dv0, dG,
+                    qscr, sscr, scale, N, T0, BH, NPROG, K: tl.constexpr, V: tl.constexpr,
+                    C: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+                    UP: tl.constexpr):
+    """Grid (NPROG,): every (query block, batch*head) in turn. Gradients (float32, zero-initialised, added to
+    atomically where query blocks share them): dqh, dkh [B, H, N C, K]; dintra [B, H, N, C, C]; dE [B, H, N, K, K];
+    dv [B, H, N C, V]; ds0, dv0 like s0, v0; dG [B, H, T0 + N C]. qscr [NPROG, N, C, BK], sscr [NPROG, N, C, C]
+    float32: the program's scratch."""
+    pid = tl.program_id(0)
+    NC = N * C
+    L = T0 + NC
+    o_c, o_k, o_v = tl.arange(0, C), tl.arange(0, BK), tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    scale2 = scale * 1.4426950408889634
+    qs = qscr + pid.to(tl.int64) * N * C * BK
+    ss = sscr + pid.to(tl.int64) * N * C * C
+    for w in range(pid, N * BH, NPROG):
+        a = w % N
+        i_bh = (w // N).to(tl.int64)
+        rows = a * C + o_c
+        qb, kb, vb = qh + i_bh * NC * K, kh + i_bh * NC * K, v + i_bh * NC * V
+        Gb = G + i_bh * L
+        Grow = tl.load(Gb + T0 + rows)
+        q_cur = tl.load(qb + rows[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0).to(tl.float32)
+        do_a = tl.load(do + (i_bh * NC + rows[:, None]) * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+        lse_a = tl.load(lse + i_bh * NC + rows)
+        delta_a = tl.load(delta + i_bh * NC + rows)
+        # the diagonal block: its logits are an input (dintra); values through dv
+        s = tl.load(intra + (i_bh * N + a) * C * C + o_c[:, None] * C + o_c[None, :]) * 1.4426950408889634
+        p = tl.exp2(s - lse_a[:, None])
+        va = tl.load(vb + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+        ds = p * (mm(do_a, tl.trans(va), PREC, UP) - delta_a[:, None])
+        tl.store(dintra + (i_bh * N + a) * C * C + o_c[:, None] * C + o_c[None, :], ds)
+        tl.atomic_add(dv + (i_bh * NC + rows[:, None]) * V + o_v[None, :],
+                      mm(tl.trans(p).to(do_a.dtype), do_a, PREC, UP), mask=m_v[None, :], sem="relaxed")
+        dgr = tl.zeros([C], dtype=tl.float32)
+        for i in range(0, a):  # pass 1: down the chain
+            j = a - 1 - i
+            cols = j * C + o_c
+            tl.store(qs + (j * C + o_c[:, None]) * BK + o_k[None, :], q_cur)
+            kj = tl.load(kb + cols[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+            vj = tl.load(vb + cols[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+            qd = q_cur.to(kj.dtype)
+            s = mm(qd, tl.trans(kj), PREC, UP) * scale2 + _gate_bias(Grow, Gb, T0 + j * C, T0 + cols, L, scale2)
+            p = tl.exp2(s - lse_a[:, None])
+            ds = p * (mm(do_a, tl.trans(vj), PREC, UP) - delta_a[:, None])
+            tl.store(ss + (j * C + o_c[:, None]) * C + o_c[None, :], ds)
+            tl.atomic_add(dv + (i_bh * NC + cols[:, None]) * V + o_v[None, :],
+                          mm(tl.trans(p).to(do_a.dtype), do_a, PREC, UP), mask=m_v[None, :], sem="relaxed")
+            tl.atomic_add(dkh + (i_bh * NC + cols[:, None]) * K + o_k[None, :],
+                          mm(tl.trans(ds).to(qd.dtype), qd, PREC, UP) * scale, mask=m_k[None, :], sem="relaxed")
+            dgr += tl.sum(ds, axis=1)
+            tl.atomic_add(dG + i_bh * L + T0 + cols, -tl.sum(ds, axis=0) * scale, sem="relaxed")
+            Ej = tl.load(E + (i_bh * N + j) * K * K + o_k[:, None] * K + o_k[None, :],
+                         mask=m_k[:, None] & m_k[None, :], other=0.0)
+            q_cur = q_cur - mm(qd.to(Ej.dtype), Ej, PREC, UP)
+        W = tl.zeros([C, BK], dtype=tl.float32)  # the gradient of Q_{a,-1}
+        qd = q_cur.to(qh.dtype.element_ty)
+        for n in range(0, T0, BN):
+            cols = n + tl.arange(0, BN)
+            mc = cols < T0
+            sk = tl.load(s0 + (i_bh * T0 + cols[:, None]) * K + o_k[None, :], mask=mc[:, None] & m_k[None, :],
+                         other=0.0)
+            sv = tl.load(v0 + (i_bh * T0 + cols[:, None]) * V + o_v[None, :], mask=mc[:, None] & m_v[None, :],
+                         other=0.0)
+            s = mm(qd, tl.trans(sk), PREC, UP) * scale2 + _gate_bias(Grow, Gb, n, cols, L, scale2)
+            p = tl.where(mc[None, :], tl.exp2(s - lse_a[:, None]), 0.0)
+            ds = p * (mm(do_a, tl.trans(sv), PREC, UP) - delta_a[:, None])
+            tl.atomic_add(dv0 + (i_bh * T0 + cols[:, None]) * V + o_v[None, :],
+                          mm(tl.trans(p).to(do_a.dtype), do_a, PREC, UP), mask=mc[:, None] & m_v[None, :],
+                          sem="relaxed")
+            tl.atomic_add(ds0 + (i_bh * T0 + cols[:, None]) * K + o_k[None, :],
+                          mm(tl.trans(ds).to(qd.dtype), qd, PREC, UP) * scale, mask=mc[:, None] & m_k[None, :],
+                          sem="relaxed")
+            W += mm(ds.to(sk.dtype), sk, PREC, UP) * scale
+            dgr += tl.sum(ds, axis=1)
+            tl.atomic_add(dG + i_bh * L + cols, -tl.sum(ds, axis=0) * scale, mask=mc, sem="relaxed")
+        tl.atomic_add(dG + i_bh * L + T0 + rows, dgr * scale, sem="relaxed")
+        tl.debug_barrier()  # pass 2 reads what other threads of this program stored in pass 1
+        for j in range(0, a):  # pass 2: up the chain's adjoint
+            Qj = tl.load(qs + (j * C + o_c[:, None]) * BK + o_k[None, :])
+            Ej = tl.load(E + (i_bh * N + j) * K * K + o_k[:, None] * K + o_k[None, :],
+                         mask=m_k[:, None] & m_k[None, :], other=0.0)
+            Wd = W.to(Ej.dtype)
+            tl.atomic_add(dE + (i_bh * N + j) * K * K + o_k[:, None] * K + o_k[None, :],
+                          -mm(tl.trans(Qj.to(Ej.dtype)), Wd, PREC, UP), mask=m_k[:, None] & m_k[None, :],
+                          sem="relaxed")
+            dsj = tl.load(ss + (j * C + o_c[:, None]) * C + o_c[None, :])
+            cols = j * C + o_c
+            kj = tl.load(kb + cols[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+            W = W - mm(Wd, tl.trans(Ej), PREC, UP) + mm(dsj.to(kj.dtype), kj, PREC, UP) * scale
+        tl.store(dqh + (i_bh * NC + rows[:, None]) * K + o_k[None, :], W, mask=m_k[None, :])
+        tl.debug_barrier()  # the next query block overwrites the scratch
