@@ -79,17 +79,17 @@ def path_fwd_kernel(qh, intra, E, kh, v, s0, v0, G, o, lse, scale, N, T0, K: tl.
                      mask=m_k[:, None] & m_k[None, :], other=0.0)
         q_cur = q_cur - mm(q_cur.to(Ej.dtype), Ej, PREC, UP)
     for n in range(0, T0, BN):
-        cols = n + tl.arange(0, BN)
-        mc = cols < T0
-        sk = tl.load(s0 + (i_bh * T0 + cols[:, None]) * K + o_k[None, :], mask=mc[:, None] & m_k[None, :], other=0.0)
-        sv = tl.load(v0 + (i_bh * T0 + cols[:, None]) * V + o_v[None, :], mask=mc[:, None] & m_v[None, :], other=0.0)
-        s = mm(q_cur.to(sk.dtype), tl.trans(sk), PREC, UP) * scale2 + _gate_bias(Grow, Gb, n, cols, L, scale2)
-        s = tl.where(mc[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp2(s - m_new[:, None])
+        ccols = n + tl.arange(0, BN)
+        mc = ccols < T0
+        sk = tl.load(s0 + (i_bh * T0 + ccols[:, None]) * K + o_k[None, :], mask=mc[:, None] & m_k[None, :], other=0.0)
+        sv = tl.load(v0 + (i_bh * T0 + ccols[:, None]) * V + o_v[None, :], mask=mc[:, None] & m_v[None, :], other=0.0)
+        sc = mm(q_cur.to(sk.dtype), tl.trans(sk), PREC, UP) * scale2 + _gate_bias(Grow, Gb, n, ccols, L, scale2)
+        sc = tl.where(mc[None, :], sc, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+        pc = tl.exp2(sc - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + mm(p.to(sv.dtype), sv, PREC, UP)
+        l_i = l_i * alpha + tl.sum(pc, axis=1)
+        acc = acc * alpha[:, None] + mm(pc.to(sv.dtype), sv, PREC, UP)
         m_i = m_new
     tl.store(o + (i_bh * NC + rows[:, None]) * V + o_v[None, :], (acc / l_i[:, None]).to(o.dtype.element_ty),
              mask=m_v[None, :])
@@ -157,24 +157,24 @@ def path_bwd_kernel(qh, intra, E, kh, v, s0, v0, G, do, lse, delta, dqh, dintra,
         W = tl.zeros([C, BK], dtype=tl.float32)  # the gradient of Q_{a,-1}
         qd = q_cur.to(qh.dtype.element_ty)
         for n in range(0, T0, BN):
-            cols = n + tl.arange(0, BN)
-            mc = cols < T0
-            sk = tl.load(s0 + (i_bh * T0 + cols[:, None]) * K + o_k[None, :], mask=mc[:, None] & m_k[None, :],
+            ccols = n + tl.arange(0, BN)
+            mc = ccols < T0
+            sk = tl.load(s0 + (i_bh * T0 + ccols[:, None]) * K + o_k[None, :], mask=mc[:, None] & m_k[None, :],
                          other=0.0)
-            sv = tl.load(v0 + (i_bh * T0 + cols[:, None]) * V + o_v[None, :], mask=mc[:, None] & m_v[None, :],
+            sv = tl.load(v0 + (i_bh * T0 + ccols[:, None]) * V + o_v[None, :], mask=mc[:, None] & m_v[None, :],
                          other=0.0)
-            s = mm(qd, tl.trans(sk), PREC, UP) * scale2 + _gate_bias(Grow, Gb, n, cols, L, scale2)
-            p = tl.where(mc[None, :], tl.exp2(s - lse_a[:, None]), 0.0)
-            ds = p * (mm(do_a, tl.trans(sv), PREC, UP) - delta_a[:, None])
-            tl.atomic_add(dv0 + (i_bh * T0 + cols[:, None]) * V + o_v[None, :],
-                          mm(tl.trans(p).to(do_a.dtype), do_a, PREC, UP), mask=mc[:, None] & m_v[None, :],
+            sc = mm(qd, tl.trans(sk), PREC, UP) * scale2 + _gate_bias(Grow, Gb, n, ccols, L, scale2)
+            pc = tl.where(mc[None, :], tl.exp2(sc - lse_a[:, None]), 0.0)
+            dsc = pc * (mm(do_a, tl.trans(sv), PREC, UP) - delta_a[:, None])
+            tl.atomic_add(dv0 + (i_bh * T0 + ccols[:, None]) * V + o_v[None, :],
+                          mm(tl.trans(pc).to(do_a.dtype), do_a, PREC, UP), mask=mc[:, None] & m_v[None, :],
                           sem="relaxed")
-            tl.atomic_add(ds0 + (i_bh * T0 + cols[:, None]) * K + o_k[None, :],
-                          mm(tl.trans(ds).to(qd.dtype), qd, PREC, UP) * scale, mask=mc[:, None] & m_k[None, :],
+            tl.atomic_add(ds0 + (i_bh * T0 + ccols[:, None]) * K + o_k[None, :],
+                          mm(tl.trans(dsc).to(qd.dtype), qd, PREC, UP) * scale, mask=mc[:, None] & m_k[None, :],
                           sem="relaxed")
-            W += mm(ds.to(sk.dtype), sk, PREC, UP) * scale
-            dgr += tl.sum(ds, axis=1)
-            tl.atomic_add(dG + i_bh * L + cols, -tl.sum(ds, axis=0) * scale, mask=mc, sem="relaxed")
+            W += mm(dsc.to(sk.dtype), sk, PREC, UP) * scale
+            dgr += tl.sum(dsc, axis=1)
+            tl.atomic_add(dG + i_bh * L + ccols, -tl.sum(dsc, axis=0) * scale, mask=mc, sem="relaxed")
         tl.atomic_add(dG + i_bh * L + T0 + rows, dgr * scale, sem="relaxed")
         tl.debug_barrier()  # pass 2 reads what other threads of this program stored in pass 1
         for j in range(0, a):  # pass 2: up the chain's adjoint

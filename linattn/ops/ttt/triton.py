@@ -38,7 +38,7 @@ from ..common.triton_launch import fast_launch
 from ..common.triton_masking import causal_dot_rest
 from ..common.triton_ops import eager_backward, eager_function, needs_backward, use_custom_op
 from ..common.triton_utils import block as _block
-from ..common.triton_utils import cdiv
+from ..common.triton_utils import cdiv, dot_precision
 from .checks import TRITON_MAX_HEAD_DIM, TRITON_MINI_BATCH_SIZES, triton_takes
 
 TOKENS_PER_CHUNK = 64  # the forward keeps W every 64 tokens (every 64 / b mini-batches)
@@ -47,11 +47,11 @@ TOKENS_PER_CHUNK = 64  # the forward keeps W every 64 tokens (every 64 / b mini-
 LAUNCH = {"fwd_warps": 8, "fwd_stages": 1, "bwd_warps": 8, "bwd_stages": 1}
 
 
-def _precision(dtype: torch.dtype) -> str:
-    """Every product here is of float32 tiles (the inner weights W live in float32 registers and are updated
-    once per mini-batch): plain tf32 (10-bit mantissas) let the error of bf16 runs grow with T past the project's
-    bf16 tolerance on the H100 (relative RMSE 6.0e-3 at T=80), so half-precision inputs use 3xTF32 (float32
-    accuracy on tensor cores) and float32 inputs exact float32 products."""
+def _update_precision(dtype: torch.dtype) -> str:
+    """Precision of the inner-weight update W -= (eta k)^T err, which accumulates over the whole sequence: with
+    plain tf32 (10-bit mantissas) the error of bf16 runs grew past the project's bf16 tolerance on the H100
+    (relative RMSE 6.0e-3 at T=80), so half-precision inputs update W with 3xTF32 (float32 accuracy on tensor
+    cores); the other products, which do not accumulate, stay tf32 (3xTF32 everywhere halved the layer's speed)."""
     return "ieee" if dtype == torch.float32 else "tf32x3"
 
 
@@ -98,7 +98,8 @@ def _minibatch(q, k, v, eta, W, row, m_t, o_k, o_v, m_k, m_v, wl, bl, scale, eps
 @triton.jit(do_not_specialize=["T"])
 def _ttt_fwd_kernel(q, k, v, eta, w_ln, b_ln, w0, o, wt, wc, scale, eps, T, H: tl.constexpr, K: tl.constexpr,
                     V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NB: tl.constexpr,
-                    NORM: tl.constexpr, HAS_W0: tl.constexpr, SAVE: tl.constexpr, PREC: tl.constexpr):
+                    NORM: tl.constexpr, HAS_W0: tl.constexpr, SAVE: tl.constexpr, PREC: tl.constexpr,
+                    WPREC: tl.constexpr):
     """Grid (B*H,): o, the final weights wt and (SAVE) the weights wc entering every chunk of NB mini-batches."""
     i_bh = tl.program_id(0).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
@@ -131,7 +132,7 @@ def _ttt_fwd_kernel(q, k, v, eta, w_ln, b_ln, w0, o, wt, wc, scale, eps, T, H: t
         else:
             out = Zq
         tl.store(o + row[:, None] * V + o_v[None, :], out.to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
-        W -= tl.dot(tl.trans(kc * et[:, None]), err, input_precision=PREC)
+        W -= tl.dot(tl.trans(kc * et[:, None]), err, input_precision=WPREC)
     tl.store(wt + i_bh * K * V + kv, W, mask=m_kv)
 
 
@@ -140,7 +141,7 @@ def _ttt_fwd_kernel(q, k, v, eta, w_ln, b_ln, w0, o, wt, wc, scale, eps, T, H: t
 def _ttt_bwd_kernel(q, k, v, eta, w_ln, b_ln, wc, scratch, do, dwt, dq, dk, dv, deta, dw0, dwl, dbl, scale, eps, T,
                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                     BV: tl.constexpr, NB: tl.constexpr, NORM: tl.constexpr, HAS_DWT: tl.constexpr,
-                    PREC: tl.constexpr):
+                    PREC: tl.constexpr, WPREC: tl.constexpr):
     """Grid (B*H,): dq, dk, dv, deta, the initial weights' gradient dw0 and this program's share of the LayerNorm
     parameters' gradients (dwl, dbl [B*H, V]); walks the chunks backwards, recomputing each chunk's weights."""
     i_bh = tl.program_id(0).to(tl.int64)
@@ -170,7 +171,7 @@ def _ttt_bwd_kernel(q, k, v, eta, w_ln, b_ln, wc, scratch, do, dwt, dq, dk, dv, 
             row = (i_b * T + t) * H + i_h
             qs, kc, vc, et, err, h, r, e, g = _minibatch(q, k, v, eta, W, row, m_t, o_k, o_v, m_k, m_v, wl, bl,
                                                          scale, eps, K, V, NORM, PREC)
-            W -= tl.dot(tl.trans(kc * et[:, None]), err, input_precision=PREC)
+            W -= tl.dot(tl.trans(kc * et[:, None]), err, input_precision=WPREC)
         for ji in range(NB):
             j = NB - 1 - ji
             W = tl.load(scratch + (i_bh * NB + j) * K * V + kv, mask=m_kv, other=0.0)
@@ -252,7 +253,8 @@ def ttt_triton_forward(q, k, v, eta, w0, w_ln, b_ln, scale, eps, b, keep):
     _ttt_fwd_kernel[(B * H,)](
         q=q, k=k, v=v, eta=eta, w_ln=w_ln if norm else wt, b_ln=b_ln if norm else wt, w0=w0 if w0 is not None else wt,
         o=o, wt=wt, wc=wc, scale=scale, eps=eps, T=T, H=H, K=K, V=V, **blk, NORM=norm, HAS_W0=w0 is not None,
-        SAVE=keep, PREC=_precision(q.dtype), num_warps=LAUNCH["fwd_warps"], num_stages=LAUNCH["fwd_stages"])
+        SAVE=keep, PREC=dot_precision(q.dtype), WPREC=_update_precision(q.dtype),
+        num_warps=LAUNCH["fwd_warps"], num_stages=LAUNCH["fwd_stages"])
     return o, wt, wc
 
 
@@ -273,7 +275,8 @@ def ttt_triton_backward(q, k, v, eta, w0, w_ln, b_ln, scale, eps, b, wc, do, dwt
         q=q, k=k, v=v, eta=eta, w_ln=w_ln if norm else dw0, b_ln=b_ln if norm else dw0, wc=wc, scratch=scratch,
         do=do, dwt=dwt if dwt is not None else dw0, dq=dq, dk=dk, dv=dv, deta=deta, dw0=dw0, dwl=dwl, dbl=dbl,
         scale=scale, eps=eps, T=T, H=H, K=K, V=V, **blk, NORM=norm, HAS_DWT=dwt is not None,
-        PREC=_precision(q.dtype), num_warps=LAUNCH["bwd_warps"], num_stages=LAUNCH["bwd_stages"])
+        PREC=dot_precision(q.dtype), WPREC=_update_precision(q.dtype), num_warps=LAUNCH["bwd_warps"],
+        num_stages=LAUNCH["bwd_stages"])
     none = dw0.new_empty(0)  # custom ops return tensors: empty ones stand for the absent LayerNorm gradients
     return dq, dk, dv, deta.to(eta.dtype), dw0, (dwl.sum(0) if norm else none), (dbl.sum(0) if norm else none)
 
