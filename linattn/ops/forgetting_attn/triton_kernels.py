@@ -39,6 +39,7 @@ import triton
 import triton.language as tl
 
 from ..common.triton_launch import fast_launch
+from ..common.triton_masking import is_finite
 from ..common.triton_utils import mm
 
 
@@ -81,11 +82,16 @@ def _bias(Grow, Gk, n, cols, Tk):
 
 
 @triton.jit
-def _fwd_blocks(acc, m_i, l_i, qt, Grow, pos, kb, vb, Gk, start, end, Tk, W, scale2,
+def _fwd_blocks(acc, m_i, l_i, bad, qt, Grow, pos, kb, vb, Gk, start, end, Tk, W, scale2,
                 KS: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                 BV: tl.constexpr, MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
                 UP: tl.constexpr):
-    """Online softmax over key blocks [start, end) (steps of BN); MASK: apply the visibility mask."""
+    """Online softmax over key blocks [start, end) (steps of BN); MASK: apply the visibility mask.
+
+    In a masked block a hidden key's probability is 0, but 0 x NaN = NaN inside P V: such blocks read the
+    values' finite part, and ``bad`` [BM] records which rows see a non-finite value (their output is set to NaN
+    at the end), so a non-finite value reaches no earlier query (common/triton_masking.py). In an unmasked block
+    every row sees every value and the product propagates it."""
     o_k, o_v = tl.arange(0, BK), tl.arange(0, BV)
     for n in range(start, end, BN):
         cols = n + tl.arange(0, BN)
@@ -95,14 +101,19 @@ def _fwd_blocks(acc, m_i, l_i, qt, Grow, pos, kb, vb, Gk, start, end, Tk, W, sca
                    MASK or BV != V)
         s = mm(qt, kt, PREC, UP) * scale2 + _bias(Grow, Gk, n, cols, Tk)
         if MASK:
-            s = tl.where(_visible(pos, cols, Tk, W, HAS_WINDOW), s, float("-inf"))
+            vis = _visible(pos, cols, Tk, W, HAS_WINDOW)
+            s = tl.where(vis, s, float("-inf"))
+            v_ok = is_finite(vt)
+            col_bad = tl.max(tl.where(v_ok, 0, 1), axis=1)  # [BN]: this key's value row is not finite
+            bad = bad | (tl.max(tl.where(vis, col_bad[None, :], 0), axis=1) > 0)
+            vt = tl.where(v_ok, vt, 0.0)
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + mm(p.to(vt.dtype), vt, PREC, UP)
         m_i = m_new
-    return acc, m_i, l_i
+    return acc, m_i, l_i, bad
 
 
 @triton.jit
@@ -151,15 +162,16 @@ def fox_fwd_kernel(q, k, v, G, o, lse, scale, Tq, Tk, W, H: tl.constexpr, HKV: t
     # -1e30, not -inf: a row may see no key of a block (window edge), and exp2(-inf - -inf) would be NaN
     m_i = tl.full([BM], -1e30, dtype=tl.float32)
     l_i = tl.zeros([BM], dtype=tl.float32)
-    acc, m_i, l_i = _fwd_blocks(acc, m_i, l_i, qt, Grow, pos, kb, vb, Gk, lo, mid_lo, Tk, W, scale2, HKV, K, V,
-                                BN, BK, BV, True, HAS_WINDOW, PREC, UP)
-    acc, m_i, l_i = _fwd_blocks(acc, m_i, l_i, qt, Grow, pos, kb, vb, Gk, mid_lo, mid_hi, Tk, W, scale2, HKV, K,
-                                V, BN, BK, BV, False, HAS_WINDOW, PREC, UP)
-    acc, m_i, l_i = _fwd_blocks(acc, m_i, l_i, qt, Grow, pos, kb, vb, Gk, mid_hi, hi, Tk, W, scale2, HKV, K, V,
-                                BN, BK, BV, True, HAS_WINDOW, PREC, UP)
+    bad = rows < 0  # [BM] all False: rows that see a non-finite value in a masked block
+    acc, m_i, l_i, bad = _fwd_blocks(acc, m_i, l_i, bad, qt, Grow, pos, kb, vb, Gk, lo, mid_lo, Tk, W, scale2, HKV,
+                                     K, V, BN, BK, BV, True, HAS_WINDOW, PREC, UP)
+    acc, m_i, l_i, bad = _fwd_blocks(acc, m_i, l_i, bad, qt, Grow, pos, kb, vb, Gk, mid_lo, mid_hi, Tk, W, scale2,
+                                     HKV, K, V, BN, BK, BV, False, HAS_WINDOW, PREC, UP)
+    acc, m_i, l_i, bad = _fwd_blocks(acc, m_i, l_i, bad, qt, Grow, pos, kb, vb, Gk, mid_hi, hi, Tk, W, scale2, HKV,
+                                     K, V, BN, BK, BV, True, HAS_WINDOW, PREC, UP)
     empty = l_i == 0.0  # padding rows (not stored), and with STRICT the first position
     l_safe = tl.where(empty, 1.0, l_i)
-    out = acc / l_safe[:, None]
+    out = tl.where(bad[:, None], float("nan"), acc / l_safe[:, None])
     tl.store(o + (i_b * Tq * H + i_h) * V + rows[:, None] * (H * V) + o_v[None, :], out.to(o.dtype.element_ty),
              mask=m_rows[:, None] & (o_v[None, :] < V))
     tl.store(lse + i_bh * Tq + rows, tl.where(empty, float("inf"), m_i + tl.log2(l_safe)), mask=m_rows)
