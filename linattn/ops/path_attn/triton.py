@@ -20,6 +20,7 @@ from ..common.causal_softmax import causal_mask
 from ..common.checks import compute_dtype
 from ..common.chunking import chunk_local_cumsum, to_chunks
 from ..common.kv_cache import KVCache
+from ..common.masking import tril_matmul
 from ..common.triangular import solve_unit_lower
 from ..common.triton_ops import eager_backward, eager_function, use_custom_op
 from ..common.triton_utils import (
@@ -163,8 +164,8 @@ def path_attn_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch
     X = solve_unit_lower(b * (W @ tr(W)), b * torch.cat([W, tril(W @ tr(Kc), Ms)], dim=-1))
     Tw, Tk = X[..., :K], X[..., K:]
     QW = tril(Q @ tr(W), M)
-    Qhat = Q - QW @ Tw
-    intra = scale * (tril(Q @ tr(Kc), M) - QW @ Tk + (Gl[..., :, None] - Gl[..., None, :]))
+    Qhat = Q - tril_matmul(QW, Tw)  # row t reads rows <= t only, whatever the later rows hold (masking.py)
+    intra = scale * (tril(Q @ tr(Kc), M) - tril_matmul(QW, Tk) + (Gl[..., :, None] - Gl[..., None, :]))
     intra = intra.masked_fill(~M, float("-inf")).float().contiguous()
     E = tr(W) @ Tw  # the chunk's product is P = I - E; the chain is Q_{a,j-1} = Q_{a,j} - Q_{a,j} E_j
     Khat = Kc - tr(Tk) @ W

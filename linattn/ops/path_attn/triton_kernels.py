@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from ..common.triton_launch import fast_launch
+from ..common.triton_masking import is_finite
 from ..common.triton_utils import mm
 
 
@@ -61,7 +62,12 @@ def path_fwd_kernel(qh, intra, E, kh, v, s0, v0, G, o, lse, scale, N, T0, K: tl.
     p = tl.exp2(s - m_i[:, None])
     l_i = tl.sum(p, axis=1)
     va = tl.load(vb + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
-    acc = mm(p.to(va.dtype), va, PREC, UP)
+    # the diagonal chunk is the only masked block: a hidden value's probability is 0, but 0 x NaN = NaN, so it
+    # reads the values' finite part and the rows that see a non-finite one are set to NaN at the end
+    va_ok = is_finite(va)
+    col_bad = tl.max(tl.where(va_ok, 0, 1), axis=1)
+    bad = tl.max(tl.where(s > float("-inf"), col_bad[None, :], 0), axis=1) > 0
+    acc = mm(p.to(va.dtype), tl.where(va_ok, va, 0.0).to(va.dtype), PREC, UP)
     for i in range(0, a):
         j = a - 1 - i
         cols = j * C + o_c
@@ -91,8 +97,8 @@ def path_fwd_kernel(qh, intra, E, kh, v, s0, v0, G, o, lse, scale, N, T0, K: tl.
         l_i = l_i * alpha + tl.sum(pc, axis=1)
         acc = acc * alpha[:, None] + mm(pc.to(sv.dtype), sv, PREC, UP)
         m_i = m_new
-    tl.store(o + (i_bh * NC + rows[:, None]) * V + o_v[None, :], (acc / l_i[:, None]).to(o.dtype.element_ty),
-             mask=m_v[None, :])
+    out = tl.where(bad[:, None], float("nan"), acc / l_i[:, None])
+    tl.store(o + (i_bh * NC + rows[:, None]) * V + o_v[None, :], out.to(o.dtype.element_ty), mask=m_v[None, :])
     tl.store(lse + i_bh * NC + rows, m_i + tl.log2(l_i))
 
 
