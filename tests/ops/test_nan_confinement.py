@@ -24,11 +24,11 @@ TOL = 1e-5
 OPS = list_ops()
 pytestmark = pytest.mark.usefixtures("one_thread")
 TORCH_CASES = [(name, b) for name in OPS for b in get_op(name).backends if b != "triton"]
-# The flash-attention kernels of the softmax side multiply P by a value tile whose later rows may hold a NaN:
-# not yet confined (docs/errors.md). Strict: the test fails once they are, so the mark is removed then.
+# deltaformer's Triton backend lets a later non-finite key reach earlier rows: not yet confined (docs/errors.md).
+# Strict: the test fails once it is, so the mark is removed then.
 NOT_YET_CONFINED = {"deltaformer"}
 TRITON_CASES = [pytest.param(name, "triton", marks=pytest.mark.xfail(
-                    strict=True, reason="flash-attention kernels do not yet confine a non-finite value"))
+                    strict=True, reason="deltaformer's Triton backend does not yet confine a non-finite key"))
                 if name in NOT_YET_CONFINED else (name, "triton")
                 for name in OPS if "triton" in get_op(name).backends]
 # options that take other code paths than the defaults
