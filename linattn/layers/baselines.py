@@ -9,6 +9,7 @@ and the new recurrent state copied into its buffer.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -87,6 +88,13 @@ class _Baseline(nn.Module):
         copy_rows_(static.state, cache.state, rows)
 
 
+def _no_autocast(device_type: str) -> contextlib.AbstractContextManager:
+    """Autocast off on ``device_type`` (a device without autocast, e.g. meta, has nothing to turn off)."""
+    if torch.amp.is_autocast_available(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
 class LRULayer(_Baseline):
     """Linear Recurrent Unit (Orvieto et al., arXiv 2303.06349), a diagonal complex linear RNN.
 
@@ -129,7 +137,7 @@ class LRULayer(_Baseline):
         rdt = torch.float64 if x.dtype == torch.float64 else torch.float32
         # Autocast would run the projections in bf16/fp16, and a complex tensor cannot be built from those halves:
         # the recurrence runs in float32 (complex64) whatever the autocast dtype, the output in x's dtype.
-        with torch.autocast(x.device.type, enabled=False):
+        with _no_autocast(x.device.type):
             log_lam = torch.complex(-torch.exp(self.nu_log.to(rdt)), torch.exp(self.theta_log.to(rdt)))
             gamma = torch.sqrt(1 - torch.exp(2 * log_lam.real))  # sqrt(1 - |lambda|^2)
             ur = u.to(rdt)
