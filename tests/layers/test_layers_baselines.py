@@ -121,3 +121,21 @@ def test_baseline_checks():
         MambaLayer(8, conv_mode="fixed")
     with pytest.raises(ValueError, match=r"x must have shape \[B, T, d_model\] with d_model = 8"):
         LRULayer(8)(torch.randn(1, 3, 7))
+
+
+@pytest.mark.parametrize("mixer", ["lru", "mamba"])
+def test_bidirectional_classifier_trains_under_bf16_autocast(mixer):
+    """The LRA classifier around a baseline, as the Trainer runs it with precision bf16: forward and backward
+    run, and the logits stay within bf16 rounding of float32."""
+    from linattn.models import ModelConfig, SequenceClassifier
+
+    torch.manual_seed(0)
+    clf = SequenceClassifier(ModelConfig(vocab_size=20, mixer=mixer, d_model=16, n_layers=2, n_heads=1), 2,
+                             bidirectional=True)
+    ids = torch.randint(0, 20, (3, 40))
+    want = clf(ids)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = clf(ids)
+    got.float().sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in clf.parameters())
+    assert_close(got.float(), want, 2e-2, f"{mixer} classifier under bf16 autocast vs float32")
