@@ -9,6 +9,7 @@ and the new recurrent state copied into its buffer.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -18,7 +19,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .cache import LayerCache
 from .checks import check_conv_cache, check_layer_input, check_positive_int, check_short_conv, check_static_step_input
-from .scan import linear_scan
+from .scan import diagonal_scan, linear_scan
 from .shortconv import CONV_MODES, ShortConv
 from .static_cache import StaticLayerCache, copy_rows_, state_dtype
 
@@ -87,6 +88,13 @@ class _Baseline(nn.Module):
         copy_rows_(static.state, cache.state, rows)
 
 
+def _no_autocast(device_type: str) -> contextlib.AbstractContextManager:
+    """Autocast off on ``device_type`` (a device without autocast, e.g. meta, has nothing to turn off)."""
+    if torch.amp.is_autocast_available(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
 class LRULayer(_Baseline):
     """Linear Recurrent Unit (Orvieto et al., arXiv 2303.06349), a diagonal complex linear RNN.
 
@@ -94,15 +102,19 @@ class LRULayer(_Baseline):
     in [0, 2 pi max_phase] at init), gamma = sqrt(1 - |lambda|^2),
         h_t = lambda ⊙ h_{t-1} + gamma ⊙ (B u_t),    y_t = Re(C h_t) + D ⊙ u_t,
     u = ShortConv(x) when short_conv="v" (default: "", none), state size N = ``state_dim`` (d_model).
+    The recurrence runs in complex64 (complex128 for float64 input), also under autocast, chunkwise over
+    ``chunk_size`` tokens (scan.diagonal_scan: lambda is the same at every step).
     """
 
     def __init__(self, d_model: int, n_heads: int = 1, *, state_dim: int | None = None, r_min: float = 0.9,
                  r_max: float = 0.999, max_phase: float = 0.1, short_conv: str = "", conv_mode: str = "learned",
-                 conv_kernel: int = 4, conv_activation: str | None = "silu", tie_kv: bool = False) -> None:
+                 conv_kernel: int = 4, conv_activation: str | None = "silu", tie_kv: bool = False,
+                 chunk_size: int = 32) -> None:
         short_conv = _check_baseline_args("lru", d_model, n_heads, short_conv, conv_mode, tie_kv)
         super().__init__(d_model, short_conv, conv_mode, conv_kernel, conv_activation)
         N = check_positive_int("state_dim", state_dim or d_model)
         self.d_model, self.state_dim = d_model, N
+        self.chunk_size = check_positive_int("chunk_size", chunk_size)
         u = torch.rand(N)
         self.nu_log = nn.Parameter(torch.log(-0.5 * torch.log(u * (r_max ** 2 - r_min ** 2) + r_min ** 2)))
         self.theta_log = nn.Parameter(torch.log(max_phase * 2 * math.pi * torch.rand(N)))
@@ -123,12 +135,16 @@ class LRULayer(_Baseline):
         self.check_input(x, cache)
         u, new_conv = self.conv_input(x, cache)
         rdt = torch.float64 if x.dtype == torch.float64 else torch.float32
-        lam = torch.exp(torch.complex(-torch.exp(self.nu_log.to(rdt)), torch.exp(self.theta_log.to(rdt))))
-        gamma = torch.sqrt(1 - lam.abs() ** 2)
-        Bu = torch.complex(u.to(rdt) @ self.B_re.to(rdt).T, u.to(rdt) @ self.B_im.to(rdt).T) * gamma
-        h0 = None if cache is None else cache.state
-        h = linear_scan(lam.expand_as(Bu), Bu, h0)  # [B, T, N]
-        y = h.real @ self.C_re.to(rdt).T - h.imag @ self.C_im.to(rdt).T + self.D.to(rdt) * u.to(rdt)
+        # Autocast would run the projections in bf16/fp16, and a complex tensor cannot be built from those halves:
+        # the recurrence runs in float32 (complex64) whatever the autocast dtype, the output in x's dtype.
+        with _no_autocast(x.device.type):
+            log_lam = torch.complex(-torch.exp(self.nu_log.to(rdt)), torch.exp(self.theta_log.to(rdt)))
+            gamma = torch.sqrt(1 - torch.exp(2 * log_lam.real))  # sqrt(1 - |lambda|^2)
+            ur = u.to(rdt)
+            Bu = torch.complex(ur @ self.B_re.to(rdt).T, ur @ self.B_im.to(rdt).T) * gamma
+            h0 = None if cache is None else cache.state
+            h = diagonal_scan(log_lam, Bu, h0, self.chunk_size)  # [B, T, N]
+            y = h.real @ self.C_re.to(rdt).T - h.imag @ self.C_im.to(rdt).T + self.D.to(rdt) * ur
         return y.to(x.dtype), self.new_cache(new_conv, h[:, -1], cache, x.shape[1], use_cache)
 
 

@@ -1,55 +1,19 @@
 """Pathfinder generator and loader: the label equals a connectivity check on the drawn image (markers
 found by erosion, curves linked across dash gaps), the release layout, splits and an exact round trip."""
 
-from collections import deque
-
 import numpy as np
 import pytest
 
 from linattn.data.lra import DIFFICULTIES, PIXEL_VOCAB, draw_pathfinder, get_task, pathfinder_config, write_pathfinder
+from linattn.data.lra.pathfinder_oracle import find_markers as markers
+from linattn.data.lra.pathfinder_oracle import image_label
 from linattn.data.lra.png import read_png
-
-
-def blobs(mask, reach):
-    """Connected components of ``mask``: pixels at Chebyshev distance <= ``reach`` are linked."""
-    label = np.full(mask.shape, -1)
-    H, W = mask.shape
-    n = 0
-    for y0, x0 in zip(*np.nonzero(mask)):
-        if label[y0, x0] >= 0:
-            continue
-        label[y0, x0] = n
-        todo = deque([(y0, x0)])
-        while todo:
-            y, x = todo.popleft()
-            for yy in range(max(0, y - reach), min(H, y + reach + 1)):
-                for xx in range(max(0, x - reach), min(W, x + reach + 1)):
-                    if mask[yy, xx] and label[yy, xx] < 0:
-                        label[yy, xx] = n
-                        todo.append((yy, xx))
-        n += 1
-    return label, n
-
-
-def markers(img):
-    """One pixel of each marker: components of the lit pixels whose whole 3x3 neighbourhood is lit
-    (the curves are at most 2 px thick, so only the round markers survive this erosion)."""
-    lit = np.pad(img > 0, 1)
-    H, W = img.shape
-    core = np.ones((H, W), dtype=bool)
-    for dy in range(3):
-        for dx in range(3):
-            core &= lit[dy: dy + H, dx: dx + W]
-    label, n = blobs(core, 1)
-    return [tuple(np.argwhere(label == i)[0]) for i in range(n)]
 
 
 def connected(img, link):
     """Are the two markers of ``img`` on one curve? (lit pixels linked across gaps of <= ``link``)."""
-    found = markers(img)
-    assert len(found) == 2, f"expected 2 markers, found {len(found)}"
-    label, _ = blobs(img > 0, link)
-    return label[found[0]] == label[found[1]]
+    assert len(markers(img)) == 2, f"expected 2 markers, found {len(markers(img))}"
+    return bool(image_label(img, link))
 
 
 @pytest.mark.parametrize("difficulty", list(DIFFICULTIES))
