@@ -1,9 +1,12 @@
-"""The Trainer: AdamW + warmup/cosine, clipping, AMP, eval, early stop, atomic checkpoints, exact resume, DDP.
+"""The Trainer: AdamW + warmup/cosine, clipping, AMP, eval, early stop, atomic checkpoints, exact resume, DDP/FSDP2.
 
 Data: ``train_data.batch(index, rank, world) -> (inputs, targets)`` returns this rank's share of global
 batch ``index`` (:class:`linattn.data.TaskStream` does), so the data position is the step counter and a
 resumed or data-parallel run sees exactly the batches of an uninterrupted single-process run. Loss:
 mean token cross-entropy over the labelled positions of the global batch (targets != -100).
+
+Several processes (torchrun): DDP or FSDP2 (``TrainConfig.parallel``). Checkpoints hold the full model and
+optimizer state whatever the strategy, so a run resumes on another number of processes.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from linattn.errors import UserError
 from linattn.ops.common.values import value_checks
 from linattn.train.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from linattn.train.config import TrainConfig
-from linattn.train.distributed import DistInfo, all_reduce_sum, barrier, init_distributed
+from linattn.train.distributed import DistInfo, all_reduce_sum, barrier, init_distributed, per_rank_batch
+from linattn.train.fsdp import full_model_state, full_optimizer_state, load_full_state, mixed_precision, shard_model
 from linattn.train.metrics import MetricsLog, logits_of, sequence_correct, token_stats
 from linattn.train.resume import format_changes, refuse_changes, resume_changes
 from linattn.train.schedule import make_scheduler
@@ -84,12 +88,17 @@ class Trainer:
         self.config, self.train_data, self.eval_data, self.on_eval = config, train_data, eval_data, on_eval
         self.run_config, self.override_config = run_config, bool(override_config)
         self.dist: DistInfo = init_distributed(config.device)
-        if config.batch_size % self.dist.world:
-            raise ValueError(f"batch_size {config.batch_size} must be divisible by the world size {self.dist.world}")
+        per_rank_batch(config.batch_size, self.dist.world)
         self.out_dir = Path(out_dir) if out_dir is not None else None
+        use_bf16 = config.precision == "bf16" or (config.precision == "auto" and self.dist.device.type == "cuda")
+        self.autocast_dtype = torch.bfloat16 if use_bf16 else None
         self.model = model.to(self.dist.device)
-        self.ddp = self.model
-        if self.dist.world > 1:
+        self.ddp = self.model  # what the training forward calls: the DDP wrapper, or the (sharded) model itself
+        self.sharded = self.dist.world > 1 and config.parallel == "fsdp"
+        if self.sharded:  # in place: the parameters become DTensor shards, so the optimizer is built after
+            shard_model(self.model, mixed_precision(config.fsdp_param_dtype, config.fsdp_reduce_dtype,
+                                                    self.autocast_dtype))
+        elif self.dist.world > 1:
             ids = [self.dist.device.index] if self.dist.device.type == "cuda" else None
             self.ddp = nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
         decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() >= 2]
@@ -98,8 +107,6 @@ class Trainer:
             [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=config.lr, betas=config.betas)
         self.scheduler = self._make_scheduler()
-        use_bf16 = config.precision == "bf16" or (config.precision == "auto" and self.dist.device.type == "cuda")
-        self.autocast_dtype = torch.bfloat16 if use_bf16 else None
         self.step, self.best, self.last_eval, self.elapsed = 0, None, {}, 0.0
         self._check_values = "strict"
         self.checkpoint_step: int | None = None
@@ -109,10 +116,21 @@ class Trainer:
     def checkpoint_path(self) -> Path | None:
         return None if self.out_dir is None else self.out_dir / CHECKPOINT_NAME
 
+    def _full_state(self) -> tuple[dict, dict]:
+        """The unsharded model and optimizer state dicts (on rank 0 under FSDP, where gathering them is
+        collective: every rank calls this)."""
+        if self.sharded:
+            return full_model_state(self.model), full_optimizer_state(self.model, self.optimizer)
+        return self.model.state_dict(), self.optimizer.state_dict()
+
     def _save(self) -> None:
-        if self.checkpoint_path is not None and self.dist.is_main:
+        if self.checkpoint_path is None:
+            self.checkpoint_step = self.step
+            return
+        model_state, optimizer_state = self._full_state()
+        if self.dist.is_main:
             save_checkpoint(self.checkpoint_path, {
-                "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "model": model_state, "optimizer": optimizer_state,
                 "scheduler": self.scheduler.state_dict(), "rng": rng_state(), "step": self.step,
                 "data_position": self.step, "best": self.best, "last_eval": self.last_eval,
                 "elapsed": self.elapsed, "config": self.config.to_dict(), "run_config": self.run_config,
@@ -132,8 +150,11 @@ class Trainer:
         if changes and not self.override_config:
             refuse_changes(path, changes)
         try:
-            self.model.load_state_dict(ckpt["model"])
-            self.optimizer.load_state_dict(ckpt["optimizer"])
+            if self.sharded:
+                load_full_state(self.model, self.optimizer, ckpt["model"], ckpt["optimizer"])
+            else:
+                self.model.load_state_dict(ckpt["model"])
+                self.optimizer.load_state_dict(ckpt["optimizer"])
         except (RuntimeError, ValueError, KeyError) as exc:
             raise CheckpointError(f"checkpoint {path} does not match this model/optimizer: {exc}") from exc
         self.step = self.checkpoint_step = int(ckpt["data_position"])
@@ -185,6 +206,8 @@ class Trainer:
         loss.backward()
         clip = self.config.grad_clip if self.config.grad_clip > 0 else float("inf")
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        if hasattr(grad_norm, "full_tensor"):  # FSDP: a replicated DTensor holding the global norm
+            grad_norm = grad_norm.full_tensor()
         # one host synchronisation per step reads both; a non-finite loss stops before the update
         loss_value, grad_value = torch.stack([(totals[0] / total_count).float(), grad_norm.float()]).tolist()
         if not math.isfinite(loss_value):
@@ -207,14 +230,23 @@ class Trainer:
     def evaluate(self) -> dict:
         """Loss, token accuracy and whole-sequence accuracy on ``eval_data`` (rows split over ranks)."""
         x_all, y_all = self.eval_data
+        n_all = x_all.shape[0]
         x_all, y_all = x_all[self.dist.rank::self.dist.world], y_all[self.dist.rank::self.dist.world]
         self.ddp.eval()
         sums = torch.zeros(5, dtype=torch.float64, device=self.dist.device)
-        for i in range(0, x_all.shape[0], self.config.eval_batch_size):
-            x = x_all[i:i + self.config.eval_batch_size].to(self.dist.device)
-            y = y_all[i:i + self.config.eval_batch_size].to(self.dist.device)
+        bs = self.config.eval_batch_size
+        # FSDP's forward is collective: every rank runs as many batches as the rank with the most rows
+        # (an extra batch is a stand-in row whose stats are dropped)
+        rows = -(-n_all // self.dist.world) if self.sharded else x_all.shape[0]
+        for i in range(0, rows, bs):
+            x, y = x_all[i:i + bs].to(self.dist.device), y_all[i:i + bs].to(self.dist.device)
+            real = x.shape[0]
+            if real == 0:
+                x = self.eval_data[0][:1].to(self.dist.device)
             with self._autocast():
                 logits = logits_of(self.model(x))
+            if real == 0:
+                continue
             ce, count, correct = token_stats(logits, y)
             sums += torch.stack([ce.double(), count.double(), correct.double(),
                                  sequence_correct(logits, y).double(), torch.tensor(float(x.shape[0]))
