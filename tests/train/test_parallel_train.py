@@ -12,6 +12,8 @@ import torch
 from test_trainer import VOCAB, ShiftSum, TinyLM
 from torch import nn
 
+from linattn.data import TaskStream, make_task
+from linattn.data.lra import LRABatches
 from linattn.errors import ConfigError
 from linattn.models import CausalLM, ModelConfig
 from linattn.train import TrainConfig, Trainer, load_checkpoint, read_metrics
@@ -60,7 +62,7 @@ class CrashingShiftSum(ShiftSum):
         return super().batch(index, rank, world)
 
 
-def _train(out_dir: Path, parallel: str = "ddp", stop_at: int = -1) -> None:
+def _train(out_dir: Path, parallel: str = "ddp", stop_at: int = -1, param_dtype: str = "auto") -> None:
     """12 steps of BlockLM; an eval set of 65 rows in batches of 32, so under 2 processes one rank has a
     batch more than the other (FSDP's collective forward must not hang on it)."""
     torch.manual_seed(0)
@@ -68,7 +70,7 @@ def _train(out_dir: Path, parallel: str = "ddp", stop_at: int = -1) -> None:
     data = CrashingShiftSum(stop_at, out_dir / "batches.txt")
     cfg = TrainConfig(max_steps=12, batch_size=16, lr=3e-3, warmup_steps=3, eval_every=6, log_every=1,
                       eval_batch_size=32, checkpoint_every=CHECKPOINT_EVERY, progress=False, device="cpu",
-                      seed=0, parallel=parallel)
+                      seed=0, parallel=parallel, fsdp_param_dtype=param_dtype)
     trainer = Trainer(BlockLM(), data, cfg, eval_data=data.make(65, torch.Generator().manual_seed(99)),
                       out_dir=out_dir)
     try:
@@ -77,23 +79,24 @@ def _train(out_dir: Path, parallel: str = "ddp", stop_at: int = -1) -> None:
         assert stop_at >= 0
 
 
-def _worker(rank: int, world: int, init_file: str, jobs: list[tuple[str, str, int]]) -> None:
+def _worker(rank: int, world: int, init_file: str, jobs: list[tuple[str, str, int, str]]) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))  # a hang fails the test instead of stalling it
     try:
-        for out_dir, parallel, stop_at in jobs:
-            _train(Path(out_dir), parallel, stop_at)
+        for out_dir, parallel, stop_at, param_dtype in jobs:
+            _train(Path(out_dir), parallel, stop_at, param_dtype)
     finally:
         dist.destroy_process_group()
 
 
-def _spawn(tmp_path: Path, name: str, jobs: list[tuple[Path, str, int]]) -> None:
+def _spawn(tmp_path: Path, name: str, jobs: list[tuple]) -> None:
+    """Run ``jobs``, each ``(out_dir, parallel, stop_at[, fsdp_param_dtype])``, in turn in 2 gloo processes."""
     import torch.multiprocessing as mp
 
-    jobs = [(str(out), parallel, stop) for out, parallel, stop in jobs]
+    jobs = [(str(job[0]), *job[1:], *(("auto",) if len(job) == 3 else ())) for job in jobs]
     mp.spawn(_worker, args=(2, str(tmp_path / f"pg_{name}"), jobs), nprocs=2, join=True)
 
 
@@ -119,7 +122,7 @@ def runs(tmp_path_factory) -> Path:
     torch.set_num_threads(1)
     _train(root / "one")
     _train(root / "fsdp_1to2", "fsdp", STOP_AT)
-    jobs = [(root / "ddp", "ddp", -1), (root / "fsdp", "fsdp", -1)]
+    jobs = [(root / "ddp", "ddp", -1), (root / "fsdp", "fsdp", -1), (root / "fsdp_bf16", "fsdp", -1, "bf16")]
     for parallel in ("ddp", "fsdp"):
         jobs += [(root / f"{parallel}_2to1", parallel, STOP_AT), (root / f"{parallel}_2to2", parallel, STOP_AT),
                  (root / f"{parallel}_2to2", parallel, -1)]
@@ -147,6 +150,17 @@ def test_two_processes_ddp_and_fsdp_match_one_process(runs):
                                    rtol=1e-3, atol=1e-9)
 
 
+def test_fsdp_computes_in_bf16_and_keeps_float32_weights(runs):
+    """fsdp_param_dtype bf16: blocks compute with bf16 copies (the loss moves off the float32 curve, but
+    not far), while the sharded weights and the optimizer state, hence checkpoints, stay float32."""
+    got, want = read_metrics(runs / "fsdp_bf16"), read_metrics(runs / "one")
+    diffs = [abs(a["loss"] - b["loss"]) / b["loss"] for a, b in zip(got, want)]
+    assert len(got) == len(want) and 0 < max(diffs) < 0.02, diffs
+    ckpt = load_checkpoint(runs / "fsdp_bf16" / "checkpoint.pt")
+    assert all(v.dtype == torch.float32 for v in ckpt["model"].values())
+    assert all(s["exp_avg"].dtype == torch.float32 for s in ckpt["optimizer"]["state"].values())
+
+
 @pytest.mark.parametrize("name", RESUMED)
 def test_checkpoint_resumes_on_another_number_of_processes(runs, name):
     _assert_same_curve(runs / name, runs / "one")
@@ -162,6 +176,35 @@ def test_fsdp_shards_each_block_of_a_causal_lm():
     model = CausalLM(ModelConfig(mixer="gla", d_model=16, n_layers=3, n_heads=2, vocab_size=8, mlp=False))
     assert shard_units(model) == list(model.blocks)
     assert shard_units(TinyLM()) == []
+
+
+class Numbered:
+    """A map-style data set whose item ``i`` carries ``i`` as its label, so batches show which items they hold."""
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": torch.tensor([i, i]), "label": torch.tensor(i)}
+
+
+def test_each_process_reads_a_disjoint_shard_of_every_epoch():
+    """Data sources shard each global batch over processes (rank r: rows r::world): in an epoch of an
+    epoch-based source no item reaches two processes or one process twice, and the ranks together read
+    exactly the single-process batches."""
+    source = LRABatches(Numbered(), 8, seed=0)  # 5 batches an epoch
+    for epoch in range(2):
+        seen: list[int] = []
+        for j in range(epoch * 5, epoch * 5 + 5):
+            shards = [source.batch(j, rank, 2)[1][:, 0].tolist() for rank in range(2)]
+            assert [len(shard) for shard in shards] == [4, 4]
+            assert sorted(shards[0] + shards[1]) == sorted(source.batch(j)[1][:, 0].tolist())
+            seen += shards[0] + shards[1]
+        assert sorted(seen) == list(range(40)), f"epoch {epoch}: every item once"
+    stream = TaskStream(make_task("mqar", vocab=16, seq_len=16, num_kv_pairs=2), 8, seed=0)
+    whole = stream.batch(3)[0]
+    halves = [stream.batch(3, rank, 2)[0] for rank in range(2)]
+    assert torch.equal(torch.stack(halves, dim=1).reshape(whole.shape), whole)
 
 
 def test_global_batch_must_split_evenly_over_processes():
