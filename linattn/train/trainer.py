@@ -109,6 +109,7 @@ class Trainer:
         self.scheduler = self._make_scheduler()
         self.step, self.best, self.last_eval, self.elapsed = 0, None, {}, 0.0
         self._check_values = "strict"
+        self._step_tokens = 0  # input tokens of the last step's global batch
         self.checkpoint_step: int | None = None
 
     # -- files -------------------------------------------------------------------------------------------
@@ -187,6 +188,7 @@ class Trainer:
     def _train_step(self) -> tuple[float, float]:
         x, y = self.train_data.batch(self.step, self.dist.rank, self.dist.world)
         x, y = to_device(x, self.dist.device), to_device(y, self.dist.device)
+        self._step_tokens = x.numel() * self.dist.world  # every rank's batch has this shape
         self.ddp.train()
         # range checks of CUDA inputs (host synchronisations) run on the first step of a fit only
         with value_checks(self._check_values), self._autocast():
@@ -297,14 +299,20 @@ class Trainer:
                    dynamic_ncols=True, leave=False)
         t0 = time.time() - self.elapsed
         self._check_values = "strict"
+        tokens, train_s = 0, 0.0  # since the last train record: its throughput counts training steps only
         while status == "running":
-            loss, grad_norm = self._train_step()
+            t_step = time.perf_counter()
+            loss, grad_norm = self._train_step()  # ends in a host synchronisation: the step's work is done
+            train_s += time.perf_counter() - t_step
+            tokens += self._step_tokens
             self.elapsed = time.time() - t0
             bar.update(1)
             if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
                 bar.set_postfix(loss=f"{loss:.4f}")
                 log.write({"step": self.step, "split": "train", "loss": loss, "grad_norm": grad_norm,
-                           "lr": self.scheduler.get_last_lr()[0], "time": round(self.elapsed, 3)})
+                           "lr": self.scheduler.get_last_lr()[0], "time": round(self.elapsed, 3),
+                           "tokens_per_s": round(tokens / max(train_s, 1e-9), 1)})
+                tokens, train_s = 0, 0.0
             done = self.step >= cfg.max_steps
             if self.eval_data is not None and (self.step % cfg.eval_every == 0 or done):
                 self.last_eval = {"step": self.step, **self.evaluate()}

@@ -137,6 +137,8 @@ def runs(tmp_path_factory) -> Path:
 def test_two_processes_ddp_and_fsdp_match_one_process(runs):
     for name in ("ddp", "fsdp"):
         _assert_same_curve(runs / name, runs / "one")
+        # throughput counts the global batch's input tokens (16 rows x 12) over the training steps' time
+        assert all(r["tokens_per_s"] > 0 for r in read_metrics(runs / name) if r["split"] == "train")
     # the checkpoint is full, unsharded state whatever the strategy
     one, fsdp = (load_checkpoint(runs / name / "checkpoint.pt") for name in ("one", "fsdp"))
     assert fsdp["world"] == 2 and set(fsdp["model"]) == set(one["model"])
