@@ -19,7 +19,7 @@ FSDP_PARAM_DTYPES = ("auto", "bf16", "fp32")
 FSDP_REDUCE_DTYPES = ("fp32", "bf16")
 # fields that may differ when a run resumes: where and how visibly it trains, not what it computes
 # (checkpoints hold full, unsharded state, so a run may move between DDP and FSDP)
-RESUME_FREE_FIELDS = ("device", "progress", "tensorboard", "parallel")
+RESUME_FREE_FIELDS = ("device", "progress", "tensorboard", "parallel", "prefetch")
 _POSITIVE_INTS = ("max_steps", "batch_size", "eval_every", "eval_batch_size", "log_every")
 _NON_NEGATIVE_INTS = ("warmup_steps", "checkpoint_every", "seed")
 
@@ -40,7 +40,8 @@ class TrainConfig:
     ``fsdp_param_dtype`` is the dtype blocks compute with after the all-gather ("auto": bf16 when the
     run's precision resolves to bf16, else float32; the sharded master weights and AdamW stay float32),
     ``fsdp_reduce_dtype`` the dtype gradients are reduce-scattered in. Alone, both strategies train the
-    plain model."""
+    plain model. ``prefetch``: build the next batch on a background thread during each step (for data
+    sources that cost host time on GPU runs; the numbers are the same either way)."""
 
     max_steps: int = 1000
     batch_size: int = 32
@@ -64,6 +65,7 @@ class TrainConfig:
     parallel: str = "ddp"
     fsdp_param_dtype: str = "auto"
     fsdp_reduce_dtype: str = "fp32"
+    prefetch: bool = False
 
     def __post_init__(self) -> None:
         for name in _POSITIVE_INTS:
@@ -87,6 +89,7 @@ class TrainConfig:
         check_choice("parallel", self.parallel, PARALLEL_STRATEGIES)
         check_choice("fsdp_param_dtype", self.fsdp_param_dtype, FSDP_PARAM_DTYPES)
         check_choice("fsdp_reduce_dtype", self.fsdp_reduce_dtype, FSDP_REDUCE_DTYPES)
+        check_bool("prefetch", self.prefetch)
 
     @property
     def checkpoint_interval(self) -> int:

@@ -32,6 +32,7 @@ from linattn.train.config import TrainConfig
 from linattn.train.distributed import DistInfo, all_reduce_sum, barrier, init_distributed, per_rank_batch
 from linattn.train.fsdp import full_model_state, full_optimizer_state, load_full_state, mixed_precision, shard_model
 from linattn.train.metrics import MetricsLog, logits_of, sequence_correct, token_stats
+from linattn.train.prefetch import Prefetcher
 from linattn.train.resume import format_changes, refuse_changes, resume_changes
 from linattn.train.schedule import make_scheduler
 
@@ -110,6 +111,7 @@ class Trainer:
         self.step, self.best, self.last_eval, self.elapsed = 0, None, {}, 0.0
         self._check_values = "strict"
         self._step_tokens = 0  # input tokens of the last step's global batch
+        self._prefetcher: Prefetcher | None = None  # during fit() with config.prefetch
         self.checkpoint_step: int | None = None
 
     # -- files -------------------------------------------------------------------------------------------
@@ -186,7 +188,10 @@ class Trainer:
         return torch.autocast(self.dist.device.type, dtype=self.autocast_dtype)
 
     def _train_step(self) -> tuple[float, float]:
-        x, y = self.train_data.batch(self.step, self.dist.rank, self.dist.world)
+        if self._prefetcher is not None:
+            x, y = self._prefetcher.get(self.step)
+        else:
+            x, y = self.train_data.batch(self.step, self.dist.rank, self.dist.world)
         x, y = to_device(x, self.dist.device), to_device(y, self.dist.device)
         self._step_tokens = x.numel() * self.dist.world  # every rank's batch has this shape
         self.ddp.train()
@@ -299,6 +304,22 @@ class Trainer:
                    dynamic_ncols=True, leave=False)
         t0 = time.time() - self.elapsed
         self._check_values = "strict"
+        if cfg.prefetch and status == "running":
+            self._prefetcher = Prefetcher(self.train_data, self.dist.rank, self.dist.world,
+                                          pin=self.dist.device.type == "cuda")
+        try:
+            status = self._loop(status, log, bar, deadline, t0)
+        finally:
+            if self._prefetcher is not None:
+                self._prefetcher.close()
+                self._prefetcher = None
+        bar.close()
+        log.close()
+        return TrainResult(status, self.step, dict(self.last_eval), self.best, round(self.elapsed, 3))
+
+    def _loop(self, status: str, log: MetricsLog, bar: tqdm, deadline: float | None, t0: float) -> str:
+        """Train until ``status`` is no longer "running"; returns the final status."""
+        cfg = self.config
         tokens, train_s = 0, 0.0  # since the last train record: its throughput counts training steps only
         while status == "running":
             t_step = time.perf_counter()
@@ -329,16 +350,14 @@ class Trainer:
             if status == "running" and deadline is not None and time.time() >= deadline:
                 self._save()
                 status = "interrupted"
-        bar.close()
-        log.close()
-        return TrainResult(status, self.step, dict(self.last_eval), self.best, round(self.elapsed, 3))
+        return status
 
 
 def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``x`` on ``device``; a CPU tensor goes to CUDA through pinned memory without blocking, so the
     copy does not wait for the GPU work queued before it."""
     if device.type == "cuda" and x.device.type == "cpu":
-        return x.pin_memory().to(device, non_blocking=True)
+        return (x if x.is_pinned() else x.pin_memory()).to(device, non_blocking=True)
     return x.to(device)
 
 
