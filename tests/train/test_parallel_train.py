@@ -119,7 +119,8 @@ def runs(tmp_path_factory) -> Path:
     checkpoint and resume: saved under 2 processes resumed under 1 and 2 (DDP, FSDP), saved alone resumed
     under 2 (FSDP). Each 2to1 run's checkpoint is copied at the crash as ``saved.pt``."""
     root = tmp_path_factory.mktemp("parallel")
-    torch.set_num_threads(1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # set up before the function-scoped one_thread fixture; restored below
     _train(root / "one")
     _train(root / "fsdp_1to2", "fsdp", STOP_AT)
     jobs = [(root / "ddp", "ddp", -1), (root / "fsdp", "fsdp", -1), (root / "fsdp_bf16", "fsdp", -1, "bf16")]
@@ -131,6 +132,7 @@ def runs(tmp_path_factory) -> Path:
         out = root / f"{parallel}_2to1"
         shutil.copy(out / "checkpoint.pt", out / "saved.pt")
         _train(out, parallel)
+    torch.set_num_threads(threads)
     return root
 
 
