@@ -14,8 +14,12 @@ from linattn.validation import check_bool, check_choice, check_device, check_flo
 
 PRECISIONS = ("auto", "bf16", "fp32")
 EVAL_METRICS = ("loss", "accuracy", "seq_accuracy")
+PARALLEL_STRATEGIES = ("ddp", "fsdp")
+FSDP_PARAM_DTYPES = ("auto", "bf16", "fp32")
+FSDP_REDUCE_DTYPES = ("fp32", "bf16")
 # fields that may differ when a run resumes: where and how visibly it trains, not what it computes
-RESUME_FREE_FIELDS = ("device", "progress", "tensorboard")
+# (checkpoints hold full, unsharded state, so a run may move between DDP and FSDP)
+RESUME_FREE_FIELDS = ("device", "progress", "tensorboard", "parallel", "prefetch")
 _POSITIVE_INTS = ("max_steps", "batch_size", "eval_every", "eval_batch_size", "log_every")
 _NON_NEGATIVE_INTS = ("warmup_steps", "checkpoint_every", "seed")
 
@@ -28,7 +32,16 @@ class TrainConfig:
     ``eval_every`` steps and at the end; the run stops early once the eval ``target_metric`` reaches
     ``target_value`` (>= for accuracies, <= for names containing "loss"; ``target_metric`` is one of
     :data:`EVAL_METRICS`). ``device``: "auto" (cuda when available), "cpu", "cuda" or "cuda:N".
-    ``precision`` "auto" is bf16 autocast on CUDA and float32 on CPU."""
+    ``precision`` "auto" is bf16 autocast on CUDA and float32 on CPU.
+
+    With several processes (torchrun), ``parallel`` picks how the model is spread: "ddp" (a full replica
+    per process, gradients all-reduced) or "fsdp" (FSDP2 ``fully_shard``: parameters, gradients and
+    optimizer state sharded over processes, each block then the root). FSDP's mixed precision:
+    ``fsdp_param_dtype`` is the dtype blocks compute with after the all-gather ("auto": bf16 when the
+    run's precision resolves to bf16, else float32; the sharded master weights and AdamW stay float32),
+    ``fsdp_reduce_dtype`` the dtype gradients are reduce-scattered in. Alone, both strategies train the
+    plain model. ``prefetch``: build the next batch on a background thread during each step (for data
+    sources that cost host time on GPU runs; the numbers are the same either way)."""
 
     max_steps: int = 1000
     batch_size: int = 32
@@ -49,6 +62,10 @@ class TrainConfig:
     precision: str = "auto"
     progress: bool = True
     tensorboard: bool = False
+    parallel: str = "ddp"
+    fsdp_param_dtype: str = "auto"
+    fsdp_reduce_dtype: str = "fp32"
+    prefetch: bool = False
 
     def __post_init__(self) -> None:
         for name in _POSITIVE_INTS:
@@ -69,6 +86,10 @@ class TrainConfig:
         check_choice("precision", self.precision, PRECISIONS)
         check_bool("progress", self.progress)
         check_bool("tensorboard", self.tensorboard)
+        check_choice("parallel", self.parallel, PARALLEL_STRATEGIES)
+        check_choice("fsdp_param_dtype", self.fsdp_param_dtype, FSDP_PARAM_DTYPES)
+        check_choice("fsdp_reduce_dtype", self.fsdp_reduce_dtype, FSDP_REDUCE_DTYPES)
+        check_bool("prefetch", self.prefetch)
 
     @property
     def checkpoint_interval(self) -> int:

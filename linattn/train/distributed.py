@@ -1,4 +1,11 @@
-"""Data-parallel plumbing: process-group setup (torchrun env or an existing group) and reductions."""
+"""Data-parallel plumbing: process-group setup (torchrun env or an existing group) and reductions.
+
+NVLink multicast (NCCL's NVLS algorithms, PyTorch's symmetric-memory multicast, NVSHMEM's NVLS) stays off
+unless the environment says otherwise: :data:`MULTICAST_OFF` is put into the environment (where a
+variable is unset) before the process group starts. On shared multi-GPU hosts a program that creates
+multicast objects can leave the host's GPUs unusable for everyone until the host is repaired. Data parallelism
+does not need it: NCCL falls back to its ring and tree algorithms.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +15,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from linattn.errors import ConfigError
 from linattn.validation import check_device
+
+# set (when unset) before any process group starts; see the module docstring
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 @dataclass(frozen=True)
@@ -39,6 +50,7 @@ def init_distributed(device: str = "auto") -> DistInfo:
     dev = resolve_device(device)
     world_env = int(os.environ.get("WORLD_SIZE", "1"))
     if not dist.is_initialized() and world_env > 1:
+        keep_multicast_off()
         dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
     if not dist.is_initialized():
         return DistInfo(0, 1, dev)
@@ -48,6 +60,24 @@ def init_distributed(device: str = "auto") -> DistInfo:
         dev = torch.device("cuda", local)
         torch.cuda.set_device(dev)
     return DistInfo(rank, world, dev)
+
+
+def keep_multicast_off(environ: dict | None = None) -> dict:
+    """Set every variable of :data:`MULTICAST_OFF` that ``environ`` (default ``os.environ``) leaves unset;
+    a value the user set explicitly is kept. Returns what was set."""
+    env = os.environ if environ is None else environ
+    added = {k: v for k, v in MULTICAST_OFF.items() if k not in env}
+    env.update(added)
+    return added
+
+
+def per_rank_batch(batch_size: int, world: int) -> int:
+    """Rows of the global batch each of ``world`` processes trains on; ConfigError unless it divides:
+    the global batch (and so the loss curve) stays that of a single process whatever the world size."""
+    if batch_size % world:
+        raise ConfigError(f"{batch_size} is not divisible by the number of processes {world}; the global batch "
+                          f"is split evenly over processes (use a multiple of {world})", field="train.batch_size")
+    return batch_size // world
 
 
 def all_reduce_sum(values: torch.Tensor, info: DistInfo) -> torch.Tensor:

@@ -11,11 +11,12 @@ change is reported. Fields that do not change what is computed may differ freely
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 
 from linattn.errors import ResumeError
-from linattn.train.config import RESUME_FREE_FIELDS
+from linattn.train.config import RESUME_FREE_FIELDS, TrainConfig
 
 Change = tuple[str, object, object]
 _MISSING = "<absent>"
@@ -54,7 +55,9 @@ def format_changes(changes: list[Change]) -> str:
 def resume_changes(ckpt: Mapping, train: Mapping, run: Mapping | None) -> list[Change]:
     """What differs between the configs saved in checkpoint ``ckpt`` and the current ``train`` (a
     TrainConfig dict) and ``run`` (the run config, or None when the caller has none)."""
-    saved_train = ckpt.get("config") or {}
+    # a field added to TrainConfig after the checkpoint was written ran at its default, which keeps the old behaviour
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    saved_train = {**defaults, **ckpt["config"]} if ckpt.get("config") else {}
     changes = config_changes(saved_train, train, "train.", skip=RESUME_FREE_FIELDS)
     saved_run = ckpt.get("run_config")
     if saved_run is not None and run is not None:

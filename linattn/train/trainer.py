@@ -1,9 +1,12 @@
-"""The Trainer: AdamW + warmup/cosine, clipping, AMP, eval, early stop, atomic checkpoints, exact resume, DDP.
+"""The Trainer: AdamW + warmup/cosine, clipping, AMP, eval, early stop, atomic checkpoints, exact resume, DDP/FSDP2.
 
 Data: ``train_data.batch(index, rank, world) -> (inputs, targets)`` returns this rank's share of global
 batch ``index`` (:class:`linattn.data.TaskStream` does), so the data position is the step counter and a
 resumed or data-parallel run sees exactly the batches of an uninterrupted single-process run. Loss:
 mean token cross-entropy over the labelled positions of the global batch (targets != -100).
+
+Several processes (torchrun): DDP or FSDP2 (``TrainConfig.parallel``). Checkpoints hold the full model and
+optimizer state whatever the strategy, so a run resumes on another number of processes.
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ from linattn.errors import UserError
 from linattn.ops.common.values import value_checks
 from linattn.train.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from linattn.train.config import TrainConfig
-from linattn.train.distributed import DistInfo, all_reduce_sum, barrier, init_distributed
+from linattn.train.distributed import DistInfo, all_reduce_sum, barrier, init_distributed, per_rank_batch
+from linattn.train.fsdp import full_model_state, full_optimizer_state, load_full_state, mixed_precision, shard_model
 from linattn.train.metrics import MetricsLog, logits_of, sequence_correct, token_stats
+from linattn.train.prefetch import Prefetcher
 from linattn.train.resume import format_changes, refuse_changes, resume_changes
 from linattn.train.schedule import make_scheduler
 
@@ -84,12 +89,17 @@ class Trainer:
         self.config, self.train_data, self.eval_data, self.on_eval = config, train_data, eval_data, on_eval
         self.run_config, self.override_config = run_config, bool(override_config)
         self.dist: DistInfo = init_distributed(config.device)
-        if config.batch_size % self.dist.world:
-            raise ValueError(f"batch_size {config.batch_size} must be divisible by the world size {self.dist.world}")
+        per_rank_batch(config.batch_size, self.dist.world)
         self.out_dir = Path(out_dir) if out_dir is not None else None
+        use_bf16 = config.precision == "bf16" or (config.precision == "auto" and self.dist.device.type == "cuda")
+        self.autocast_dtype = torch.bfloat16 if use_bf16 else None
         self.model = model.to(self.dist.device)
-        self.ddp = self.model
-        if self.dist.world > 1:
+        self.ddp = self.model  # what the training forward calls: the DDP wrapper, or the (sharded) model itself
+        self.sharded = self.dist.world > 1 and config.parallel == "fsdp"
+        if self.sharded:  # in place: the parameters become DTensor shards, so the optimizer is built after
+            shard_model(self.model, mixed_precision(config.fsdp_param_dtype, config.fsdp_reduce_dtype,
+                                                    self.autocast_dtype))
+        elif self.dist.world > 1:
             ids = [self.dist.device.index] if self.dist.device.type == "cuda" else None
             self.ddp = nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
         decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() >= 2]
@@ -98,10 +108,10 @@ class Trainer:
             [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=config.lr, betas=config.betas)
         self.scheduler = self._make_scheduler()
-        use_bf16 = config.precision == "bf16" or (config.precision == "auto" and self.dist.device.type == "cuda")
-        self.autocast_dtype = torch.bfloat16 if use_bf16 else None
         self.step, self.best, self.last_eval, self.elapsed = 0, None, {}, 0.0
         self._check_values = "strict"
+        self._step_tokens = 0  # input tokens of the last step's global batch
+        self._prefetcher: Prefetcher | None = None  # during fit() with config.prefetch
         self.checkpoint_step: int | None = None
 
     # -- files -------------------------------------------------------------------------------------------
@@ -109,10 +119,21 @@ class Trainer:
     def checkpoint_path(self) -> Path | None:
         return None if self.out_dir is None else self.out_dir / CHECKPOINT_NAME
 
+    def _full_state(self) -> tuple[dict, dict]:
+        """The unsharded model and optimizer state dicts (on rank 0 under FSDP, where gathering them is
+        collective: every rank calls this)."""
+        if self.sharded:
+            return full_model_state(self.model), full_optimizer_state(self.model, self.optimizer)
+        return self.model.state_dict(), self.optimizer.state_dict()
+
     def _save(self) -> None:
-        if self.checkpoint_path is not None and self.dist.is_main:
+        if self.checkpoint_path is None:
+            self.checkpoint_step = self.step
+            return
+        model_state, optimizer_state = self._full_state()
+        if self.dist.is_main:
             save_checkpoint(self.checkpoint_path, {
-                "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "model": model_state, "optimizer": optimizer_state,
                 "scheduler": self.scheduler.state_dict(), "rng": rng_state(), "step": self.step,
                 "data_position": self.step, "best": self.best, "last_eval": self.last_eval,
                 "elapsed": self.elapsed, "config": self.config.to_dict(), "run_config": self.run_config,
@@ -132,8 +153,11 @@ class Trainer:
         if changes and not self.override_config:
             refuse_changes(path, changes)
         try:
-            self.model.load_state_dict(ckpt["model"])
-            self.optimizer.load_state_dict(ckpt["optimizer"])
+            if self.sharded:
+                load_full_state(self.model, self.optimizer, ckpt["model"], ckpt["optimizer"])
+            else:
+                self.model.load_state_dict(ckpt["model"])
+                self.optimizer.load_state_dict(ckpt["optimizer"])
         except (RuntimeError, ValueError, KeyError) as exc:
             raise CheckpointError(f"checkpoint {path} does not match this model/optimizer: {exc}") from exc
         self.step = self.checkpoint_step = int(ckpt["data_position"])
@@ -164,8 +188,12 @@ class Trainer:
         return torch.autocast(self.dist.device.type, dtype=self.autocast_dtype)
 
     def _train_step(self) -> tuple[float, float]:
-        x, y = self.train_data.batch(self.step, self.dist.rank, self.dist.world)
+        if self._prefetcher is not None:
+            x, y = self._prefetcher.get(self.step)
+        else:
+            x, y = self.train_data.batch(self.step, self.dist.rank, self.dist.world)
         x, y = to_device(x, self.dist.device), to_device(y, self.dist.device)
+        self._step_tokens = x.numel() * self.dist.world  # every rank's batch has this shape
         self.ddp.train()
         # range checks of CUDA inputs (host synchronisations) run on the first step of a fit only
         with value_checks(self._check_values), self._autocast():
@@ -185,6 +213,8 @@ class Trainer:
         loss.backward()
         clip = self.config.grad_clip if self.config.grad_clip > 0 else float("inf")
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        if hasattr(grad_norm, "full_tensor"):  # FSDP: a replicated DTensor holding the global norm
+            grad_norm = grad_norm.full_tensor()
         # one host synchronisation per step reads both; a non-finite loss stops before the update
         loss_value, grad_value = torch.stack([(totals[0] / total_count).float(), grad_norm.float()]).tolist()
         if not math.isfinite(loss_value):
@@ -207,14 +237,23 @@ class Trainer:
     def evaluate(self) -> dict:
         """Loss, token accuracy and whole-sequence accuracy on ``eval_data`` (rows split over ranks)."""
         x_all, y_all = self.eval_data
+        n_all = x_all.shape[0]
         x_all, y_all = x_all[self.dist.rank::self.dist.world], y_all[self.dist.rank::self.dist.world]
         self.ddp.eval()
         sums = torch.zeros(5, dtype=torch.float64, device=self.dist.device)
-        for i in range(0, x_all.shape[0], self.config.eval_batch_size):
-            x = x_all[i:i + self.config.eval_batch_size].to(self.dist.device)
-            y = y_all[i:i + self.config.eval_batch_size].to(self.dist.device)
+        bs = self.config.eval_batch_size
+        # FSDP's forward is collective: every rank runs as many batches as the rank with the most rows
+        # (an extra batch is a stand-in row whose stats are dropped)
+        rows = -(-n_all // self.dist.world) if self.sharded else x_all.shape[0]
+        for i in range(0, rows, bs):
+            x, y = x_all[i:i + bs].to(self.dist.device), y_all[i:i + bs].to(self.dist.device)
+            real = x.shape[0]
+            if real == 0:
+                x = self.eval_data[0][:1].to(self.dist.device)
             with self._autocast():
                 logits = logits_of(self.model(x))
+            if real == 0:
+                continue
             ce, count, correct = token_stats(logits, y)
             sums += torch.stack([ce.double(), count.double(), correct.double(),
                                  sequence_correct(logits, y).double(), torch.tensor(float(x.shape[0]))
@@ -265,14 +304,36 @@ class Trainer:
                    dynamic_ncols=True, leave=False)
         t0 = time.time() - self.elapsed
         self._check_values = "strict"
+        if cfg.prefetch and status == "running":
+            self._prefetcher = Prefetcher(self.train_data, self.dist.rank, self.dist.world,
+                                          pin=self.dist.device.type == "cuda")
+        try:
+            status = self._loop(status, log, bar, deadline, t0)
+        finally:
+            if self._prefetcher is not None:
+                self._prefetcher.close()
+                self._prefetcher = None
+        bar.close()
+        log.close()
+        return TrainResult(status, self.step, dict(self.last_eval), self.best, round(self.elapsed, 3))
+
+    def _loop(self, status: str, log: MetricsLog, bar: tqdm, deadline: float | None, t0: float) -> str:
+        """Train until ``status`` is no longer "running"; returns the final status."""
+        cfg = self.config
+        tokens, train_s = 0, 0.0  # since the last train record: its throughput counts training steps only
         while status == "running":
-            loss, grad_norm = self._train_step()
+            t_step = time.perf_counter()
+            loss, grad_norm = self._train_step()  # ends in a host synchronisation: the step's work is done
+            train_s += time.perf_counter() - t_step
+            tokens += self._step_tokens
             self.elapsed = time.time() - t0
             bar.update(1)
             if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
                 bar.set_postfix(loss=f"{loss:.4f}")
                 log.write({"step": self.step, "split": "train", "loss": loss, "grad_norm": grad_norm,
-                           "lr": self.scheduler.get_last_lr()[0], "time": round(self.elapsed, 3)})
+                           "lr": self.scheduler.get_last_lr()[0], "time": round(self.elapsed, 3),
+                           "tokens_per_s": round(tokens / max(train_s, 1e-9), 1)})
+                tokens, train_s = 0, 0.0
             done = self.step >= cfg.max_steps
             if self.eval_data is not None and (self.step % cfg.eval_every == 0 or done):
                 self.last_eval = {"step": self.step, **self.evaluate()}
@@ -289,16 +350,14 @@ class Trainer:
             if status == "running" and deadline is not None and time.time() >= deadline:
                 self._save()
                 status = "interrupted"
-        bar.close()
-        log.close()
-        return TrainResult(status, self.step, dict(self.last_eval), self.best, round(self.elapsed, 3))
+        return status
 
 
 def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``x`` on ``device``; a CPU tensor goes to CUDA through pinned memory without blocking, so the
     copy does not wait for the GPU work queued before it."""
     if device.type == "cuda" and x.device.type == "cpu":
-        return x.pin_memory().to(device, non_blocking=True)
+        return (x if x.is_pinned() else x.pin_memory()).to(device, non_blocking=True)
     return x.to(device)
 
 
