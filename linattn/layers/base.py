@@ -51,8 +51,8 @@ class MixerLayer(nn.Module):
     or None); conv_bias (a learned bias per channel in each learned ShortConv, as in Mamba2's conv;
     default False); tie_kv (True: v uses k's projection, before k's conv and feature map; "exact": v is the
     key fed to the op, after k's conv, feature map and normalisation, so K = V exactly and a conv on v is
-    refused; both need head_dim_v == head_dim); output_norm / output_gate (None: the paper's default); backend ("auto", ...);
-    chunk_size; norm_eps.
+    refused; both need head_dim_v == head_dim); output_norm / output_gate (None: the paper's default); backend
+    ("auto", ...); chunk_size; norm_eps.
     """
 
     op: Callable | None = None
