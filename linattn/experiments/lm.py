@@ -141,22 +141,17 @@ def conclusion(study: Study, cells: list[Cell], rows: list[dict]) -> str:
                  if (text := _change(_cell(cells, mixer=mixer, conv=conv, kv="separate"),
                                      _cell(cells, mixer=mixer, conv=conv, kv="exact"))) is not None]
         if parts:
-            lines.append(f"- **{mixer}**, test bits per byte against conv {REFERENCE_CONV} "
-                         f"({ref.mean:.3f}): " + "; ".join(parts) + ".")
+            lines.append(f"- **{mixer}**, change in test bits per byte against conv {REFERENCE_CONV} "
+                         f"({ref.mean:.3f}; negative: fewer bits, better): " + "; ".join(parts) + ".")
         if exact:
             lines.append(f"- **{mixer}, exact K = V** against separate K and V: " + "; ".join(exact) + ".")
-    params = {}
+    params: dict[str, set[int]] = {}
     for r in finished:
         if r.get("num_params"):
-            params.setdefault((r["mixer"], r["kv"]), set()).add(int(r["num_params"]))
+            params.setdefault(str(r["kv"]), set()).add(int(r["num_params"]))
     if params:
-        counts = [n for s in params.values() for n in s]
-        separate = [n for (m, kv), s in params.items() if kv == "separate" for n in s]
-        text = f"- **Parameters**: {min(counts):,} to {max(counts):,} (max/min {max(counts) / min(counts):.3f})"
-        if separate and len(separate) < len(counts):
-            text += (f"; with separate K and V {min(separate):,} to {max(separate):,} "
-                     f"(max/min {max(separate) / min(separate):.3f}); exact K = V drops the value projection")
-        lines.append(text + ".")
+        spans = [f"{kv} K and V {min(n):,} to {max(n):,} (max/min {max(n) / min(n):.3f})" for kv, n in params.items()]
+        lines.append("- **Parameters**: " + "; ".join(spans) + " (exact K = V has no value projection).")
     return "\n".join(lines)
 
 
