@@ -56,3 +56,20 @@ def test_exact_kv_refuses_bad_settings():
         build_mixer("gla", D, H, tie_kv="yes")
     with pytest.raises(ValueError, match="needs head_dim_v == head_dim"):
         build_mixer("gla", D, H, tie_kv="exact", head_dim_v=16)
+
+
+@pytest.mark.parametrize("name", ["gated_delta_rule", "softmax_attn"])
+def test_exact_kv_static_steps_equal_cached_steps(name):
+    from linattn.models import CausalLM, ModelConfig
+
+    torch.manual_seed(0)
+    model = CausalLM(ModelConfig(mixer=name, d_model=D, n_layers=2, n_heads=2, vocab_size=40,
+                                 mixer_kwargs={"tie_kv": "exact", "short_conv": "k"})).eval()
+    ids = torch.randint(0, 40, (2, 10), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        _, cache = model(ids[:, :6])
+        static = model.allocate_static_cache(2, 12)
+        static.load(model, cache, torch.arange(2), 6)
+        for t in range(6, 10):
+            expected, cache = model(ids[:, t:t + 1], cache)
+            assert_close(model.static_step(ids[:, t], static), expected[:, 0], 1e-5, f"{name}: static step {t}")
