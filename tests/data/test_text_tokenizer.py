@@ -1,10 +1,11 @@
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
 from linattn.data.text import BPETokenizer, ByteTokenizer, MissingDependencyError
-from linattn.data.text import tokenizer as tokenizer_module
 
 SAMPLE = "def naïve(x):\n    return x ** 2  # ✓ — 漢字\n\ttabs\r\n"
 
@@ -34,9 +35,8 @@ def test_bpe_round_trip_and_byte_counts(tmp_path):
 
 
 def test_missing_tokenizers_names_the_extra(monkeypatch):
-    def missing():
-        raise MissingDependencyError("the BPE tokenizer needs the `tokenizers` library: pip install 'linattn[text]'")
-
-    monkeypatch.setattr(tokenizer_module, "_tokenizers", missing)
-    with pytest.raises(MissingDependencyError, match=r"linattn\[text\]"):
+    # a None entry in sys.modules makes `import tokenizers` raise ImportError, as when it is not installed
+    monkeypatch.setitem(sys.modules, "tokenizers", None)
+    with pytest.raises(MissingDependencyError, match=r"pip install 'linattn\[text\]'"):
         BPETokenizer.train(["abc"], 300)
+    assert ByteTokenizer().decode(ByteTokenizer().encode("still works")) == "still works"
