@@ -52,14 +52,15 @@ PRESETS: dict[str, dict] = {
                     {"mixer": TRANSFORMER, "kv": "exact"}],
         "seeds": [0, 1], "lrs": [3e-3],
     },
-    # One H100, 16 workers: a first sizing (~25 minutes, not measured), resumable in --max-minutes 9
-    # invocations. BPE 4096 trained on the train split, 4 layers d=256 (4.0-4.5M parameters), 2000 steps of
-    # 32 x 512 tokens, every mixer x placement x kv; 3 seeds.
+    # One H100, 16 workers: a first sizing, not measured (138 runs in ~9 rounds of 16; ~25 minutes if a run's
+    # step takes ~0.1 s beside 15 others), resumable in --max-minutes 9 invocations. BPE 4096 trained on the
+    # train split, 4 layers d=256 (4.0-4.5M parameters), 1500 steps of 32 x 512 tokens, every mixer x
+    # placement x kv; 3 seeds.
     "full": {
         "base": _base({"tokenizer": "bpe", "vocab_size": 4096, "seq_len": 512, "eval_windows": 64,
                        "test_windows": 512},
                       {"d_model": 256, "n_layers": 4, "n_heads": 4},
-                      {"max_steps": 2000, "batch_size": 32, "warmup_steps": 100, "eval_every": 200, "log_every": 50,
+                      {"max_steps": 1500, "batch_size": 32, "warmup_steps": 100, "eval_every": 150, "log_every": 50,
                        "eval_batch_size": 32}),
         "mixers": list(MIXERS), "convs": list(CONVS), "exclude": [],
         "seeds": [0, 1, 2], "lrs": [2e-3],
