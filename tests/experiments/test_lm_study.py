@@ -104,3 +104,18 @@ def test_tiny_study_end_to_end(tmp_path):
     assert {r["kv"] for r in rows} == {"separate", "exact"} and all(math.isfinite(float(r["test_bpb"])) for r in rows)
     curves = (out.study_dir / "curves.csv").read_text().splitlines()
     assert curves[0] == "setting,step,val_bpb" and any(",4," in line for line in curves[1:])
+
+
+def test_full_preset_models_within_ten_percent_of_each_other():
+    from linattn.models import CausalLM, ModelConfig
+
+    counts = {}
+    for spec in lm_study("full").runs():
+        labels = dict(spec.labels)
+        if spec.seed != 0 or labels["conv"] != "qkv":
+            continue
+        model = spec.config["model"]
+        cfg = ModelConfig.from_dict({"vocab_size": spec.config["task"]["vocab_size"], **model})
+        counts[labels["mixer"]] = sum(p.numel() for p in CausalLM(cfg).parameters())
+    assert set(counts) == set(MIXERS)
+    assert max(counts.values()) / min(counts.values()) <= 1.1, counts
