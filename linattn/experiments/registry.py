@@ -6,12 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from linattn.errors import ConfigError
+from linattn.experiments.lm import LM_STUDY
 from linattn.experiments.lra import LRA_STUDY
 from linattn.experiments.report import write_report
 from linattn.experiments.shortconv import SHORTCONV_STUDY
 from linattn.experiments.study import ReportFn, Study, StudyEntry
 
-STUDIES: dict[str, StudyEntry] = {entry.name: entry for entry in (SHORTCONV_STUDY, LRA_STUDY)}
+STUDIES: dict[str, StudyEntry] = {entry.name: entry for entry in (SHORTCONV_STUDY, LRA_STUDY, LM_STUDY)}
 
 
 def list_studies() -> list[str]:

@@ -32,7 +32,8 @@ class Cell:
 
 
 def lower_is_better(metric: str) -> bool:
-    return "loss" in metric
+    # losses and bits per byte (bpb) fall as models improve
+    return "loss" in metric or metric.endswith("bpb")
 
 
 def write_csv(rows: list[dict], axes: list[str], path: Path) -> None:

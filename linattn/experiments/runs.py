@@ -7,6 +7,8 @@ any study the way the study ran it.
 - ``synthetic``: a CausalLM on a synthetic task (:func:`linattn.train.build.train_from_config`).
 - ``lra``: optional self-pretraining, then a classifier fine-tuned on a Long Range Arena task
   (:func:`linattn.experiments.lra_run.train_lra_from_config`).
+- ``lm``: a CausalLM on a corpus of text files, scored in bits per byte
+  (:func:`linattn.experiments.lm_run.train_lm_from_config`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 
 from linattn.config_files import read_yaml
 from linattn.errors import ConfigError, located
+from linattn.experiments.lm_run import check_lm_config, train_lm_from_config
 from linattn.experiments.lra_run import check_lra_config, train_lra_from_config
 from linattn.train.build import SYNTHETIC, check_run_config, train_from_config
 from linattn.train.trainer import TrainResult
@@ -40,6 +43,7 @@ class RunKind:
 RUN_KINDS: dict[str, RunKind] = {
     SYNTHETIC: RunKind(SYNTHETIC, check_run_config, train_from_config),
     "lra": RunKind("lra", check_lra_config, train_lra_from_config),
+    "lm": RunKind("lm", check_lm_config, train_lm_from_config),
 }
 
 

@@ -49,9 +49,10 @@ class MixerLayer(nn.Module):
     (value width, default head_dim); short_conv (letters of "qkv", "" for none; None: the paper's
     default); conv_mode ("learned", "shift", "identity"); conv_kernel (4); conv_activation ("silu"
     or None); conv_bias (a learned bias per channel in each learned ShortConv, as in Mamba2's conv;
-    default False); tie_kv (v uses k's projection, before k's conv and feature map; needs head_dim_v ==
-    head_dim); output_norm / output_gate (None: the paper's default); backend ("auto", ...);
-    chunk_size; norm_eps.
+    default False); tie_kv (True: v uses k's projection, before k's conv and feature map; "exact": v is the
+    key fed to the op, after k's conv, feature map and normalisation, so K = V exactly and a conv on v is
+    refused; both need head_dim_v == head_dim); output_norm / output_gate (None: the paper's default); backend
+    ("auto", ...); chunk_size; norm_eps.
     """
 
     op: Callable | None = None
@@ -66,7 +67,7 @@ class MixerLayer(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, *, head_dim: int | None = None, head_dim_v: int | None = None,
                  short_conv: str | None = None, conv_mode: str = "learned", conv_kernel: int = 4,
-                 conv_activation: str | None = "silu", conv_bias: bool = False, tie_kv: bool = False,
+                 conv_activation: str | None = "silu", conv_bias: bool = False, tie_kv: bool | str = False,
                  output_norm: bool | None = None, output_gate: bool | None = None, backend: str = "auto",
                  chunk_size: int = 64, norm_eps: float = 1e-5) -> None:
         super().__init__()
@@ -74,10 +75,15 @@ class MixerLayer(nn.Module):
         V = K if head_dim_v is None else head_dims(d_model, n_heads, head_dim_v)
         short_conv = self.default_short_conv if short_conv is None else short_conv
         self.short_conv = check_short_conv(short_conv, self.conv_letters)
-        if not isinstance(tie_kv, bool):
-            raise TypeError(f"tie_kv must be a bool, got {tie_kv!r}")
+        if not isinstance(tie_kv, bool) and tie_kv != "exact":
+            raise TypeError(f"tie_kv must be a bool or 'exact', got {tie_kv!r}")
         if tie_kv and V != K:
-            raise ValueError(f"tie_kv=True needs head_dim_v == head_dim, got head_dim_v={V}, head_dim={K}")
+            raise ValueError(f"tie_kv={tie_kv!r} needs head_dim_v == head_dim, got head_dim_v={V}, head_dim={K}")
+        # exact K = V replaces v by the op's key, so a conv on v would act on nothing
+        self.exact_kv = tie_kv == "exact"
+        if self.exact_kv and "v" in self.short_conv:
+            raise ValueError("tie_kv='exact' makes v the key fed to the op: a ShortConv on v would be unused; "
+                             f"got short_conv={self.short_conv!r}")
         self.d_model, self.n_heads, self.head_dim, self.head_dim_v = d_model, n_heads, K, V
         # checked here as the ops check them, so that a typo fails at construction and not at the first forward
         check_choice("backend", backend, ("auto", *BACKENDS))
@@ -169,6 +175,7 @@ class MixerLayer(nn.Module):
         k = s["k"].view(B, T, -1, self.head_dim)
         v = s["v"].view(B, T, -1, self.head_dim_v)
         q, k, v, args, kwargs = self.mix_inputs(x, q, k, v, offset, s)
+        v = k if self.exact_kv else v
         # the op runs in the value stream's dtype (bf16 under autocast): feature maps or norms that came
         # out in float32 would otherwise put the kernels on their exact-float32 (slow) path
         q, k = q.to(v.dtype), k.to(v.dtype)
@@ -233,6 +240,7 @@ class MixerLayer(nn.Module):
         k = s["k"].view(B, 1, -1, self.head_dim)
         v = s["v"].view(B, 1, -1, self.head_dim_v)
         q, k, v, args, kwargs = self.mix_inputs(x, q, k, v, cache.pos, s)
+        v = k if self.exact_kv else v
         q, k = q.to(v.dtype), k.to(v.dtype)
         with value_checks(False):
             o = self.static_op_step(q, k, v, args, kwargs, cache)

@@ -67,7 +67,7 @@ def test_changed_study_definition_lists_the_differences(tmp_path):
 @pytest.mark.parametrize("argv, match", [
     (["run", "shortconv", "--threads", "0"], "--threads: expected an int >= 1, got 0"),
     (["run", "shortconv", "--device", "gpu"], "--device: expected 'cpu', 'cuda' or 'cuda:N', got 'gpu'"),
-    (["run", "nope"], "study must be one of ['lra', 'shortconv'] or a study .yaml file, got 'nope'"),
+    (["run", "nope"], "study must be one of ['lm', 'lra', 'shortconv'] or a study .yaml file, got 'nope'"),
     (["bench", "decode", "--mixers", "gdn"], "--mixers: unknown mixer(s) ['gdn']"),
     (["bench", "ops", "--lengths", "2048,x"], "--lengths: expected a comma list of ints >= 1, got '2048,x'"),
 ])

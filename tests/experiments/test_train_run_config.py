@@ -1,5 +1,5 @@
 """``linattn train <run>/config.yaml`` reruns a study's run from the config.yaml the study wrote, whatever
-its kind, and ends with the study's numbers (CPU, fixed seed): a shortconv run and an lra run, tiny presets."""
+its kind, and ends with the study's numbers (CPU, fixed seed): a shortconv, an lra and an lm run, tiny presets."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import yaml
 from test_lra_budget import TINY_SMOKE  # the lra smoke preset shrunk to seconds
 
 from linattn.cli import main
-from linattn.experiments import lra, runner, shortconv
+from linattn.experiments import lm, lra, runner, shortconv
 from linattn.experiments.runs import RUN_KINDS, check_config, run_kind
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -58,11 +58,33 @@ def test_train_reruns_an_lra_run(tmp_path, capsys, monkeypatch):
         assert printed[key] == study_result[key], key
 
 
+def test_train_reruns_an_lm_run(tmp_path, capsys, monkeypatch):
+    corpus = tmp_path / "corpus"
+    for i in range(30):
+        (corpus / f"d{i:02d}.txt").parent.mkdir(parents=True, exist_ok=True)
+        (corpus / f"d{i:02d}.txt").write_text(f"text file {i}: " + "the quick brown fox " * (3 + i % 5))
+    smoke = lm.PRESETS["smoke"]
+    tiny = {**smoke, "mixers": ["gated_delta_rule"], "convs": ["k"], "exclude": [], "seeds": [0],
+            "base": {**smoke["base"],
+                     "task": {**smoke["base"]["task"], "root": str(corpus), "val_fraction": 0.2, "test_fraction": 0.2,
+                              "seq_len": 16, "eval_windows": 4, "test_windows": 4},
+                     "model": {**smoke["base"]["model"], "d_model": 16, "n_layers": 1},
+                     "train": {**smoke["base"]["train"], "max_steps": 4, "batch_size": 4, "eval_every": 2,
+                               "warmup_steps": 1}}}
+    monkeypatch.setitem(lm.PRESETS, "smoke", tiny)
+    monkeypatch.setattr(runner.os, "cpu_count", lambda: 1)
+    config, study_result, printed = _rerun("lm", tmp_path, capsys, [])
+    assert config["kind"] == "lm" and config["task"]["root"] == str(corpus)
+    assert printed["step"] == study_result["step"] == 4
+    for key in ("val_bpb", "test_bpb", "unigram_bpb"):
+        assert printed[key] == study_result[key], key
+
+
 def test_run_kinds_check_their_own_configs():
-    assert set(RUN_KINDS) == {"synthetic", "lra"}
+    assert set(RUN_KINDS) == {"synthetic", "lra", "lm"}
     assert run_kind({"task": {"name": "mqar"}, "model": {"mixer": "gla"}}).name == "synthetic", "the default kind"
-    with pytest.raises(ValueError, match=r"kind: must be one of \['lra', 'synthetic'\], got 'lm'"):
-        check_config({"kind": "lm", "task": {"name": "mqar"}, "model": {"mixer": "gla"}})
+    with pytest.raises(ValueError, match=r"kind: must be one of \['lm', 'lra', 'synthetic'\], got 'chess'"):
+        check_config({"kind": "chess", "task": {"name": "mqar"}, "model": {"mixer": "gla"}})
     with pytest.raises(ValueError, match="unknown LRA task key"):
         check_config({"kind": "lra", "task": {"name": "listops", "vocab": 3}, "model": {"mixer": "gla"}})
 

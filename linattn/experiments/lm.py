@@ -1,0 +1,221 @@
+"""The language-modelling study: mixers x short-conv placement x exact K = V on real text, scored in bits per byte.
+
+Claim under test: on language modelling the short convolution matters (the FLA group's DeltaNet at 340M loses
+28.24 -> 29.08 Wikitext perplexity without it), mostly through the conv on the keys; and with K = V exactly
+(the value fed to the op is its key) the regression-style mixers need the conv more than the others. Grid:
+mixer (a Transformer, softmax_attn, beside linear-attention and state-space mixers) x conv placement
+(none, k, qkv, a fixed shift of k) x kv (separate projections, or exact K = V) x seeds; a run is of kind
+``lm`` (:mod:`linattn.experiments.lm_run`). Score: test bits per byte; validation bits per byte is logged
+over training.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+from linattn.errors import ConfigError
+from linattn.experiments.lm_run import KIND
+from linattn.experiments.report import Cell, write_report
+from linattn.experiments.shortconv import CONV_PLACEMENTS
+from linattn.experiments.study import Study, StudyEntry
+
+MIXERS = ("softmax_attn", "delta_rule", "gated_delta_rule", "gla", "mamba2", "mesa_net", "forgetting_attn")
+CONVS = ("none", "k", "qkv", "shift-k")
+KV = {"separate": {"model.mixer_kwargs.tie_kv": False}, "exact": {"model.mixer_kwargs.tie_kv": "exact"}}
+# mamba2's "keys" (B) and "values" (x) differ in width and role: no K = V; with K = V a conv on v is the conv
+# on k (the layer refuses it), so qkv has no exact-K=V counterpart
+EXCLUDE = [{"mixer": "mamba2", "kv": "exact"}, {"conv": "qkv", "kv": "exact"}]
+TRANSFORMER = "softmax_attn"
+REFERENCE_CONV = "qkv"  # the FLA layers' default placement: the changes are measured from it
+METRIC = "test_bpb"
+
+
+def _base(task: dict, model: dict, train: dict) -> dict:
+    return {"kind": KIND, "task": {"name": "text", **task},
+            "model": {"mixer": TRANSFORMER, **model, "mixer_kwargs": {}},
+            "train": {"target_metric": "loss", "weight_decay": 0.1, **train}}
+
+
+PRESETS: dict[str, dict] = {
+    # CPU, 2 cores, 2 workers: ~6 minutes. Bytes, 2 layers d=64, 150 steps of 16 x 128 bytes; the Transformer
+    # (no conv) and gated_delta_rule with conv none / k / qkv, separate and exact K = V; 2 seeds.
+    "smoke": {
+        "base": _base({"tokenizer": "bytes", "seq_len": 128, "eval_windows": 32, "test_windows": 64},
+                      {"d_model": 64, "n_layers": 2, "n_heads": 2},
+                      {"max_steps": 150, "batch_size": 16, "warmup_steps": 15, "eval_every": 50, "log_every": 25,
+                       "eval_batch_size": 64}),
+        "mixers": ["softmax_attn", "gated_delta_rule"], "convs": ["none", "k", "qkv"],
+        "exclude": [{"mixer": TRANSFORMER, "conv": "k"}, {"mixer": TRANSFORMER, "conv": "qkv"},
+                    {"mixer": TRANSFORMER, "kv": "exact"}],
+        "seeds": [0, 1], "lrs": [3e-3],
+    },
+    # One H100, 16 workers: a first sizing, not measured (138 runs in ~9 rounds of 16; ~25 minutes if a run's
+    # step takes ~0.1 s beside 15 others), resumable in --max-minutes 9 invocations. BPE 4096 trained on the
+    # train split, 4 layers d=256 (4.0-4.5M parameters), 1500 steps of 32 x 512 tokens, every mixer x
+    # placement x kv; 3 seeds.
+    "full": {
+        "base": _base({"tokenizer": "bpe", "vocab_size": 4096, "seq_len": 512, "eval_windows": 64,
+                       "test_windows": 512},
+                      {"d_model": 256, "n_layers": 4, "n_heads": 4},
+                      {"max_steps": 1500, "batch_size": 32, "warmup_steps": 100, "eval_every": 150, "log_every": 50,
+                       "eval_batch_size": 32}),
+        "mixers": list(MIXERS), "convs": list(CONVS), "exclude": [],
+        "seeds": [0, 1, 2], "lrs": [2e-3],
+    },
+}
+
+
+def lm_study(preset: str = "smoke") -> Study:
+    """The study at ``preset`` ("smoke" or "full")."""
+    if preset not in PRESETS:
+        raise ConfigError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
+    p = PRESETS[preset]
+    return Study.from_dict({
+        "name": "lm", "description": f"Language modelling on real text (preset {preset}). "
+        + __doc__.split("\n\n")[1].replace("\n", " "),
+        "base": p["base"],
+        "axes": {"mixer": {m: {"model.mixer": m} for m in p["mixers"]},
+                 "conv": {c: CONV_PLACEMENTS[c] for c in p["convs"]},
+                 "kv": dict(KV)},
+        "exclude": EXCLUDE + p["exclude"], "seeds": p["seeds"], "lrs": p["lrs"], "metric": METRIC,
+        "report": {"facet": "kv", "rows": ["mixer"], "cols": "conv"}})
+
+
+# -- the report ------------------------------------------------------------------------------------------
+def _cell(cells: list[Cell], **labels: str) -> Cell | None:
+    for c in cells:
+        if all(c.labels.get(k) == v for k, v in labels.items()):
+            return c
+    return None
+
+
+def _difference(a: Cell, b: Cell) -> tuple[float, float]:
+    """(b - a, the seed noise of that difference: 2 standard errors)."""
+    se = math.sqrt(a.std ** 2 / max(a.n, 1) + b.std ** 2 / max(b.n, 1))
+    return b.mean - a.mean, 2 * se
+
+
+def _change(a: Cell | None, b: Cell | None) -> str | None:
+    if a is None or b is None:
+        return None
+    diff, noise = _difference(a, b)
+    if a.n < 2 or b.n < 2:
+        return f"{diff:+.3f} (one seed: noise unknown)"
+    verdict = "beyond" if abs(diff) > noise else "within"
+    return f"{diff:+.3f} ({verdict} the seed noise {noise:.3f})"
+
+
+def conclusion(study: Study, cells: list[Cell], rows: list[dict]) -> str:
+    """The findings, computed: the unigram baseline and how far below it each setting lands; per mixer the
+    change in test bits per byte from removing the conv, from the conv on k alone and from the shift of k
+    (each against the reference placement qkv) and from exact K = V; whether each exceeds the seed noise
+    (2 standard errors of the difference); the spread of parameter counts."""
+    finished = [r for r in rows if r.get("status") == "finished"]
+    lines = []
+    unigram = [float(r["unigram_bpb"]) for r in finished if r.get("unigram_bpb") is not None]
+    if unigram:
+        base = statistics.fmean(unigram)
+        below = [c for c in cells if c.mean < base]
+        best = min(cells, key=lambda c: c.mean)
+        lines.append(f"- **Baseline**: the unigram entropy of the training split is {base:.3f} bits per byte; "
+                     f"{len(below)} of {len(cells)} settings score below it. Best: "
+                     f"{', '.join(f'{k}={v}' for k, v in best.labels.items())} at {best.mean:.3f} ± {best.std:.3f} "
+                     f"({base - best.mean:.3f} below the baseline).")
+        for mixer, conv in ((TRANSFORMER, "none"), ("gated_delta_rule", "k"), ("gated_delta_rule", REFERENCE_CONV)):
+            c = _cell(cells, mixer=mixer, conv=conv, kv="separate")
+            if c is not None:
+                margin = base - c.mean
+                sure = "clearly " if margin > 2 * c.std + 0.1 else ""
+                lines.append(f"- {mixer} (conv {conv}): {c.mean:.3f} ± {c.std:.3f}, {margin:.3f} bits per byte "
+                             f"{sure}{'below' if margin > 0 else 'above'} the unigram entropy.")
+    for mixer in study.axes["mixer"]:
+        ref = _cell(cells, mixer=mixer, conv=REFERENCE_CONV, kv="separate")
+        parts = []
+        for conv, what in (("none", "removing the conv"), ("k", "conv on k alone"), ("shift-k", "shift of k")):
+            text = _change(ref, _cell(cells, mixer=mixer, conv=conv, kv="separate"))
+            if text is not None:
+                parts.append(f"{what} {text}")
+        exact = [f"conv {conv}: {text}" for conv in study.axes["conv"]
+                 if (text := _change(_cell(cells, mixer=mixer, conv=conv, kv="separate"),
+                                     _cell(cells, mixer=mixer, conv=conv, kv="exact"))) is not None]
+        if parts:
+            lines.append(f"- **{mixer}**, change in test bits per byte against conv {REFERENCE_CONV} "
+                         f"({ref.mean:.3f}; negative: fewer bits, better): " + "; ".join(parts) + ".")
+        if exact:
+            lines.append(f"- **{mixer}, exact K = V** against separate K and V: " + "; ".join(exact) + ".")
+    params: dict[str, set[int]] = {}
+    for r in finished:
+        if r.get("num_params"):
+            params.setdefault(str(r["kv"]), set()).add(int(r["num_params"]))
+    if params:
+        spans = [f"{kv} K and V {min(n):,} to {max(n):,} (max/min {max(n) / min(n):.3f})" for kv, n in params.items()]
+        lines.append("- **Parameters**: " + "; ".join(spans) + " (exact K = V has no value projection).")
+    return "\n".join(lines)
+
+
+def _setting(row: dict, axes: list[str]) -> str:
+    return " | ".join(f"{row[a]}" for a in axes)
+
+
+def validation_curves(study: Study, study_dir: Path, rows: list[dict]) -> dict[str, dict[int, float]]:
+    """Per setting, the validation bits per byte at each evaluated step, averaged over seeds (and lrs)."""
+    axes = list(study.axes)
+    sums: dict[str, dict[int, list[float]]] = {}
+    for r in rows:
+        path = study_dir / "runs" / r["run_id"] / "metrics.jsonl"
+        if r.get("status") != "finished" or not path.is_file() or not r.get("val_bpb_per_nat"):
+            continue
+        for line in path.read_text().splitlines():
+            rec = json.loads(line) if line.strip() else {}
+            if rec.get("split") == "eval":
+                per = sums.setdefault(_setting(r, axes), {}).setdefault(int(rec["step"]), [])
+                per.append(float(rec["loss"]) * float(r["val_bpb_per_nat"]))
+    return {s: {step: statistics.fmean(v) for step, v in sorted(by.items())} for s, by in sums.items()}
+
+
+def plot_curves(curves: dict[str, dict[int, float]], unigram: float | None, path: Path) -> bool:
+    """Validation bits per byte over training, one line per setting; False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name, curve in curves.items():
+        ax.plot(list(curve), list(curve.values()), marker="o", markersize=3, label=name)
+    if unigram is not None:
+        ax.axhline(unigram, color="grey", linestyle="--", label=f"unigram entropy ({unigram:.2f})")
+    ax.set_xlabel("step")
+    ax.set_ylabel("validation bits per byte")
+    ax.legend(fontsize=6, ncol=2)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def lm_report(study: Study, study_dir: Path, rows: list[dict]) -> None:
+    """report.md (tables, heatmaps, conclusion), results.csv, and the validation curves (curves.csv, curves.png)."""
+    write_report(study, study_dir, rows, conclusion=lambda s, c: conclusion(s, c, rows))
+    curves = validation_curves(study, study_dir, rows)
+    unigram = [float(r["unigram_bpb"]) for r in rows if r.get("unigram_bpb") is not None]
+    base = statistics.fmean(unigram) if unigram else None
+    lines = ["setting,step,val_bpb"] + [f"{name},{step},{v:.5f}" for name, curve in curves.items()
+                                        for step, v in curve.items()]
+    (study_dir / "curves.csv").write_text("\n".join(lines) + "\n")
+    text = ["", "## Validation bits per byte over training", "",
+            f"Mean over seeds per setting ({' | '.join(study.axes)}); numbers in curves.csv."
+            + (f" Dashed: the unigram entropy of the training split ({base:.3f})." if base is not None else ""), ""]
+    text.append("![validation curves](curves.png)" if curves and plot_curves(curves, base, study_dir / "curves.png")
+                else "(no plot: no curves, or matplotlib is not installed)")
+    with open(study_dir / "report.md", "a") as f:
+        f.write("\n".join(text) + "\n")
+
+
+LM_STUDY = StudyEntry("lm", tuple(PRESETS), lm_study, lm_report)

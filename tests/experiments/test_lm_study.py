@@ -1,0 +1,121 @@
+"""The language-modelling study: run configs of kind lm, the grid of its presets, a tiny study end to end."""
+
+from __future__ import annotations
+
+import csv
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from linattn.experiments import run_study
+from linattn.experiments.lm import EXCLUDE, MIXERS, lm_report, lm_study
+from linattn.experiments.lm_run import check_lm_config
+from linattn.experiments.registry import get_study
+from linattn.experiments.runs import train_run
+from linattn.experiments.study import Study
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
+from text_fixtures import write_corpus  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TINY_TRAIN = {"max_steps": 4, "batch_size": 4, "warmup_steps": 1, "eval_every": 2, "log_every": 2,
+              "eval_batch_size": 8, "target_metric": "loss", "device": "cpu", "progress": False}
+
+
+def _config(root: Path, cache: Path, **task) -> dict:
+    return {"kind": "lm",
+            "task": {"name": "text", "root": str(root), "include": ["*.txt"], "val_fraction": 0.2,
+                     "test_fraction": 0.2, "seq_len": 16, "eval_windows": 4, "test_windows": 4,
+                     "cache_dir": str(cache), **task},
+            "model": {"mixer": "gated_delta_rule", "d_model": 16, "n_layers": 1, "n_heads": 2},
+            "train": dict(TINY_TRAIN), "seed": 0}
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"tokenizer": "words"}, "task.tokenizer"),
+    ({"tokenizer": "bpe"}, "task.vocab_size"),
+    ({"vocab_size": 300}, "null for the bytes tokenizer"),
+    ({"seq_len": 0}, "task.seq_len"),
+    ({"include": "*.txt"}, "task.include"),
+    ({"colour": 1}, "unknown lm task key"),
+])
+def test_bad_lm_configs(change, match, tmp_path):
+    cfg = _config(tmp_path, tmp_path)
+    cfg["task"].update(change)
+    with pytest.raises(ValueError, match=match):
+        check_lm_config(cfg)
+
+
+def test_grid_of_the_presets():
+    smoke = lm_study("smoke")
+    labels = [dict(s) for s in smoke.settings()]
+    assert {"mixer": "softmax_attn", "conv": "none", "kv": "separate"} in labels
+    assert {"mixer": "gated_delta_rule", "conv": "k", "kv": "exact"} in labels
+    assert not any(d["conv"] == "qkv" and d["kv"] == "exact" for d in labels)
+    assert len(smoke.runs()) == 12 and smoke.seeds == [0, 1]
+    full = lm_study("full")
+    assert set(full.axes["mixer"]) == set(MIXERS) and set(full.axes["conv"]) == {"none", "k", "qkv", "shift-k"}
+    assert len(full.seeds) >= 3
+    settings = [dict(s) for s in full.settings()]
+    # every combination but mamba2 with K = V and qkv with K = V (a conv on v is the conv on k there)
+    assert len(settings) == 7 * 4 * 2 - 4 - 6
+    assert not any(all(d[k] == v for k, v in e.items()) for d in settings for e in EXCLUDE)
+    exact = next(s for s in full.runs() if dict(s.labels) == {"mixer": "mesa_net", "conv": "shift-k", "kv": "exact"})
+    kw = exact.config["model"]["mixer_kwargs"]
+    assert kw == {"short_conv": "k", "conv_mode": "shift", "tie_kv": "exact"}
+    none = next(s for s in full.runs() if dict(s.labels) == {"mixer": "gla", "conv": "none", "kv": "separate"})
+    assert none.config["model"]["mixer_kwargs"]["short_conv"] == ""
+    assert get_study("lm", "full")[0].fingerprint() == full.fingerprint()
+
+
+def test_one_run_scores_bits_per_byte(tmp_path):
+    root = write_corpus(tmp_path / "corpus")
+    result = train_run(_config(root, tmp_path / "cache"), tmp_path / "run")
+    m = result.metrics
+    assert result.status == "completed" and result.step == 4
+    assert math.isfinite(m["test_bpb"]) and m["val_bpb"] == pytest.approx(m["val_loss"] * m["val_bpb_per_nat"])
+    assert 0 < m["unigram_bpb"] < 8 and m["vocab_size"] == 256
+    # the shards were built once in the cache folder, and a rerun resumes from the finished checkpoint
+    assert len([p for p in (tmp_path / "cache").iterdir() if p.is_dir()]) == 1
+    again = train_run(_config(root, tmp_path / "cache"), tmp_path / "run")
+    assert again.metrics["test_bpb"] == pytest.approx(m["test_bpb"])
+
+
+def test_tiny_study_end_to_end(tmp_path):
+    root = write_corpus(tmp_path / "corpus")
+    smoke = lm_study("smoke").to_dict()
+    smoke["base"] = _config(root, tmp_path / "cache")
+    smoke["seeds"] = [0]
+    smoke["axes"] = {"mixer": {"gated_delta_rule": {"model.mixer": "gated_delta_rule"}},
+                     "conv": {k: v for k, v in smoke["axes"]["conv"].items() if k in ("none", "qkv")},
+                     "kv": smoke["axes"]["kv"]}
+    smoke["exclude"] = [{"conv": "qkv", "kv": "exact"}]
+    study = Study.from_dict(smoke)
+    out = run_study(study, tmp_path / "runs", workers=1, progress=False, write_report=lm_report)
+    assert out.complete and out.finished == len(study.settings()) == 3
+    report = (out.study_dir / "report.md").read_text()
+    assert "## Conclusion" in report and "unigram entropy of the training split" in report
+    assert "removing the conv" in report and "exact K = V" in report
+    assert (out.study_dir / "curves.png").is_file()
+    rows = list(csv.DictReader(open(out.study_dir / "results.csv")))
+    assert {r["kv"] for r in rows} == {"separate", "exact"} and all(math.isfinite(float(r["test_bpb"])) for r in rows)
+    curves = (out.study_dir / "curves.csv").read_text().splitlines()
+    assert curves[0] == "setting,step,val_bpb" and any(",4," in line for line in curves[1:])
+
+
+def test_full_preset_models_within_ten_percent_of_each_other():
+    from linattn.models import CausalLM, ModelConfig
+
+    counts = {}
+    for spec in lm_study("full").runs():
+        labels = dict(spec.labels)
+        if spec.seed != 0 or labels["conv"] != "qkv":
+            continue
+        model = spec.config["model"]
+        cfg = ModelConfig.from_dict({"vocab_size": spec.config["task"]["vocab_size"], **model})
+        counts[labels["mixer"]] = sum(p.numel() for p in CausalLM(cfg).parameters())
+    assert set(counts) == set(MIXERS)
+    assert max(counts.values()) / min(counts.values()) <= 1.1, counts
