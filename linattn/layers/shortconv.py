@@ -19,6 +19,11 @@ H100 (bf16, B=4, W=4; docs/benchmarks.md): the Triton kernels are 2.0-9.2x faste
 forward, and forward+backward 3.9-4.3x at T=16384 (D=2048-4096); at T=2048, D=1024 conv1d was faster
 forward+backward (0.80 vs 1.25 ms).
 
+Packed sequences: ``forward(x, cache, cu_seqlens)`` with x [1, T, D] holding N sequences at the offsets
+``cu_seqlens`` (linattn/ops/common/varlen.py) convolves each sequence alone: its first W-1 outputs read
+zeros (or its own row of ``cache`` [N, W-1, D]), never the previous document. Each sequence runs as a
+separate call (any backend); the returned cache is [N, W-1, D].
+
 Decoding: ``forward(x, cache)`` returns a new cache and leaves ``cache`` as it was; :meth:`ShortConv.static_step`
 shifts a preallocated cache in place (the static decoding path, linattn/models/decode.py).
 """
@@ -31,6 +36,7 @@ from torch import nn
 
 from linattn import switches
 from linattn.ops.common.triton_compat import triton_importable
+from linattn.ops.common.varlen import check_cu_seqlens, check_packed_batch
 
 CONV_MODES = ("learned", "shift", "identity")
 ACTIVATIONS = ("silu", None)
@@ -100,10 +106,13 @@ class ShortConv(nn.Module):
     def extra_repr(self) -> str:
         return f"dim={self.dim}, kernel_size={self.kernel_size}, mode={self.mode!r}, activation={self.activation!r}"
 
-    def forward(self, x: torch.Tensor, cache: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, cache: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.dim:
             got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"x must have shape [B, T, D] with D = {self.dim}, got {got}")
+        if cu_seqlens is not None:
+            return self._packed(x, cache, cu_seqlens)
         B, T, D = x.shape
         W = self.kernel_size
         if cache is not None and tuple(cache.shape) != (B, W - 1, D):
@@ -125,6 +134,20 @@ class ShortConv(nn.Module):
         if self.activation == "silu":
             y = F.silu(y)
         return y, xp[:, xp.shape[1] - (W - 1):]
+
+    def _packed(self, x: torch.Tensor, cache: torch.Tensor | None, cu_seqlens: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [1, T, D] packing N sequences: each convolved alone (cache None or [N, W-1, D]); the new caches
+        stacked [N, W-1, D]."""
+        check_packed_batch("x", x)
+        offsets = check_cu_seqlens(cu_seqlens, x.shape[1], x.device)
+        N, W = len(offsets) - 1, self.kernel_size
+        if cache is not None and tuple(cache.shape) != (N, W - 1, self.dim):
+            raise ValueError(f"cache with cu_seqlens must have shape [N, W-1, D] = [{N}, {W - 1}, {self.dim}] "
+                             f"(one row per sequence), got {list(cache.shape)}")
+        pieces = [self.forward(x[:, s:e], None if cache is None else cache[i:i + 1])
+                  for i, (s, e) in enumerate(zip(offsets[:-1], offsets[1:], strict=True))]
+        return torch.cat([y for y, _ in pieces], dim=1), torch.cat([c for _, c in pieces], dim=0)
 
     def static_step(self, x: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
         """One token ``x`` [B, 1, D] continuing ``cache`` [B, W-1, D] (a preallocated buffer in x's dtype), which
