@@ -59,6 +59,14 @@ def check_cu_seqlens(cu_seqlens: object, T: int, device: torch.device) -> list[i
     return offsets
 
 
+def sequence_positions(offsets: list[int], device: torch.device) -> torch.Tensor:
+    """Each token's position inside its own sequence, [1, T] int64 (0 at every offset): positions restart per
+    packed sequence (RoPE, position-dependent gates)."""
+    starts = torch.tensor(offsets[:-1], device=device)
+    lengths = torch.tensor([e - s for s, e in zip(offsets[:-1], offsets[1:], strict=True)], device=device)
+    return (torch.arange(offsets[-1], device=device) - starts.repeat_interleave(lengths))[None]
+
+
 def _short(offsets: list[int]) -> str:
     return str(offsets) if len(offsets) <= 8 else f"[{offsets[0]}, {offsets[1]}, ..., {offsets[-1]}]"
 
