@@ -1,0 +1,56 @@
+"""CausalLM over packed documents (cu_seqlens): the logits and gradients of running each document alone, for
+op-backed mixers (which take cu_seqlens) and the baselines (run per document); bad packed calls named."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from linattn.models import CausalLM, ModelConfig
+from linattn.models.blocks import Block
+
+VOCAB = 23
+LENGTHS = (4, 1, 19, 6)
+CU = torch.tensor([0, 4, 5, 24, 30], dtype=torch.int64)
+
+
+def _model(mixer: str) -> CausalLM:
+    torch.manual_seed(0)
+    return CausalLM(ModelConfig(mixer=mixer, d_model=16, n_layers=2, n_heads=2, vocab_size=VOCAB,
+                                mixer_kwargs={} if mixer in ("lru", "mamba") else {"chunk_size": 16})).double()
+
+
+@pytest.mark.parametrize("mixer", ["gated_delta_rule", "retention", "softmax_attn", "mamba2", "lru", "mamba"])
+def test_packed_documents_equal_separate(mixer: str) -> None:
+    """In float64, at the float32 tolerance: the tied embedding's gradient sums over every token, in another
+    order when packed (in float32 that rounding alone reaches 3e-5), while the layers' gates and L2 norms compute
+    in float32 by design (gates.py, norms.py), whose vectorised and scalar paths round differently per length."""
+    model = _model(mixer)
+    ids = torch.randint(0, VOCAB, (1, sum(LENGTHS)), generator=torch.Generator().manual_seed(1))
+    logits, cache = model(ids, cu_seqlens=CU)
+    assert cache is None
+    ref = torch.cat([model(ids[:, s:e], use_cache=False)[0]
+                     for s, e in zip(CU[:-1].tolist(), CU[1:].tolist(), strict=True)], dim=1)
+    torch.testing.assert_close(logits, ref, rtol=1e-5, atol=1e-5)
+    params = list(model.parameters())
+    w = torch.linspace(-1, 1, logits.numel()).reshape(logits.shape)
+    got = torch.autograd.grad((logits * w).sum(), params, allow_unused=True)
+    want = torch.autograd.grad((ref * w).sum(), params, allow_unused=True)
+    for g, r in zip(got, want, strict=True):
+        assert (g is None) == (r is None)
+        if g is not None:
+            torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_packed_calls_are_named() -> None:
+    model = _model("gated_delta_rule")
+    with pytest.raises(ValueError, match=r"input_ids must have batch size B = 1 with cu_seqlens"):
+        model(torch.zeros(2, 30, dtype=torch.long), cu_seqlens=CU)
+    with pytest.raises(ValueError, match=r"cu_seqlens must start at 0, got 2"):
+        model(torch.zeros(1, 30, dtype=torch.long), cu_seqlens=torch.tensor([2, 30]))
+    _, cache = model(torch.zeros(1, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"cache must be None with cu_seqlens"):
+        model(torch.zeros(1, 30, dtype=torch.long), cache, cu_seqlens=CU)
+    block = Block(ModelConfig(mixer="gla", d_model=16, n_layers=1, n_heads=2, vocab_size=VOCAB), bidirectional=True)
+    with pytest.raises(ValueError, match=r"cu_seqlens .* causal blocks only"):
+        block(torch.zeros(1, 30, 16), cu_seqlens=CU)
