@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from linattn.layers import ShortConv
+from linattn.testing import assert_same_gradients
 
 LENGTHS = (2, 1, 7, 3)  # shorter than the kernel, one token, longer than it
 D, W = 5, 4
@@ -34,10 +35,8 @@ def test_packed_equals_separate(backend: str, with_cache: bool) -> None:
 
     leaves = [x, conv.weight, conv.bias] + ([cache] if with_cache else [])
     w = torch.linspace(-1, 1, y.numel()).reshape(y.shape)
-    got = torch.autograd.grad((y * w).sum() + new_cache.sum(), leaves)
-    want = torch.autograd.grad((y_ref * w).sum() + cache_ref.sum(), leaves)
-    for g, r in zip(got, want, strict=True):
-        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
+    assert_same_gradients((y * w).sum() + new_cache.sum(), (y_ref * w).sum() + cache_ref.sum(), leaves,
+                          rtol=1e-5, atol=1e-5)
 
 
 def test_no_leakage_across_documents() -> None:
