@@ -49,3 +49,34 @@ def test_bad_packed_calls_are_named() -> None:
     block = Block(ModelConfig(mixer="gla", d_model=16, n_layers=1, n_heads=2, vocab_size=VOCAB), bidirectional=True)
     with pytest.raises(ValueError, match=r"cu_seqlens .* causal blocks only"):
         block(torch.zeros(1, 30, 16), cu_seqlens=CU)
+
+
+@pytest.mark.parametrize("mixer", ["gated_delta_rule", "softmax_attn", "lru"])
+def test_attention_mask_runs_each_row_alone(mixer: str) -> None:
+    model = _model(mixer)
+    ids = torch.randint(1, VOCAB, (3, 9), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(3, 9, dtype=torch.long)
+    mask[0, 6:] = 0  # right padding
+    mask[1, :4] = 0  # left padding
+    logits, cache = model(ids, attention_mask=mask)
+    assert cache is None
+    for row in range(3):
+        kept = mask[row].bool()
+        alone, _ = model(ids[row:row + 1, kept], use_cache=False)
+        torch.testing.assert_close(logits[row:row + 1, kept], alone, rtol=1e-5, atol=1e-5)
+        assert torch.equal(logits[row, ~kept], torch.zeros_like(logits[row, ~kept])), "padding gets logits 0"
+
+
+def test_bad_attention_masks_are_named() -> None:
+    model = _model("gated_delta_rule")
+    ids = torch.zeros(2, 5, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"attention_mask must have the inputs' shape \[B, T\] = \[2, 5\]"):
+        model(ids, attention_mask=torch.ones(2, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"rows \[1\] have none"):
+        model(ids, attention_mask=torch.tensor([[1, 1, 1, 0, 0], [0, 0, 0, 0, 0]]))
+    with pytest.raises(ValueError, match=r"attention_mask values must be 0 \(padding\) or 1 \(token\)"):
+        model(ids, attention_mask=torch.full((2, 5), 2))
+    with pytest.raises(TypeError, match=r"attention_mask must be bool or integer"):
+        model(ids, attention_mask=torch.ones(2, 5))
+    with pytest.raises(ValueError, match=r"pass cu_seqlens or attention_mask, not both"):
+        model(ids, attention_mask=torch.ones(2, 5, dtype=torch.bool), cu_seqlens=torch.tensor([0, 10]))

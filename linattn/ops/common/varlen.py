@@ -67,6 +67,28 @@ def sequence_positions(offsets: list[int], device: torch.device) -> torch.Tensor
     return (torch.arange(offsets[-1], device=device) - starts.repeat_interleave(lengths))[None]
 
 
+def mask_to_cu_seqlens(attention_mask: object, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """An attention mask [B, T] (bool, or integers 0/1; 1 marks a token, 0 padding, on either side) as packed
+    sequences, one per row: (the indices of the tokens in the flattened [B * T], cu_seqlens [B + 1] int32).
+    ``shape`` is the inputs' [B, T]; every row needs at least one token. Reads the mask (a host sync on CUDA)."""
+    if not isinstance(attention_mask, torch.Tensor):
+        raise TypeError(f"attention_mask must be a [B, T] tensor of 0/1 or bool, got {type(attention_mask).__name__}")
+    if attention_mask.is_floating_point() or attention_mask.is_complex():
+        raise TypeError(f"attention_mask must be bool or integer (1: token, 0: padding), got {attention_mask.dtype}")
+    if tuple(attention_mask.shape) != tuple(shape):
+        raise ValueError(f"attention_mask must have the inputs' shape [B, T] = {list(shape)}, "
+                         f"got {list(attention_mask.shape)}")
+    mask = attention_mask.to(torch.int64)
+    if bool(((mask != 0) & (mask != 1)).any()):
+        raise ValueError("attention_mask values must be 0 (padding) or 1 (token)")
+    lengths = mask.sum(dim=1)
+    if bool((lengths == 0).any()):
+        rows = torch.nonzero(lengths == 0).flatten().tolist()
+        raise ValueError(f"attention_mask must mark at least one token in every row; rows {rows} have none")
+    cu_seqlens = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+    return torch.nonzero(mask.flatten()).flatten(), cu_seqlens
+
+
 def _short(offsets: list[int]) -> str:
     return str(offsets) if len(offsets) <= 8 else f"[{offsets[0]}, {offsets[1]}, ..., {offsets[-1]}]"
 
