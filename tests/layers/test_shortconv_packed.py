@@ -62,3 +62,17 @@ def test_bad_packing_is_named() -> None:
         conv(torch.randn(1, 13, D), cu_seqlens=CU.float())
     with pytest.raises(ValueError, match=r"cache with cu_seqlens must have shape \[N, W-1, D\] = \[4, 3, 5\]"):
         conv(torch.randn(1, 13, D), torch.zeros(1, W - 1, D), cu_seqlens=CU)
+
+
+@pytest.mark.parametrize("kernel_size", [1, 2, 5])
+def test_packed_multiply_adds_at_other_kernel_sizes(kernel_size: int) -> None:
+    torch.manual_seed(2)
+    conv = ShortConv(D, kernel_size=kernel_size)
+    conv.backend = "muladd"
+    x = torch.randn(1, sum(LENGTHS), D)
+    cache = torch.randn(len(LENGTHS), kernel_size - 1, D)
+    y, new_cache = conv(x, cache, cu_seqlens=CU)
+    bounds = zip(CU[:-1].tolist(), CU[1:].tolist(), strict=True)
+    pieces = [conv(x[:, s:e], cache[i:i + 1]) for i, (s, e) in enumerate(bounds)]
+    torch.testing.assert_close(y, torch.cat([p[0] for p in pieces], dim=1), rtol=1e-5, atol=1e-5)
+    assert torch.equal(new_cache, torch.cat([p[1] for p in pieces], dim=0))
