@@ -107,3 +107,15 @@ def step_inputs(name: str, B: int, H: int, K: int, V: int) -> dict[str, torch.Te
         if p != "state" and base in x:
             out[p] = x[base][:, 0] if p.endswith("_t") and x[base].shape[1] == 1 else x[base]
     return out
+
+
+def assert_same_gradients(loss: torch.Tensor, reference_loss: torch.Tensor, leaves: Sequence[torch.Tensor],
+                          rtol: float, atol: float) -> None:
+    """The gradients of ``loss`` and ``reference_loss`` with respect to ``leaves`` agree (both None where a leaf is
+    not used), within ``torch.testing.assert_close``'s rtol and atol."""
+    got = torch.autograd.grad(loss, leaves, allow_unused=True)
+    want = torch.autograd.grad(reference_loss, leaves, allow_unused=True)
+    for i, (g, r) in enumerate(zip(got, want, strict=True)):
+        assert (g is None) == (r is None), f"leaf {i}: gradient {'missing' if g is None else 'unexpected'}"
+        if g is not None:
+            torch.testing.assert_close(g, r, rtol=rtol, atol=atol, msg=lambda m, i=i: f"leaf {i}: {m}")

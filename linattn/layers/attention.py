@@ -195,9 +195,10 @@ class PaTHLayer(_KVLayer):
         if self.f_proj is not None:
             nn.init.constant_(self.f_proj.bias, 3.0)
 
-    def streams(self, x: Tensor, cache: LayerCache | StaticLayerCache | None) -> tuple[Streams, Streams]:
-        out, new_conv = super().streams(x, cache)
-        out["w"], new_conv["w"] = run_conv(self.w_conv, "w", self.w_proj(x), cache)
+    def streams(self, x: Tensor, cache: LayerCache | StaticLayerCache | None,
+                cu_seqlens: Tensor | None = None) -> tuple[Streams, Streams]:
+        out, new_conv = super().streams(x, cache, cu_seqlens)
+        out["w"], new_conv["w"] = run_conv(self.w_conv, "w", self.w_proj(x), cache, cu_seqlens)
         return out, new_conv
 
     def conv_modules(self) -> dict[str, ShortConv]:

@@ -10,6 +10,12 @@ SiLU(W_g x) -> output projection. A subclass states its paper's parameterisation
 ``forward(x, cache=None) -> (y, cache)``: the returned :class:`LayerCache` holds the ShortConv
 caches and the op state, so prefill then single-token steps equals one full forward.
 
+Packed sequences: ``forward(x, cu_seqlens=offsets)`` with x [1, T, d_model] holding N sequences
+(linattn/ops/common/varlen.py) gives each sequence the output it has alone: the projections and norms
+act per token on the packed input, the ShortConvs and the op take ``cu_seqlens``, and positions (RoPE,
+``mix_inputs``'s ``offset``) restart at 0 in every sequence. A packed call starts from zero states and
+returns no cache (training and scoring; decoding continues unpacked rows).
+
 Static decoding (static_cache.py): :meth:`MixerLayer.allocate_static_cache` makes a layer's buffers,
 :meth:`MixerLayer.load_static_cache` copies a prefill's :class:`LayerCache` into some of their rows, and
 ``forward(x, static_cache)`` with one token x runs :meth:`MixerLayer.static_step`, which overwrites the
@@ -28,6 +34,7 @@ from torch import nn
 from linattn.ops.common.checks import check_choice, check_chunk_size
 from linattn.ops.common.registry import BACKENDS
 from linattn.ops.common.values import value_checks
+from linattn.ops.common.varlen import check_cu_seqlens, check_packed_batch, sequence_positions
 
 from .cache import LayerCache
 from .checks import check_conv_cache, check_layer_input, check_short_conv, check_static_step_input, head_dims
@@ -121,8 +128,9 @@ class MixerLayer(nn.Module):
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, TokenArgs, dict[str, Any]]:
         """Feature maps and gates: q [B, T, H, K], k [B, T, H_kv, K], v [B, T, H_kv, V] after the
         ShortConvs; ``offset`` is the position of x's first token (an int, or per row a [B] tensor in a
-        static step); ``streams`` every projected stream (flat, after its ShortConv; subclasses may add
-        their own in :meth:`streams`). Returns (q, k, v, the op's positional args after v as (tensor,
+        static step), or with packed sequences every token's position in its sequence ([1, T] tensor);
+        ``streams`` every projected stream (flat, after its ShortConv; subclasses may add their own in
+        :meth:`streams`). Returns (q, k, v, the op's positional args after v as (tensor,
         varies_over_time) pairs, keyword args for the op and its step)."""
         return q, k, v, [], {}
 
@@ -145,10 +153,10 @@ class MixerLayer(nn.Module):
         mods = {"q": self.q_proj, "k": self.k_proj, "v": self.v_proj}
         return {name: m for name, m in mods.items() if m is not None and name in self.convs}
 
-    def streams(self, x: torch.Tensor, cache: LayerCache | StaticLayerCache | None
-                ) -> tuple[dict[str, torch.Tensor], dict]:
-        """Projections q, k, v (flat [B, T, H*D]) after their ShortConvs, the other :meth:`x_projections` by name,
-        and the new conv caches."""
+    def streams(self, x: torch.Tensor, cache: LayerCache | StaticLayerCache | None,
+                cu_seqlens: torch.Tensor | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+        """Projections q, k, v (flat [B, T, H*D]) after their ShortConvs (each packed sequence convolved alone
+        given ``cu_seqlens``), the other :meth:`x_projections` by name, and the new conv caches."""
         if isinstance(cache, LayerCache):
             check_conv_cache(cache, self.conv_modules())
         out = project_jointly(x, self.x_projections())
@@ -160,22 +168,30 @@ class MixerLayer(nn.Module):
             out["v"] = out["k"] if self.v_proj is None else self.v_proj(x)
         new_conv = {}
         for name, conv in self.convs.items():
-            out[name], new_conv[name] = run_conv(conv, name, out[name], cache)
+            out[name], new_conv[name] = run_conv(conv, name, out[name], cache, cu_seqlens)
         return out, new_conv
 
-    def forward(self, x: torch.Tensor, cache: LayerCache | StaticLayerCache | None = None, *, use_cache: bool = True
-                ) -> tuple[torch.Tensor, LayerCache | StaticLayerCache | None]:
-        if isinstance(cache, StaticLayerCache):
+    def forward(self, x: torch.Tensor, cache: LayerCache | StaticLayerCache | None = None, *, use_cache: bool = True,
+                cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, LayerCache | StaticLayerCache | None]:
+        """x [B, T, d_model] -> (y [B, T, d_model], the new cache or None); ``cu_seqlens``: x [1, T, d_model]
+        packs sequences at these offsets (module docstring), no cache in or out."""
+        if isinstance(cache, StaticLayerCache) and cu_seqlens is None:
             return self.static_step(x, cache), cache
-        check_layer_input(x, self.d_model, cache)
+        check_layer_input(x, self.d_model, None if isinstance(cache, StaticLayerCache) else cache)
         B, T, _ = x.shape
-        offset = 0 if cache is None else cache.offset
-        s, new_conv = self.streams(x, cache)
+        if cu_seqlens is not None:
+            offset = packed_positions(x, cache, cu_seqlens)
+            use_cache = False
+        else:
+            offset = 0 if cache is None else cache.offset
+        s, new_conv = self.streams(x, cache, cu_seqlens)
         q = s["q"].view(B, T, -1, self.head_dim)
         k = s["k"].view(B, T, -1, self.head_dim)
         v = s["v"].view(B, T, -1, self.head_dim_v)
         q, k, v, args, kwargs = self.mix_inputs(x, q, k, v, offset, s)
         v = k if self.exact_kv else v
+        if cu_seqlens is not None:  # the op runs each packed sequence alone (step calls never see it)
+            kwargs = {**kwargs, "cu_seqlens": cu_seqlens}
         # the op runs in the value stream's dtype (bf16 under autocast): feature maps or norms that came
         # out in float32 would otherwise put the kernels on their exact-float32 (slow) path
         q, k = q.to(v.dtype), k.to(v.dtype)
@@ -282,10 +298,20 @@ def project_jointly(x: torch.Tensor, linears: dict[str, nn.Linear]) -> dict[str,
     return dict(zip(linears, y.split([m.out_features for m in linears.values()], dim=-1)))
 
 
-def run_conv(conv: ShortConv, name: str, x: torch.Tensor, cache: LayerCache | StaticLayerCache | None
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+def run_conv(conv: ShortConv, name: str, x: torch.Tensor, cache: LayerCache | StaticLayerCache | None,
+             cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """ShortConv ``conv`` of stream ``name`` over x: (y, its new cache). With a static cache the cache buffer is
-    shifted in place (and returned)."""
+    shifted in place (and returned); with ``cu_seqlens`` (no cache) each packed sequence is convolved alone."""
     if isinstance(cache, StaticLayerCache):
         return conv.static_step(x, cache.conv[name]), cache.conv[name]
-    return conv(x, None if cache is None else cache.conv.get(name))
+    return conv(x, None if cache is None else cache.conv.get(name), cu_seqlens)
+
+
+def packed_positions(x: torch.Tensor, cache: object, cu_seqlens: object) -> torch.Tensor:
+    """Check a packed layer call (x [1, T, d_model], no cache, valid offsets) and return every token's position
+    in its own sequence, [1, T]."""
+    if cache is not None:
+        raise ValueError("cache must be None with cu_seqlens: a packed call starts every sequence from zero "
+                         f"states, got {type(cache).__name__}")
+    check_packed_batch("x", x)
+    return sequence_positions(check_cu_seqlens(cu_seqlens, x.shape[1], x.device), x.device)

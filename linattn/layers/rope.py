@@ -9,7 +9,8 @@ def apply_rope(x: torch.Tensor, offset: int | torch.Tensor = 0, base: float = 10
     """Rotate channel pairs (i, i + D/2) of ``x`` [B, T, H, D] by angles (offset + t) * base^(-2i/D).
 
     ``offset``: the position of the first token, an int or per row a [B] integer tensor (static decoding,
-    where rows sit at different positions). An odd last channel is left as is. Computed in float32
+    where rows sit at different positions); or every token's position, a [B, T] integer tensor (packed
+    sequences, whose positions restart at each sequence). An odd last channel is left as is. Computed in float32
     (float64 for float64), returned in x's dtype.
     """
     B, T, H, D = x.shape
@@ -18,7 +19,10 @@ def apply_rope(x: torch.Tensor, offset: int | torch.Tensor = 0, base: float = 10
         return x
     dt = torch.float64 if x.dtype == torch.float64 else torch.float32
     inv_freq = base ** (-torch.arange(half, device=x.device, dtype=dt) * 2 / (2 * half))
-    if isinstance(offset, torch.Tensor):  # [B, T] positions, on the device: no host read of the offsets
+    if isinstance(offset, torch.Tensor) and offset.dim() == 2:  # per-token positions (packed sequences)
+        ang = offset.to(dt)[..., None] * inv_freq  # [B, T, half]
+        cos, sin = ang.cos()[:, :, None], ang.sin()[:, :, None]
+    elif isinstance(offset, torch.Tensor):  # [B, T] positions, on the device: no host read of the offsets
         pos = offset.to(dt)[:, None] + torch.arange(T, device=x.device, dtype=dt)[None]
         ang = pos[..., None] * inv_freq  # [B, T, half]
         cos, sin = ang.cos()[:, :, None], ang.sin()[:, :, None]

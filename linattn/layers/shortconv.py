@@ -19,6 +19,12 @@ H100 (bf16, B=4, W=4; docs/benchmarks.md): the Triton kernels are 2.0-9.2x faste
 forward, and forward+backward 3.9-4.3x at T=16384 (D=2048-4096); at T=2048, D=1024 conv1d was faster
 forward+backward (0.80 vs 1.25 ms).
 
+Packed sequences: ``forward(x, cache, cu_seqlens)`` with x [1, T, D] holding N sequences at the offsets
+``cu_seqlens`` (linattn/ops/common/varlen.py) convolves each sequence alone: its first W-1 outputs read
+zeros (or its own row of ``cache`` [N, W-1, D]), never the previous document; the returned cache is
+[N, W-1, D]. The multiply-adds run all sequences at once (each tap gathers from the token's own sequence
+or its cache row); conv1d and the Triton kernels run each sequence as a separate call.
+
 Decoding: ``forward(x, cache)`` returns a new cache and leaves ``cache`` as it was; :meth:`ShortConv.static_step`
 shifts a preallocated cache in place (the static decoding path, linattn/models/decode.py).
 """
@@ -31,6 +37,7 @@ from torch import nn
 
 from linattn import switches
 from linattn.ops.common.triton_compat import triton_importable
+from linattn.ops.common.varlen import check_cu_seqlens, check_packed_batch
 
 CONV_MODES = ("learned", "shift", "identity")
 ACTIVATIONS = ("silu", None)
@@ -100,10 +107,13 @@ class ShortConv(nn.Module):
     def extra_repr(self) -> str:
         return f"dim={self.dim}, kernel_size={self.kernel_size}, mode={self.mode!r}, activation={self.activation!r}"
 
-    def forward(self, x: torch.Tensor, cache: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, cache: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.dim:
             got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"x must have shape [B, T, D] with D = {self.dim}, got {got}")
+        if cu_seqlens is not None:
+            return self._packed(x, cache, cu_seqlens)
         B, T, D = x.shape
         W = self.kernel_size
         if cache is not None and tuple(cache.shape) != (B, W - 1, D):
@@ -120,11 +130,52 @@ class ShortConv(nn.Module):
         y = xp[:, 0:T] * w[:, 0]
         for i in range(1, W):
             y = y + xp[:, i:i + T] * w[:, i]
+        return self._bias_activation(y), xp[:, xp.shape[1] - (W - 1):]
+
+    def _bias_activation(self, y: torch.Tensor) -> torch.Tensor:
         if self.bias is not None:
-            y = y + self.bias.to(x.dtype)
-        if self.activation == "silu":
-            y = F.silu(y)
-        return y, xp[:, xp.shape[1] - (W - 1):]
+            y = y + self.bias.to(y.dtype)
+        return F.silu(y) if self.activation == "silu" else y
+
+    def _packed(self, x: torch.Tensor, cache: torch.Tensor | None, cu_seqlens: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [1, T, D] packing N sequences: each convolved alone (cache None or [N, W-1, D]); the new caches
+        stacked [N, W-1, D]."""
+        check_packed_batch("x", x)
+        offsets = check_cu_seqlens(cu_seqlens, x.shape[1], x.device)
+        N, W = len(offsets) - 1, self.kernel_size
+        if cache is not None and tuple(cache.shape) != (N, W - 1, self.dim):
+            raise ValueError(f"cache with cu_seqlens must have shape [N, W-1, D] = [{N}, {W - 1}, {self.dim}] "
+                             f"(one row per sequence), got {list(cache.shape)}")
+        if self._resolved_backend(x) == "muladd":
+            return self._packed_muladd(x, cache, offsets)
+        pieces = [self.forward(x[:, s:e], None if cache is None else cache[i:i + 1])
+                  for i, (s, e) in enumerate(zip(offsets[:-1], offsets[1:], strict=True))]
+        return torch.cat([y for y, _ in pieces], dim=1), torch.cat([c for _, c in pieces], dim=0)
+
+    def _packed_muladd(self, x: torch.Tensor, cache: torch.Tensor | None, offsets: list[int]
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The multiply-adds over all packed sequences at once. Sequence n is read as its own cache row followed by
+        its tokens (its "extended" positions e: e < W-1 the cache, e >= W-1 token e - (W-1)); tap i of a token at
+        position p in its sequence reads extended position p + i, gathered from [all cache rows; x]."""
+        N, W, T, D = len(offsets) - 1, self.kernel_size, x.shape[1], self.dim
+        dev = x.device
+        starts = torch.tensor(offsets[:-1], device=dev)
+        lengths = torch.tensor(offsets[1:], device=dev) - starts
+        seq = torch.repeat_interleave(torch.arange(N, device=dev), lengths)  # [T]: each token's sequence
+        pos = torch.arange(T, device=dev) - starts[seq]
+
+        def rows(n: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+            return torch.where(e >= W - 1, N * (W - 1) + starts[n] + e - (W - 1), n * (W - 1) + e)
+
+        past = x.new_zeros(N * (W - 1), D) if cache is None else cache.to(x.dtype).reshape(N * (W - 1), D)
+        buf = torch.cat([past, x[0]], dim=0)
+        w = self.weight[:, 0].to(x.dtype)  # [D, W]
+        y = buf[rows(seq, pos)] * w[:, 0]
+        for i in range(1, W):
+            y = y + buf[rows(seq, pos + i)] * w[:, i]
+        last = lengths[:, None] + torch.arange(W - 1, device=dev)[None]  # each sequence's last W-1 extended positions
+        return self._bias_activation(y)[None], buf[rows(torch.arange(N, device=dev)[:, None], last)]
 
     def static_step(self, x: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
         """One token ``x`` [B, 1, D] continuing ``cache`` [B, W-1, D] (a preallocated buffer in x's dtype), which

@@ -6,7 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from linattn.layers.base import MixerLayer
 from linattn.layers.cache import LayerCache
+from linattn.ops.common.varlen import check_cu_seqlens
 
 from .config import ModelConfig
 
@@ -72,9 +74,16 @@ class Block(nn.Module):
         self.mlp = SwiGLU(config.d_model, config.ffn_hidden) if config.mlp else None
 
     def forward(self, x: torch.Tensor, cache: LayerCache | None = None, *, use_cache: bool = True,
-                lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, LayerCache | None]:
+                lengths: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, LayerCache | None]:
+        """x [B, T, d_model] -> (x + mixer + MLP, the mixer's new cache); ``cu_seqlens``: x [1, T, d_model] packs
+        sequences at these offsets (causal blocks only; no cache in or out)."""
         h = to_autocast_dtype(self.norm1(x))
-        if self.bidirectional:
+        if cu_seqlens is not None:
+            if self.bidirectional:
+                raise ValueError("cu_seqlens (packed sequences) is taken by causal blocks only, not bidirectional ones")
+            h, cache = packed_mixer(self.mixer, h, cu_seqlens), None
+        elif self.bidirectional:
             h, cache = self.mixer(h, lengths), None
         else:
             h, cache = self.mixer(h, cache, use_cache=use_cache)
@@ -82,3 +91,13 @@ class Block(nn.Module):
         if self.mlp is not None:
             x = x + self.mlp(to_autocast_dtype(self.norm2(x)))
         return x, cache
+
+
+def packed_mixer(mixer: nn.Module, h: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """The mixer over packed sequences h [1, T, d_model]: an op-backed layer takes ``cu_seqlens`` itself; any other
+    mixer (the plain-PyTorch baselines) runs each sequence as a separate call."""
+    if isinstance(mixer, MixerLayer):
+        return mixer(h, use_cache=False, cu_seqlens=cu_seqlens)[0]
+    offsets = check_cu_seqlens(cu_seqlens, h.shape[1], h.device)
+    return torch.cat([mixer(h[:, s:e], use_cache=False)[0] for s, e in zip(offsets[:-1], offsets[1:], strict=True)],
+                     dim=1)

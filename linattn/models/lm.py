@@ -10,6 +10,7 @@ from torch import nn
 
 from linattn.layers.cache import LayerCache
 from linattn.ops.common.values import value_checks_enabled
+from linattn.ops.common.varlen import check_cu_seqlens, check_packed_batch, mask_to_cu_seqlens
 
 from .blocks import Block
 from .config import ModelConfig
@@ -61,10 +62,24 @@ class CausalLM(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight
 
-    def forward(self, input_ids: torch.Tensor, cache: list[LayerCache] | None = None, *, use_cache: bool = True
+    def forward(self, input_ids: torch.Tensor, cache: list[LayerCache] | None = None, *, use_cache: bool = True,
+                cu_seqlens: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, list[LayerCache] | None]:
-        """input_ids [B, T] -> (logits [B, T, vocab_size], cache or None when use_cache=False)."""
+        """input_ids [B, T] -> (logits [B, T, vocab_size], cache or None when use_cache=False).
+
+        ``cu_seqlens``: input_ids [1, T] packs N documents at these offsets (1-D int32/int64 [N+1], from 0 to T,
+        strictly increasing; linattn/ops/common/varlen.py); every block runs each document as if alone (states,
+        ShortConvs and positions restart at each offset). No cache in or out: the cache returned is None.
+
+        ``attention_mask`` [B, T] (1: token, 0: padding, left or right): the rows' tokens are packed, one sequence
+        per row, and run as with ``cu_seqlens``; padded positions get logits 0. No cache in or out."""
         check_input_ids("input_ids", input_ids, self.config.vocab_size)
+        if attention_mask is not None:
+            if cu_seqlens is not None:
+                raise ValueError("pass cu_seqlens or attention_mask, not both")
+            return self._masked_forward(input_ids, cache, attention_mask), None
+        if cu_seqlens is not None:
+            return self._packed_forward(input_ids, cache, cu_seqlens), None
         if isinstance(cache, StaticCache):
             raise TypeError("a StaticCache is continued with static_step(token_ids, cache), not forward")
         if cache is not None and (not isinstance(cache, list) or len(cache) != len(self.blocks)):
@@ -76,6 +91,28 @@ class CausalLM(nn.Module):
             x, c = block(x, None if cache is None else cache[i], use_cache=use_cache)
             new_cache.append(c)
         return self.lm_head(self.norm(x)), (new_cache if use_cache else None)
+
+    def _packed_forward(self, input_ids: torch.Tensor, cache: object, cu_seqlens: torch.Tensor) -> torch.Tensor:
+        """Logits of packed documents (offsets checked here, before any compute)."""
+        if cache is not None:
+            raise ValueError(f"cache must be None with cu_seqlens (packed documents start from zero states), "
+                             f"got {type(cache).__name__}")
+        check_packed_batch("input_ids", input_ids)
+        check_cu_seqlens(cu_seqlens, input_ids.shape[1], input_ids.device)
+        x = self.embed(input_ids.long())
+        for block in self.blocks:
+            x, _ = block(x, use_cache=False, cu_seqlens=cu_seqlens)
+        return self.lm_head(self.norm(x))
+
+    def _masked_forward(self, input_ids: torch.Tensor, cache: object, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Logits of padded rows: their tokens packed and run alone, scattered back (zeros at padding)."""
+        if cache is not None:
+            raise ValueError(f"cache must be None with attention_mask, got {type(cache).__name__}")
+        B, T = input_ids.shape
+        indices, cu_seqlens = mask_to_cu_seqlens(attention_mask.to(input_ids.device), (B, T))
+        packed = self._packed_forward(input_ids.flatten()[indices][None], None, cu_seqlens)[0]
+        logits = packed.new_zeros(B * T, packed.shape[-1]).index_copy(0, indices, packed)
+        return logits.view(B, T, -1)
 
     def allocate_static_cache(self, batch_size: int, max_length: int, *, dtype: torch.dtype | None = None,
                               device: torch.device | str | None = None) -> StaticCache:

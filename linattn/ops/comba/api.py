@@ -23,6 +23,7 @@ from ..common.checks import (
 )
 from ..common.registry import OpSpec, register_op
 from ..common.values import check_bool, check_log_decay
+from ..common.varlen import packable
 from ..gated_delta_rule.api import (
     PURE_TORCH_BACKENDS,
     check_beta,
@@ -60,6 +61,7 @@ SPEC = register_op(
 )
 
 
+@packable("q", "k", "v", "p", "g", "beta")
 def comba(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -22,6 +22,7 @@ from ..common.checks import (
 from ..common.registry import OpSpec, register_op
 from ..common.triton_step import check_inplace, select_step
 from ..common.values import check_bool
+from ..common.varlen import packable
 from ..gated_delta_rule.api import (
     PURE_TORCH_BACKENDS,
     check_beta,
@@ -58,6 +59,7 @@ SPEC = register_op(
 )
 
 
+@packable("q", "k", "v", "beta")
 def delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -17,6 +17,7 @@ from ..common.kv_cache import KVCache
 from ..common.kv_checks import check_kv_cache
 from ..common.registry import OpSpec, register_op
 from ..common.values import check_bool
+from ..common.varlen import packable
 from .chunk import deltaformer_chunk
 from .reference import deltaformer_parallel, deltaformer_recurrent
 
@@ -37,6 +38,7 @@ SPEC = register_op(
 )
 
 
+@packable("q", "k", "v", "beta")
 def deltaformer(
     q: torch.Tensor,
     k: torch.Tensor,

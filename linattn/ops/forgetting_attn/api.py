@@ -20,6 +20,7 @@ from ..common.kv_cache import KVCache
 from ..common.positions import rope_config
 from ..common.registry import OpSpec, register_op
 from ..common.values import check_bool, check_log_decay
+from ..common.varlen import packable
 from ..softmax_attn.checks import check_grouped_qkv, check_kv_cache, check_window_size
 from ..softmax_attn.core import run_attention
 
@@ -59,6 +60,7 @@ def _check_options(window_size: object, rope: object, K: int) -> None:
         raise ValueError(f"rope needs an even head dim K, got K = {K}")
 
 
+@packable("q", "k", "v", "g")
 def forgetting_attn(
     q: torch.Tensor,
     k: torch.Tensor,

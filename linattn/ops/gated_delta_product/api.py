@@ -16,6 +16,7 @@ from ..common.checks import (
 )
 from ..common.registry import OpSpec, register_op
 from ..common.values import check_bool, check_log_decay
+from ..common.varlen import packable
 from ..gated_delta_rule.api import SPEC as GDN_SPEC
 from ..gated_delta_rule.api import check_beta, check_step_beta, check_step_state, delta_example_inputs
 from .reference import gated_delta_product_recurrent, gated_delta_product_step_reference, via_substeps
@@ -62,6 +63,7 @@ def _check_product_inputs(q: object, k: object, v: object, num_householder: obje
     return Dims(B, T, H, K, int(v.shape[-1])), n
 
 
+@packable("q", "k", "v", "g", "beta")
 def gated_delta_product(
     q: torch.Tensor,
     k: torch.Tensor,

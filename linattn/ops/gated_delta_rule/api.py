@@ -19,6 +19,7 @@ from ..common.checks import (
 from ..common.registry import OpSpec, register_op
 from ..common.triton_step import check_inplace, select_step
 from ..common.values import check_bool, check_log_decay, check_range
+from ..common.varlen import packable
 from .chunk import gated_delta_chunk
 from .reference import gated_delta_parallel, gated_delta_recurrent, gated_delta_step_reference
 
@@ -64,6 +65,7 @@ def check_step_state(state: object, d: Dims) -> None:
         check_shape("state", state, (d.B, d.H, d.K, d.V), "[B, H, K, V]")
 
 
+@packable("q", "k", "v", "g", "beta")
 def gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -17,6 +17,7 @@ from ..common.checks import (
 from ..common.registry import OpSpec, register_op
 from ..common.triton_step import check_inplace, select_step
 from ..common.values import check_bool, check_log_decay
+from ..common.varlen import packable
 from .chunk import gla_chunk
 from .reference import gla_parallel, gla_recurrent, gla_step_reference
 
@@ -33,6 +34,7 @@ SPEC = register_op(
 )
 
 
+@packable("q", "k", "v", "g")
 def gla(
     q: torch.Tensor,
     k: torch.Tensor,

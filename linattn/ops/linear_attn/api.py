@@ -32,6 +32,7 @@ from ..common.checks import (
 from ..common.registry import OpSpec, register_op
 from ..common.triton_step import check_inplace, select_step
 from ..common.values import check_bool
+from ..common.varlen import packable
 from ..simple_gla.api import SPEC as SIMPLE_GLA_SPEC
 from ..simple_gla.reference import simple_gla_step_reference
 from .feature_maps import apply_feature_map, resolve_feature_map
@@ -89,6 +90,7 @@ def _check_normalize(normalize: object, eps: object) -> None:
         raise ValueError(f"eps must be a float >= 0, got {eps!r}")
 
 
+@packable("q", "k", "v")
 def linear_attn(
     q: torch.Tensor,
     k: torch.Tensor,

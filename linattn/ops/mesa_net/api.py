@@ -17,6 +17,7 @@ from ..common.checks import (
 )
 from ..common.registry import OpSpec, register_op
 from ..common.values import check_bool, check_log_decay, check_range, value_checks_enabled
+from ..common.varlen import packable
 from .chunk import mesa_net_chunk
 from .reference import MesaState, mesa_net_parallel, mesa_net_recurrent, mesa_net_step_reference
 from .solve import SOLVERS
@@ -58,6 +59,7 @@ def _check_mesa_args(beta: torch.Tensor, lamb: object, d: Dims, solver: object, 
         raise ValueError(f"cg_steps must be None (K steps) or a positive int, got {cg_steps!r}")
 
 
+@packable("q", "k", "v", "g", "beta")
 def mesa_net(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -18,6 +18,7 @@ from ..common.kv_cache import KVCache
 from ..common.kv_checks import check_kv_cache
 from ..common.registry import OpSpec, register_op
 from ..common.values import check_bool, check_log_decay
+from ..common.varlen import packable
 from .chunk import path_attn_chunk
 from .reference import path_attn_parallel, path_attn_recurrent
 
@@ -37,6 +38,7 @@ SPEC = register_op(
 )
 
 
+@packable("q", "k", "v", "w", "beta", "g")
 def path_attn(
     q: torch.Tensor,
     k: torch.Tensor,

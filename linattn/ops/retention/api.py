@@ -25,6 +25,7 @@ from ..common.checks import (
 from ..common.registry import OpSpec, register_op
 from ..common.triton_step import check_inplace, select_step
 from ..common.values import check_bool
+from ..common.varlen import packable
 from ..simple_gla.api import SPEC as SIMPLE_GLA_SPEC
 from ..simple_gla.reference import simple_gla_step_reference
 
@@ -62,6 +63,7 @@ SPEC = register_op(
 )
 
 
+@packable("q", "k", "v")
 def retention(
     q: torch.Tensor,
     k: torch.Tensor,

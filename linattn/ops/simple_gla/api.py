@@ -17,6 +17,7 @@ from ..common.checks import (
 from ..common.registry import OpSpec, register_op
 from ..common.triton_step import check_inplace, select_step
 from ..common.values import check_bool, check_log_decay
+from ..common.varlen import packable
 from .chunk import simple_gla_chunk
 from .reference import simple_gla_parallel, simple_gla_recurrent, simple_gla_step_reference
 
@@ -36,6 +37,7 @@ SPEC = register_op(
 )
 
 
+@packable("q", "k", "v", "g")
 def simple_gla(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -11,6 +11,7 @@ from ..common.kv_cache import KVCache
 from ..common.positions import rope_config
 from ..common.registry import OpSpec, register_op
 from ..common.values import check_bool
+from ..common.varlen import packable
 from .checks import check_grouped_qkv, check_kv_cache, check_window_size
 from .core import run_attention
 
@@ -55,6 +56,7 @@ def _check_options(causal: object, window_size: object, rope: object, alibi: obj
         raise ValueError(f"rope needs an even head dim K, got K = {K}")
 
 
+@packable("q", "k", "v")
 def softmax_attn(
     q: torch.Tensor,
     k: torch.Tensor,

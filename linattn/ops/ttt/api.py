@@ -15,6 +15,7 @@ from ..common.checks import (
 )
 from ..common.registry import OpSpec, register_op
 from ..common.values import check_bool
+from ..common.varlen import packable
 from .checks import check_mini_batch_size, check_step_state, check_weights, resolve_inner_norm, triton_takes
 from .chunk import ttt_linear_chunk
 from .reference import make_norm, ttt_linear_recurrent, ttt_token
@@ -38,6 +39,7 @@ SPEC = register_op(
 )
 
 
+@packable("q", "k", "v", "eta")
 def ttt_linear(
     q: torch.Tensor,
     k: torch.Tensor,

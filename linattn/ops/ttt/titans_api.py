@@ -16,6 +16,7 @@ from ..common.checks import (
 )
 from ..common.registry import OpSpec, register_op
 from ..common.values import check_bool, check_range
+from ..common.varlen import packable
 from .api import NO_PARALLEL
 from .checks import check_mini_batch_size, check_step_state, check_weights
 from .chunk import titans_chunk
@@ -43,6 +44,7 @@ def _check_gates(theta: torch.Tensor, alpha: torch.Tensor, eta: torch.Tensor) ->
     check_range("eta", eta, 0.0, 1.0, "momentum decay: S_t = eta_t S_{t-1} - theta_t grad_t")
 
 
+@packable("q", "k", "v", "theta", "alpha", "eta")
 def titans(
     q: torch.Tensor,
     k: torch.Tensor,

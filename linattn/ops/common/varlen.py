@@ -1,0 +1,205 @@
+"""Packed variable-length sequences (``cu_seqlens``, FLA's convention) for every op.
+
+N sequences of lengths L_1..L_N are packed along time into one batch row: q [1, T, H, K] with
+T = L_1 + ... + L_N, and ``cu_seqlens`` = [0, L_1, L_1 + L_2, ..., T] (1-D, int32 or int64, N + 1
+entries, strictly increasing: an empty sequence is refused, since it has neither an output nor a
+meaningful final state). Each sequence runs as if alone: its state starts from its own initial state
+(zeros when ``initial_state`` is None) and nothing crosses a boundary.
+
+States with cu_seqlens hold one row per sequence: a tensor state ([N, H, K, V]) or a pair of them
+(MesaNet's (G, H), Titans' (M, S)) has N along dim 0; a KVCache (the softmax family: each sequence's
+cache has its own length) is a list of N caches with batch 1.
+
+:func:`packable` adds ``cu_seqlens`` to an op. Its path here splits the packed inputs at the offsets,
+runs the op on each sequence (any backend, the same code as an unpacked call) and concatenates the
+outputs along time and the final states along dim 0; autograd flows through the slices and the
+concatenation. The offsets are read on the host (one synchronisation on CUDA), so a packed call
+does not trace under ``torch.compile(fullgraph=True)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .checks import check_float_tensor
+from .kv_cache import KVCache
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def check_cu_seqlens(cu_seqlens: object, T: int, device: torch.device) -> list[int]:
+    """Validate ``cu_seqlens`` (1-D int32/int64, [0, ..., T] strictly increasing, on ``device`` or the CPU)
+    for a packed length ``T``; return the offsets as Python ints (reads the tensor: a host sync on CUDA)."""
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise TypeError(f"cu_seqlens must be a 1-D int32 or int64 tensor of offsets [N+1], "
+                        f"got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dtype not in INDEX_DTYPES:
+        raise TypeError(f"cu_seqlens must have dtype int32 or int64, got {cu_seqlens.dtype}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(f"cu_seqlens must be 1-D with N+1 >= 2 offsets, got shape {list(cu_seqlens.shape)}")
+    if cu_seqlens.device.type not in ("cpu", device.type) or (
+            cu_seqlens.device.type == device.type and cu_seqlens.device != device):
+        raise ValueError(f"cu_seqlens must be on the CPU or on q's device {device}, got {cu_seqlens.device}")
+    offsets = [int(x) for x in cu_seqlens.tolist()]
+    if offsets[0] != 0:
+        raise ValueError(f"cu_seqlens must start at 0, got {offsets[0]} (offsets {_short(offsets)})")
+    if offsets[-1] != T:
+        raise ValueError(f"cu_seqlens must end at the packed length T = {T}, got {offsets[-1]} "
+                         f"(offsets {_short(offsets)})")
+    for i in range(1, len(offsets)):
+        if offsets[i] <= offsets[i - 1]:
+            raise ValueError(f"cu_seqlens must be strictly increasing (empty sequences are refused), got "
+                             f"cu_seqlens[{i - 1}] = {offsets[i - 1]} and cu_seqlens[{i}] = {offsets[i]}")
+    return offsets
+
+
+def sequence_positions(offsets: list[int], device: torch.device) -> torch.Tensor:
+    """Each token's position inside its own sequence, [1, T] int64 (0 at every offset): positions restart per
+    packed sequence (RoPE, position-dependent gates)."""
+    starts = torch.tensor(offsets[:-1], device=device)
+    lengths = torch.tensor([e - s for s, e in zip(offsets[:-1], offsets[1:], strict=True)], device=device)
+    return (torch.arange(offsets[-1], device=device) - starts.repeat_interleave(lengths))[None]
+
+
+def mask_to_cu_seqlens(attention_mask: object, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """An attention mask [B, T] (bool, or integers 0/1; 1 marks a token, 0 padding, on either side) as packed
+    sequences, one per row: (the indices of the tokens in the flattened [B * T], cu_seqlens [B + 1] int32).
+    ``shape`` is the inputs' [B, T]; every row needs at least one token. Reads the mask (a host sync on CUDA)."""
+    if not isinstance(attention_mask, torch.Tensor):
+        raise TypeError(f"attention_mask must be a [B, T] tensor of 0/1 or bool, got {type(attention_mask).__name__}")
+    if attention_mask.is_floating_point() or attention_mask.is_complex():
+        raise TypeError(f"attention_mask must be bool or integer (1: token, 0: padding), got {attention_mask.dtype}")
+    if tuple(attention_mask.shape) != tuple(shape):
+        raise ValueError(f"attention_mask must have the inputs' shape [B, T] = {list(shape)}, "
+                         f"got {list(attention_mask.shape)}")
+    mask = attention_mask.to(torch.int64)
+    if bool(((mask != 0) & (mask != 1)).any()):
+        raise ValueError("attention_mask values must be 0 (padding) or 1 (token)")
+    lengths = mask.sum(dim=1)
+    if bool((lengths == 0).any()):
+        rows = torch.nonzero(lengths == 0).flatten().tolist()
+        raise ValueError(f"attention_mask must mark at least one token in every row; rows {rows} have none")
+    cu_seqlens = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+    return torch.nonzero(mask.flatten()).flatten(), cu_seqlens
+
+
+def _short(offsets: list[int]) -> str:
+    return str(offsets) if len(offsets) <= 8 else f"[{offsets[0]}, {offsets[1]}, ..., {offsets[-1]}]"
+
+
+def check_packed_batch(name: str, x: torch.Tensor) -> None:
+    """A packed input has batch size 1 (the sequences lie along time)."""
+    if x.shape[0] != 1:
+        raise ValueError(f"{name} must have batch size B = 1 with cu_seqlens (the sequences are packed along T), "
+                         f"got shape {list(x.shape)}")
+
+
+def _tensors(x: object) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (tuple, list)):
+        return [t for item in x for t in _tensors(item)]
+    return []
+
+
+def per_sequence_state(initial_state: object, N: int) -> list[object]:
+    """Split a packed ``initial_state`` into N per-sequence states with batch 1 (None: N Nones)."""
+    if initial_state is None:
+        return [None] * N
+    if isinstance(initial_state, KVCache):
+        raise TypeError(f"initial_state with cu_seqlens must be a list of N = {N} KVCaches (one per sequence, "
+                        "batch 1), got one KVCache")
+    if isinstance(initial_state, list):  # one cache per sequence (the softmax family)
+        if len(initial_state) != N:
+            raise ValueError(f"initial_state with cu_seqlens must hold N = {N} states (one per sequence), "
+                             f"got {len(initial_state)}")
+        return list(initial_state)
+    for t in _tensors(initial_state):
+        if t.dim() == 0 or t.shape[0] != N:
+            raise ValueError(f"initial_state with cu_seqlens must have N = {N} sequences along dim 0 "
+                             f"([N, H, K, V]), got shape {list(t.shape)}")
+    return [_rows(initial_state, i) for i in range(N)]
+
+
+def _rows(state: Any, i: int) -> Any:
+    if isinstance(state, torch.Tensor):
+        return state[i:i + 1]
+    return type(state)(_rows(item, i) for item in state)
+
+
+def concat_states(states: list[Any]) -> Any:
+    """Per-sequence final states (batch 1) as one packed state: tensors and pairs concatenated along dim 0,
+    dataclass states (KVCache) kept as a list."""
+    first = states[0]
+    if first is None:
+        return None
+    if isinstance(first, torch.Tensor):
+        return torch.cat(states, dim=0)
+    if isinstance(first, tuple):
+        return type(first)(concat_states([s[j] for s in states]) for j in range(len(first)))
+    if dataclasses.is_dataclass(first):
+        return list(states)
+    raise TypeError(f"cannot pack final states of type {type(first).__name__}")
+
+
+def packable(*token_args: str) -> Callable[[Callable], Callable]:
+    """Give an op a ``cu_seqlens=None`` keyword. ``token_args`` name the op's arguments with time at dim 1
+    (q first; an argument of length m T, e.g. gated_delta_product's interleaved keys, is cut at m times the
+    offsets); every other argument is passed to each sequence's call unchanged."""
+
+    def wrap(fn: Callable) -> Callable:
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def op(*args: Any, cu_seqlens: torch.Tensor | None = None, **kwargs: Any) -> tuple:
+            if cu_seqlens is None:
+                return fn(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            return run_packed(fn, dict(bound.arguments), cu_seqlens, token_args)
+
+        params = [*signature.parameters.values(),
+                  inspect.Parameter("cu_seqlens", inspect.Parameter.KEYWORD_ONLY, default=None,
+                                    annotation="torch.Tensor | None")]
+        op.__signature__ = signature.replace(parameters=params)
+        return op
+
+    return wrap
+
+
+def run_packed(fn: Callable, arguments: dict[str, Any], cu_seqlens: object, token_args: tuple[str, ...]) -> tuple:
+    """Run ``fn`` on each sequence of a packed call and assemble (o [1, T, H, V], packed final state or None)."""
+    q = check_float_tensor(token_args[0], arguments[token_args[0]], 4, "[B, T, H, K]")
+    check_packed_batch(token_args[0], q)
+    T = int(q.shape[1])
+    offsets = check_cu_seqlens(cu_seqlens, T, q.device)
+    for name in token_args[1:]:
+        x = arguments[name]
+        if not isinstance(x, torch.Tensor) or x.dim() < 2:
+            continue  # None (an optional argument such as path_attn's g), or wrong: the op's own check names it
+        check_packed_batch(name, x)
+        if x.shape[1] % T:
+            raise ValueError(f"{name} must have a multiple of T = {T} positions along dim 1 with cu_seqlens, "
+                             f"got shape {list(x.shape)}")
+    N = len(offsets) - 1
+    states = per_sequence_state(arguments.get("initial_state"), N)
+    outputs, finals = [], []
+    for i in range(N):
+        s, e = offsets[i], offsets[i + 1]
+        call = dict(arguments)
+        for name in token_args:
+            x = arguments[name]
+            if isinstance(x, torch.Tensor) and x.dim() >= 2:
+                m = x.shape[1] // T
+                call[name] = x[:, s * m:e * m]
+        call["initial_state"] = states[i]
+        o, final = fn(**call)
+        outputs.append(o)
+        finals.append(final)
+    return torch.cat(outputs, dim=1), concat_states(finals)
