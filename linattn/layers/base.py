@@ -196,8 +196,7 @@ class MixerLayer(nn.Module):
         # out in float32 would otherwise put the kernels on their exact-float32 (slow) path
         q, k = q.to(v.dtype), k.to(v.dtype)
         # the layer makes its gates and strengths in range by construction: no host-syncing range checks
-        with value_checks(False):
-            o, state = self.run_op(q, k, v, args, kwargs, None if cache is None else cache.state, use_cache)
+        o, state = unchecked(self.run_op, q, k, v, args, kwargs, None if cache is None else cache.state, use_cache)
         y = self.finish(self.skip(o, v), x)
         return y, (LayerCache(new_conv, state, offset + T) if use_cache else None)
 
@@ -258,8 +257,7 @@ class MixerLayer(nn.Module):
         q, k, v, args, kwargs = self.mix_inputs(x, q, k, v, cache.pos, s)
         v = k if self.exact_kv else v
         q, k = q.to(v.dtype), k.to(v.dtype)
-        with value_checks(False):
-            o = self.static_op_step(q, k, v, args, kwargs, cache)
+        o = unchecked(self.static_op_step, q, k, v, args, kwargs, cache)
         return self.finish(self.skip(o, v), x)
 
     def static_op_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: TokenArgs,
@@ -286,6 +284,15 @@ class MixerLayer(nn.Module):
             if gate is not None:
                 o = o * torch.nn.functional.silu(gate)
         return self.o_proj(o)
+
+
+def unchecked(fn: Callable, *args: Any) -> Any:
+    """fn(*args) with value checks off. Under torch.compile, where they never run, the context manager is not
+    entered at all: Dynamo in torch 2.11 breaks the graph on it."""
+    if torch.compiler.is_compiling():
+        return fn(*args)
+    with value_checks(False):
+        return fn(*args)
 
 
 def project_jointly(x: torch.Tensor, linears: dict[str, nn.Linear]) -> dict[str, torch.Tensor]:

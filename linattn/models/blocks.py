@@ -37,12 +37,16 @@ def reverse_within(x: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tenso
     return x.gather(1, idx.view(*idx.shape, *([1] * (x.dim() - 2))).expand_as(x))
 
 
+AUTOCAST_DEVICES = ("cuda", "cpu", "xpu", "mps", "hpu")
+
+
 def to_autocast_dtype(x: torch.Tensor) -> torch.Tensor:
     """x in the autocast dtype when autocast is on for its device (else x). A norm's output feeds several
     projections; autocast would cast it once per Linear and each Linear would keep its own copy for the backward
     pass (six copies in a Gated DeltaNet layer), so the block casts it once and they all share it."""
     device = x.device.type
-    if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
+    # a fixed list rather than torch.amp.is_autocast_available, which Dynamo in torch 2.11 cannot trace
+    if device in AUTOCAST_DEVICES and torch.is_autocast_enabled(device):
         return x.to(torch.get_autocast_dtype(device))
     return x
 

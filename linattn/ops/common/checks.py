@@ -130,6 +130,8 @@ def resolve_scale(scale: float | None, K: int) -> float:
 def _named_tensors(name: str, x: object) -> Iterator[tuple[str, torch.Tensor]]:
     """The tensors inside an argument with their names: a tensor, a tuple/list of them (a pair state), or a
     dataclass state (KVCache, MiniBatchState) whose fields hold tensors, tuples or dicts of tensors."""
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return  # before is_dataclass, which Dynamo in torch 2.11 cannot trace on them (a graph break)
     if isinstance(x, torch.Tensor):
         yield name, x
     elif isinstance(x, (tuple, list)):
