@@ -24,13 +24,7 @@ TOL = 1e-5
 OPS = list_ops()
 pytestmark = pytest.mark.usefixtures("one_thread")
 TORCH_CASES = [(name, b) for name in OPS for b in get_op(name).backends if b != "triton"]
-# deltaformer's Triton backend lets a later non-finite key reach earlier rows: not yet confined (docs/errors.md).
-# Strict: the test fails once it is, so the mark is removed then.
-NOT_YET_CONFINED = {"deltaformer"}
-TRITON_CASES = [pytest.param(name, "triton", marks=pytest.mark.xfail(
-                    strict=True, reason="deltaformer's Triton backend does not yet confine a non-finite key"))
-                if name in NOT_YET_CONFINED else (name, "triton")
-                for name in OPS if "triton" in get_op(name).backends]
+TRITON_CASES = [(name, "triton") for name in OPS if "triton" in get_op(name).backends]
 # options that take other code paths than the defaults
 VARIANTS = {
     "ttt_linear": [{}, {"mini_batch_size": 8}, {"mini_batch_size": 8, "inner_norm": True}],
@@ -144,3 +138,55 @@ def test_branch_free_forms_equal_the_plain_products(name: str, backend: str, mon
         if hasattr(module, "all_finite_here"):
             monkeypatch.setattr(module, "all_finite_here", lambda *xs: False)
     assert_close(_run(name, backend, x, {}), plain, 1e-6, f"{name} {backend}: branch-free vs plain")
+
+
+def _fused_guard_on_cpu(monkeypatch) -> None:
+    """Route softmax attention's guard to the fused Triton kernels on the CPU (interpreter), as on eager CUDA."""
+    import importlib
+
+    core = importlib.import_module("linattn.ops.softmax_attn.core")
+    monkeypatch.setattr(core, "attention_guard_skipped", lambda *xs: False)
+    monkeypatch.setattr(core, "fused_guard_applies", lambda keys, window_size: window_size is None)
+
+
+@pytest.mark.triton
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("backend", [b for b in get_op("softmax_attn").backends if b != "recurrent"])
+def test_fused_attention_guard_confines(backend: str, monkeypatch) -> None:
+    """The guard of eager CUDA (two fused kernels around SDPA) confines like the PyTorch guard: causal and not,
+    grouped kv heads, and queries after a cache of earlier keys."""
+    pytest.importorskip("triton")
+    _fused_guard_on_cpu(monkeypatch)
+    _check("softmax_attn", backend, {}, positions=(21, 32), bad_values=(math.nan, math.inf))
+    x = _inputs("softmax_attn")
+    grouped = {**x, "k": x["k"][:, :, :1], "v": x["v"][:, :, :1]}  # 2 query heads read 1 kv head
+    reference = _run("softmax_attn", "recurrent", grouped, {})
+    for arg in ("k", "v"):
+        o = _run("softmax_attn", backend, _spoil(grouped, arg, 21, math.nan), {})
+        assert_close(o[:, :21], reference[:, :21], TOL, f"grouped {arg}: before 21")
+        assert not torch.isfinite(o[:, 21:]).all(dim=-1).any(), f"grouped {arg}: every query head at and after 21"
+        o = _run("softmax_attn", backend, _spoil(x, arg, 21, math.nan), {"causal": False})
+        assert torch.isnan(o).all(), f"not causal, {arg}: every query sees position 21"
+    # continued from a cache of the first 16 tokens: the bad key at 21 is the 6th query's own
+    spoiled = _spoil(x, "k", 21, math.nan)
+    first = {a: t[:, :16] for a, t in spoiled.items()}
+    rest = {a: t[:, 16:] for a, t in spoiled.items()}
+    with value_checks("off"):
+        _, cache = get_op("softmax_attn").fn(**first, backend=backend, chunk_size=CHUNK, output_final_state=True)
+        o = get_op("softmax_attn").fn(**rest, backend=backend, chunk_size=CHUNK, initial_state=cache)[0]
+    assert_close(o[:, :5], reference_cached := _run("softmax_attn", "recurrent", x, {})[:, 16:21], TOL, "cached")
+    assert reference_cached.shape[1] == 5 and not torch.isfinite(o[:, 5:]).all(dim=-1).any()
+
+
+@pytest.mark.triton
+def test_fused_attention_guard_is_exact_on_finite_input(monkeypatch) -> None:
+    """On finite inputs the fused guard changes nothing: outputs and gradients equal the plain call's."""
+    pytest.importorskip("triton")
+    x = {a: t.requires_grad_() if t.is_floating_point() else t for a, t in _inputs("softmax_attn").items()}
+    plain = _run("softmax_attn", "parallel", x, {})
+    grads = torch.autograd.grad(plain.square().sum(), [x["q"], x["k"], x["v"]])
+    _fused_guard_on_cpu(monkeypatch)
+    guarded = _run("softmax_attn", "parallel", x, {})
+    assert torch.equal(guarded, plain)
+    for a, b in zip(torch.autograd.grad(guarded.square().sum(), [x["q"], x["k"], x["v"]]), grads):
+        assert torch.equal(a, b)

@@ -35,18 +35,19 @@ def all_finite_here(*xs: torch.Tensor) -> bool:
 
 def attention_guard_skipped(*xs: torch.Tensor) -> bool:
     """Whether softmax attention may run its kernel plainly on these keys and values: on the CPU when they are
-    finite (:func:`all_finite_here`); eagerly on CUDA unless value checks are "strict". There the guard of
-    :func:`confined_attention` is a dozen small kernels forward and backward around one SDPA call: on the H100 it
-    took a Transformer's training step (d_model 1024, 12 layers, 8 x 2048 tokens) from about 90 to 115 ms, and
-    SDPA's flash kernels leak a later non-finite value only within the tile of the diagonal. Under
-    torch.compile the guard is fused into the graph and always runs."""
-    if all_finite_here(*xs):
-        return True
-    if torch.compiler.is_compiling() or not xs[0].is_cuda:
-        return False
-    from .values import value_check_mode
+    finite (:func:`all_finite_here`). Elsewhere the guard always runs: fused on eager CUDA
+    (:func:`fused_guard_applies`), as PyTorch ops otherwise (fused into the graph under torch.compile)."""
+    return all_finite_here(*xs)
 
-    return value_check_mode() != "strict"
+
+def fused_guard_applies(keys: torch.Tensor, window_size: int | None) -> bool:
+    """Whether the guard of softmax attention runs as the two fused Triton kernels of ``triton_confine``: eager
+    CUDA tensors without a sliding window (whose per-query visible range the kernels do not compute)."""
+    if torch.compiler.is_compiling() or not keys.is_cuda or window_size is not None or type(keys) is not torch.Tensor:
+        return False
+    from .triton_compat import triton_importable
+
+    return triton_importable()
 
 
 def finite_part(x: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from ..common.triton_launch import fast_launch
+from ..common.triton_masking import causal_dot_rest, is_finite
 from ..common.triton_tril import unit_lower_inverse
 from ..common.triton_utils import mm
 
@@ -73,13 +74,19 @@ def deltaformer_solve_kernel(k, v, beta, lse, u, r, scale, T, Tk, H: tl.constexp
                          other=0.0)
             p = tl.where(mc[None, :], tl.exp2(mm(kc, kt, PREC, UP) * scale2 - lse_c[:, None]), 0.0)
             acc += mm(p.to(kc.dtype), uc.to(kc.dtype), PREC, UP)
-        L = _chunk_kernel_rows(kc, lse_c, scale2, C, PREC, UP)
-        inv = unit_lower_inverse(b_c[:, None] * L, C, PREC)
+        # rows from the first one with a non-finite key or beta or a NaN normaliser (+inf: no past) on see it:
+        # they are NaN, and the in-chunk products read only the rows before it (triton_masking.py)
+        bad = (tl.sum(tl.where(is_finite(kc), 0, 1), axis=1) > 0) | ~is_finite(b_c) | (lse_c != lse_c)
+        seen = (tl.cumsum(bad.to(tl.int32), axis=0) > 0)[:, None]
+        L = tl.where(seen, 0.0, _chunk_kernel_rows(kc, lse_c, scale2, C, PREC, UP))
+        inv = unit_lower_inverse(tl.where(seen, 0.0, b_c[:, None] * L), C, PREC)
         m_cv = m[:, None] & (o_v[None, :] < V)
         vc = tl.load(vb + rows[:, None] * (H * V) + o_v[None, :], mask=m_cv, other=0.0).to(tl.float32)
-        uc_new = mm(inv, vc - b_c[:, None] * acc, PREC, False)
+        rhs_fin, rhs_rest = causal_dot_rest(tl.where(seen, 0.0, vc - b_c[:, None] * acc))
+        uc_new = tl.where(seen, float("nan"), mm(inv, rhs_fin, PREC, False) + rhs_rest)
         tl.store(ub + (T0 + rows)[:, None] * (H * V) + o_v[None, :], uc_new, mask=m_cv)
-        tl.store(rb + rows[:, None] * (H * V) + o_v[None, :], acc + mm(L, uc_new, PREC, False), mask=m_cv)
+        u_fin, u_rest = causal_dot_rest(uc_new)
+        tl.store(rb + rows[:, None] * (H * V) + o_v[None, :], acc + mm(L, u_fin, PREC, False) + u_rest, mask=m_cv)
         tl.debug_barrier()  # the next chunk reads these u's (written by other threads of this program)
 
 

@@ -15,7 +15,13 @@ import torch
 from ..common.blockwise_softmax import blockwise_attention
 from ..common.checks import compute_dtype
 from ..common.kv_cache import KVCache
-from ..common.masking import attention_guard_skipped, confine_attention, finite_part, nonfinite_rows
+from ..common.masking import (
+    attention_guard_skipped,
+    confine_attention,
+    finite_part,
+    fused_guard_applies,
+    nonfinite_rows,
+)
 from ..common.positions import alibi_slopes, apply_rope, rope_config
 from .reference import masked_softmax_attention, sdpa_attention
 
@@ -71,6 +77,13 @@ def run_attention(
                      log_gates=gates, chunk_size=chunk_size)
     if attention_guard_skipped(keys, values):
         o = kernel(q.to(run_dt), keys, values)
+    elif fused_guard_applies(keys, window_size):
+        # the same guard in two fused kernels (common/triton_confine.py): eager CUDA, where the PyTorch form's
+        # dozen small kernels would cost more than the attention of a short sequence
+        from ..common.triton_confine import confine_rows, finite_keys_values
+
+        keys, values, bad = finite_keys_values(keys, values)
+        o = confine_rows(kernel(q.to(run_dt), keys, values), bad, causal=causal)
     else:
         # A hidden key's weight is 0, but 0 x NaN = NaN inside P V, and NaN + (-inf) = NaN where a mask is added
         # to the logits (SDPA's float masks): the kernels read the finite part of the keys and values, and the
