@@ -110,7 +110,7 @@ class _MesaCG(torch.autograd.Function):
         # CG's step sizes turn a NaN or inf right-hand side into zero steps: make it show in x (b * 0 is 0 if finite)
         x = x + b * 0
         o, HT = scan.forward(x, k, vb, g, H0)
-        GT = final[0] if final else scan.forward(x, k, kb, g, G0T)[1].transpose(-1, -2)
+        GT = final[0]  # steps >= 1: the first CG step made a product
         ctx.save_for_backward(x, k, v, g, beta, lamb, G0, H0)
         ctx.scale, ctx.steps, ctx.scan = scale, steps, scan
         ctx.set_materialize_grads(False)
