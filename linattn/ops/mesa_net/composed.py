@@ -141,7 +141,10 @@ def _contiguous(x: torch.Tensor | None) -> torch.Tensor | None:
     return None if x is None else x.contiguous()
 
 
-def _cg(q, k, v, g, beta, lamb, initial_state, scale, cg_steps, scan):
+def _cg(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, lamb: torch.Tensor,
+        initial_state: MesaState | None, scale: float, cg_steps: int | None, scan: Scan
+        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(o, G_T, H_T) by CG over ``scan`` in the compute dtype."""
     dt = compute_dtype(q)
     K = q.shape[-1]
     q, k, v, g, beta, lamb = (x.to(dt).contiguous() for x in (q, k, v, g, beta, lamb))
@@ -152,7 +155,10 @@ def _cg(q, k, v, g, beta, lamb, initial_state, scale, cg_steps, scan):
     return _MesaCG.apply(q, k, v, g, beta, lamb, G0, H0, float(scale), K if cg_steps is None else cg_steps, scan)
 
 
-def _exact_blocks(q, k, v, g, beta, lamb, initial_state, scale, chunk_size):
+def _exact_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                  lamb: torch.Tensor, initial_state: MesaState | None, scale: float, chunk_size: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(o, G_T, H_T) by the chunk backend's exact solve, block by block (checkpointed under autograd)."""
     B, T, H, K = q.shape
     dt = compute_dtype(q)
     G, Hs = initial_mesa_state(initial_state, B, H, K, v.shape[-1], dt, q.device)
