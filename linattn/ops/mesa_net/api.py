@@ -84,7 +84,10 @@ def mesa_net(
     Args: q, k [B, T, H, K]; v [B, T, H, V]; g [B, T, H] log decay (<= 0); beta [B, T, H] input
     strength (>= 0); lamb [H, K] ridge regulariser (> 0); initial_state None or the pair
     (G [B, H, K, K], H [B, H, K, V]); solver "exact" (Cholesky) or "cg" (``cg_steps`` conjugate-gradient
-    steps started from x = 0 at every token, K steps when None: exact in exact arithmetic).
+    steps started from x = 0 at every token, K steps when None: exact in exact arithmetic); backend "recurrent",
+    "parallel", "chunk" (O(T K^2) memory: every G_t), "triton" (memory O(T (K + V)): CG over simple_gla's Triton
+    scans, differentiated implicitly; the exact solve in checkpointed blocks; docs/ops/mesa_ttt.md) or "auto"
+    (triton on CUDA, else chunk).
     Returns (o [B, T, H, V] in q's dtype, final (G, H) in float32 (float64 for float64 inputs) or None).
     """
     d = check_qkv(q, k, v)

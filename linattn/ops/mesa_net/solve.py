@@ -9,6 +9,8 @@ unrolling its steps).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ..common.values import value_checks_enabled
@@ -38,10 +40,22 @@ def _ratio(num: torch.Tensor, den: torch.Tensor, active: torch.Tensor) -> torch.
 
 def conjugate_gradient(A: torch.Tensor, b: torch.Tensor, steps: int) -> torch.Tensor:
     """``steps`` iterations of CG on A x = b from x_0 = 0; A [..., K, K] SPD, b [..., K] -> x [..., K].
+    See :func:`cg_solve` (this is it with the product A p)."""
+    return cg_solve(lambda p: (A @ p[..., None]).squeeze(-1), b, steps)
+
+
+def cg_solve(
+    matvec: Callable[[torch.Tensor], torch.Tensor],
+    b: torch.Tensor,
+    steps: int,
+) -> torch.Tensor:
+    """``steps`` iterations of CG on A x = b from x_0 = 0, batched over the leading dims of b [..., K];
+    ``matvec(p)`` returns A p for every system at once (A SPD).
 
     A system whose residual has reached rounding level (||r|| <= 32 eps ||b||) is frozen: its later
     steps are exactly zero. Without this, the steps taken on rounding noise are harmless forwards
-    but their gradients (through r.r / p.Ap of two noise-sized numbers) amplify the noise.
+    but their gradients (through r.r / p.Ap of two noise-sized numbers) amplify the noise. The step
+    sizes are per-system tensors: no host synchronisation, no data-dependent exit.
     """
     floor = (b * b).sum(-1) * (32 * torch.finfo(b.dtype).eps) ** 2
     x = torch.zeros_like(b)
@@ -50,7 +64,7 @@ def conjugate_gradient(A: torch.Tensor, b: torch.Tensor, steps: int) -> torch.Te
     rr = (r * r).sum(-1)
     for _ in range(steps):
         active = rr > floor
-        Ap = (A @ p[..., None]).squeeze(-1)
+        Ap = matvec(p)
         alpha = _ratio(rr, (p * Ap).sum(-1), active)[..., None]
         x = x + alpha * p
         r = r - alpha * Ap

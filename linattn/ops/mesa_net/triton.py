@@ -1,0 +1,78 @@
+"""mesa_net's ``backend="triton"``: MesaNet composed of simple_gla's Triton scans, memory O(T (K + V)) per head.
+
+    G_t = exp(g_t) G_{t-1} + b_t k_t k_t^T,   H_t = exp(g_t) H_{t-1} + b_t k_t v_t^T,
+    o_t = H_t^T (G_t + diag(lamb))^-1 (scale q_t)
+
+No kernel of its own: solver "cg" runs every product with G_t (and the read-out with H_t) as one call of simple_gla's
+Triton forward, its backward by implicit differentiation through simple_gla's Triton backward; solver "exact" runs
+the chunk backend's code in checkpointed blocks (``composed.py`` has the algorithm). The scans compute in float32
+(float32 ``tl.dot``s, as simple_gla's float32 inputs do) whatever the input dtype: CG needs the products more
+accurately than bf16 holds them. float64 inputs take simple_gla's PyTorch chunk form instead (Triton has no float64
+dots), the same algorithm.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..common.checks import CHUNK_SIZES, compute_dtype
+from ..common.triton_ops import use_custom_op
+from ..simple_gla.triton import simple_gla_triton_backward, simple_gla_triton_forward
+from .composed import TorchScan, mesa_net_composed
+from .reference import MesaState
+
+
+class TritonScan:
+    """The scan on simple_gla's Triton kernels (float32 inputs, scale 1). Eagerly the kernels' Python entry points
+    are called directly; under torch.compile (or for tensor subclasses) simple_gla's registered custom ops, which
+    graphs see as opaque ops with fake kernels."""
+
+    def __init__(self, chunk_size: int) -> None:
+        self.chunk_size = chunk_size
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                s0: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        q, k, v, g = (x.contiguous() for x in (q, k, v, g))
+        s0 = None if s0 is None else s0.contiguous()
+        if use_custom_op(q):
+            y, sT, _, _ = torch.ops.linattn.simple_gla_triton_fwd(q, k, v, g, s0, 1.0, self.chunk_size, False)
+            return y, sT
+        y, sT = simple_gla_triton_forward(q, k, v, g, 1.0, s0, self.chunk_size)
+        return y, sT
+
+    def backward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, s0: torch.Tensor | None,
+                 dy: torch.Tensor, dST: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        q, k, v, g, dy = (x.contiguous() for x in (q, k, v, g, dy))
+        s0, dST = (None if x is None else x.contiguous() for x in (s0, dST))
+        if use_custom_op(q):
+            return torch.ops.linattn.simple_gla_triton_bwd(q, k, v, g, s0, 1.0, self.chunk_size, dy, dST, None, None)
+        return simple_gla_triton_backward(q, k, v, g, 1.0, s0, self.chunk_size, dy, dST)
+
+
+def mesa_net_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    lamb: torch.Tensor,
+    *,
+    scale: float,
+    initial_state: MesaState | None = None,
+    output_final_state: bool = False,
+    chunk_size: int = 64,
+    solver: str = "exact",
+    cg_steps: int | None = None,
+) -> tuple[torch.Tensor, MesaState | None]:
+    """backend='triton': G_t = exp(g_t) G_{t-1} + b_t k_t k_t^T, H_t = exp(g_t) H_{t-1} + b_t k_t v_t^T,
+    o_t = H_t^T (G_t + diag(lamb))^-1 (scale q_t) in memory O(T (K + V)) per head (module docstring); inputs
+    validated by the public op; chunk_size 16, 32, 64 or 128."""
+    if chunk_size not in CHUNK_SIZES:
+        raise ValueError(f"chunk_size must be 16, 32, 64 or 128 for backend='triton', got {chunk_size}")
+    scan = TorchScan(chunk_size) if compute_dtype(q) == torch.float64 else TritonScan(chunk_size)
+    return mesa_net_composed(q, k, v, g, beta, lamb, scale=scale, initial_state=initial_state,
+                             output_final_state=output_final_state, chunk_size=chunk_size, solver=solver,
+                             cg_steps=cg_steps, scan=scan)
+
+
+TRITON_BACKENDS = {"mesa_net": mesa_net_triton}
