@@ -99,6 +99,10 @@ def test_every_op_has_a_step_with_its_argument_names() -> None:
         assert step_params["state"].default is None, name
         for option in step_params:  # every step option is the op's option of the same name
             assert option == "state" or option == "inplace" or option in op_params, (name, option)
+        whole_sequence = {"initial_state", "output_final_state", "backend", "chunk_size", "cu_seqlens"}
+        for option, p in op_params.items():  # and every option of the op that is not about whole sequences
+            if p.kind is p.KEYWORD_ONLY and option not in whole_sequence:
+                assert option in step_params, (name, option)
         for n in positional:  # an optional input (a gate) defaults to None in both
             assert op_params[n].default is step_params[n].default, (name, n)
 

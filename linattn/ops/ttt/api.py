@@ -74,8 +74,8 @@ def ttt_linear(
     :class:`MiniBatchState` :func:`ttt_linear_step` returns (inside a mini-batch, its first tokens complete that
     mini-batch exactly as the steps would: they run token by token, the rest on ``backend``). The end of the
     sequence closes the last mini-batch: running [0:t] then [t:T] equals [0:T] when t is a multiple of
-    mini_batch_size. The chunk
-    backend chunks on mini-batch boundaries (with inner_norm, one mini-batch per chunk; chunk_size unused).
+    mini_batch_size. The chunk backend chunks on mini-batch boundaries (with inner_norm, one mini-batch per
+    chunk; chunk_size unused).
     Returns (o [B, T, H, V] in q's dtype, final W [B, H, K, V] float32 (float64 for float64) or None).
     """
     d = check_qkv(q, k, v)
@@ -96,7 +96,7 @@ def ttt_linear(
         dt = partial.start.dtype
         norm = make_norm(norm_weight, norm_bias, norm_eps, dt, 1)
         o_head, partial = run_tokens(lambda st, *x: ttt_token(st, *x, norm, mini_batch_size), partial, head,
-                                     q.to(dt) * scale, k.to(dt), v.to(dt), eta.to(dt))
+                                     q[:, :head].to(dt) * scale, *(x[:, :head].to(dt) for x in (k, v, eta)))
         o_head = o_head.to(q.dtype)
         if head == d.T:
             return o_head, (partial.current[0] if output_final_state else None)

@@ -91,7 +91,8 @@ def titans(
         head = min(d.T, mini_batch_size - partial.count)
         dt = partial.start.dtype
         o_head, partial = run_tokens(lambda st, *x: titans_token(st, *x, mini_batch_size), partial, head,
-                                     q.to(dt) * scale, *(x.to(dt) for x in (k, v, theta, alpha, eta)))
+                                     q[:, :head].to(dt) * scale,
+                                     *(x[:, :head].to(dt) for x in (k, v, theta, alpha, eta)))
         o_head = o_head.to(q.dtype)
         if head == d.T:
             return o_head, (tuple(partial.current) if output_final_state else None)
