@@ -92,9 +92,10 @@ def check_backends_agree(
 
 
 def step_inputs(name: str, B: int, H: int, K: int, V: int) -> dict[str, torch.Tensor]:
-    """Tensors for op ``name``'s step function by parameter name, from the op's ``example_inputs`` at T = 1:
-    ``x_t`` is token 0 of the op's ``x`` (sub-step inputs such as gated_delta_product's k [B, n, H, K] keep their
-    n); other names (mesa_net's lamb) are passed whole; ``state`` is left out."""
+    """Tensors for op ``name``'s step function by parameter name (the op's names), from the op's ``example_inputs``
+    at T = 1: a per-token input [B, 1, ...] is cut to its token [B, ...] (sub-step inputs such as
+    gated_delta_product's k [B, n, H, K] keep their n); constants (mesa_net's lamb [H, K]) are passed whole;
+    ``state`` is left out."""
     import inspect
 
     from linattn.ops import get_op
@@ -103,9 +104,9 @@ def step_inputs(name: str, B: int, H: int, K: int, V: int) -> dict[str, torch.Te
     x = spec.example_inputs(B, 1, H, K, V)
     out = {}
     for p in inspect.signature(spec.step).parameters:
-        base = p[:-2] if p.endswith("_t") else p
-        if p != "state" and base in x:
-            out[p] = x[base][:, 0] if p.endswith("_t") and x[base].shape[1] == 1 else x[base]
+        if p != "state" and p in x:
+            t = x[p]
+            out[p] = t[:, 0] if t.dim() >= 3 and t.shape[1] == 1 else t
     return out
 
 

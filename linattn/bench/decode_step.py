@@ -67,7 +67,7 @@ def step_calls(family: str, x: dict, fused: bool) -> dict[str, Callable]:
     q, k, v, g, beta = x["q"], x["k"], x["v"], x["g"], x["beta"]
     scale = q.shape[-1] ** -0.5
     ref_args = (g,) if family in ("simple_gla", "gla") else (g, beta)
-    public_args = tuple(a for a in (g, beta) if a is not None)
+    public_args = {name: a for name, a in (("g", g), ("beta", beta)) if a is not None}
     calls = {"torch": lambda S: REFERENCE[family](q, k, v, *ref_args, S, scale=scale)}
     if fused:
         from linattn.ops.common.triton_step_kernel import STEP_KERNELS, fused_step
@@ -76,7 +76,7 @@ def step_calls(family: str, x: dict, fused: bool) -> dict[str, Callable]:
         calls["fused"] = lambda S: STEP_KERNELS[KERNEL_OF[family]](q, k, v, *ref_args, S, scale=scale)
         calls["fused_inplace"] = lambda S: fused_step(q, k, v, S, scale=scale, gate=gate, g_t=g, beta_t=beta,
                                                       inplace=True)
-    calls["op_step"] = lambda S: PUBLIC[family](q, k, v, *public_args, state=S, scale=scale)
+    calls["op_step"] = lambda S: PUBLIC[family](q, k, v, **public_args, state=S, scale=scale)
     return calls
 
 

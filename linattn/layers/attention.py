@@ -87,7 +87,7 @@ class _GQALayer(_KVLayer):
         write_at(kv.v, pos, v_t)
         bias = None
         if "g" in kv.extras:
-            write_at(kv.extras["g"], pos, args[0][0][:, 0])
+            write_at(kv.extras["g"], pos, args["g"][:, 0])
             G = torch.cumsum(kv.extras["g"], dim=-1)  # [B, H, L]
             bias = G.gather(-1, pos.view(-1, 1, 1).expand(*G.shape[:2], 1)) - G
         visible = key_mask(pos, kv.max_length, window_size=self.window_size)
@@ -109,7 +109,7 @@ class SoftmaxAttentionLayer(_GQALayer):
         self.rope = None if rope_theta is None else {"theta": float(rope_theta)}
 
     def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
-        return q, k, v, [], {"window_size": self.window_size, "rope": self.rope}
+        return q, k, v, {}, {"window_size": self.window_size, "rope": self.rope}
 
 
 class ForgettingAttentionLayer(_GQALayer):
@@ -132,7 +132,7 @@ class ForgettingAttentionLayer(_GQALayer):
 
     def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
         g = F.logsigmoid(self.f_proj(x)).to(q.dtype)
-        return q, k, v, [(g, True)], {"window_size": self.window_size, "rope": self.rope}
+        return q, k, v, {"g": g}, {"window_size": self.window_size, "rope": self.rope}
 
 
 class DeltaFormerLayer(_KVLayer):
@@ -153,7 +153,7 @@ class DeltaFormerLayer(_KVLayer):
 
     def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int | Tensor,
                    streams: Streams) -> MixOut:
-        return q, k, v, [(torch.sigmoid(self.b_proj(x)).to(q.dtype), True)], {}
+        return q, k, v, {"beta": torch.sigmoid(self.b_proj(x)).to(q.dtype)}, {}
 
     def static_op_step(self, q: Tensor, k: Tensor, v: Tensor, args: TokenArgs, kwargs: dict[str, Any],
                        cache: StaticLayerCache) -> Tensor:
@@ -162,7 +162,7 @@ class DeltaFormerLayer(_KVLayer):
         row would be empty): it reads all positions, to stay NaN-free, and drops the result."""
         kv, pos = cache.state, cache.pos
         q_t, k_t, v_t, scale = self.token(q, k, v, kv)
-        beta_t = args[0][0][:, 0].to(kv.k.dtype)
+        beta_t = args["beta"][:, 0].to(kv.k.dtype)
         past = key_mask(pos, kv.max_length, strict=True) | (pos == 0)[:, None]
         has_past = (pos > 0).to(kv.k.dtype)[:, None, None]
         u_t = v_t - beta_t[..., None] * attend(k_t, kv.k, kv.v, past, scale) * has_past
@@ -212,12 +212,12 @@ class PaTHLayer(_KVLayer):
         kv, pos = cache.state, cache.pos
         q_t, k_t, v_t, scale = self.token(q, k, v, kv)
         dt = kv.k.dtype
-        w_t, beta_t = args[0][0][:, 0].to(dt), args[1][0][:, 0].to(dt)
+        w_t, beta_t = args["w"][:, 0].to(dt), args["beta"][:, 0].to(dt)
         coef = torch.matmul(kv.k, w_t[..., None])  # [B, H, L, 1]: k~_s . w_t
         kv.k.sub_(beta_t[..., None, None] * coef * w_t[:, :, None, :])
         decay = kv.extras["log_decay"]
-        if len(args) > 2:
-            decay.add_(args[2][0][:, 0].to(dt)[..., None])
+        if args.get("g") is not None:
+            decay.add_(args["g"][:, 0].to(dt)[..., None])
         write_at(kv.k, pos, k_t)
         write_at(kv.v, pos, v_t)
         write_at(decay, pos, torch.zeros_like(beta_t))
@@ -226,7 +226,6 @@ class PaTHLayer(_KVLayer):
     def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
         B, T, H, K = q.shape
         w = l2norm(streams["w"].view(B, T, H, K))
-        args = [(w, True), ((2 * torch.sigmoid(self.b_proj(x))).to(q.dtype), True)]
-        if self.f_proj is not None:
-            args.append((F.logsigmoid(self.f_proj(x)).to(q.dtype), True))
-        return q, k, v, args, {}
+        beta = (2 * torch.sigmoid(self.b_proj(x))).to(q.dtype)
+        g = None if self.f_proj is None else F.logsigmoid(self.f_proj(x)).to(q.dtype)
+        return q, k, v, {"w": w, "beta": beta, "g": g}, {}

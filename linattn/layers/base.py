@@ -42,7 +42,7 @@ from .norms import rms_norm_gated
 from .shortconv import CONV_MODES, ShortConv
 from .static_cache import StaticLayerCache, copy_rows_, copy_state_, state_dtype
 
-TokenArgs = list[tuple[torch.Tensor, bool]]  # the op's positional args after v: (tensor, varies over time)
+TokenArgs = dict[str, torch.Tensor | None]  # the op's inputs that vary over time ([B, T, ...]) by the op's names
 Streams = dict[str, torch.Tensor]  # projected streams by name ("q", "k", "v", ...), or their conv caches
 MixOut = tuple[torch.Tensor, torch.Tensor, torch.Tensor, TokenArgs, dict[str, Any]]  # q, k, v, args, kwargs
 
@@ -124,15 +124,16 @@ class MixerLayer(nn.Module):
 
     # --- hooks for subclasses -------------------------------------------------------------------
     def mix_inputs(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   offset: int | torch.Tensor, streams: dict[str, torch.Tensor]
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, TokenArgs, dict[str, Any]]:
+                   offset: int | torch.Tensor, streams: dict[str, torch.Tensor]) -> MixOut:
         """Feature maps and gates: q [B, T, H, K], k [B, T, H_kv, K], v [B, T, H_kv, V] after the
         ShortConvs; ``offset`` is the position of x's first token (an int, or per row a [B] tensor in a
         static step), or with packed sequences every token's position in its sequence ([1, T] tensor);
         ``streams`` every projected stream (flat, after its ShortConv; subclasses may add their own in
-        :meth:`streams`). Returns (q, k, v, the op's positional args after v as (tensor,
-        varies_over_time) pairs, keyword args for the op and its step)."""
-        return q, k, v, [], {}
+        :meth:`streams`). Returns (q, k, v, the op's inputs that vary over time [B, T, ...] by the op's argument
+        names (e.g. {"g": g, "beta": beta}; None for an optional input left out), keyword args for the op and its
+        step (options, and constant tensors by name, e.g. mesa_net's lamb)). Steps get each time-varying input
+        cut to its token."""
+        return q, k, v, {}, {}
 
     def skip(self, o: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Added to the op output before the output norm (e.g. Mamba2's D skip); default none."""
@@ -205,14 +206,14 @@ class MixerLayer(nn.Module):
         """The op over the whole input, or its step function for one token continuing a state."""
         if state is not None and q.shape[1] == 1:
             return self.step(q, k, v, args, kwargs, state)
-        return self.op(q, k, v, *[a for a, _ in args], scale=self.scale, initial_state=state,
-                       output_final_state=use_cache, **kwargs, **self.op_kwargs())
+        return self.op(q, k, v, **args, scale=self.scale, initial_state=state, output_final_state=use_cache,
+                       **kwargs, **self.op_kwargs())
 
     def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: TokenArgs, kwargs: dict[str, Any],
              state: Any) -> tuple[torch.Tensor, Any]:
         """One token (T == 1) through the op's step function; returns (o [B, 1, H, V], state)."""
-        step_args = [a[:, 0] if per_token else a for a, per_token in args]
-        o, state = self.op_step(q[:, 0], k[:, 0], v[:, 0], *step_args, state=state, scale=self.scale, **kwargs)
+        step_args = {name: None if a is None else a[:, 0] for name, a in args.items()}
+        o, state = self.op_step(q[:, 0], k[:, 0], v[:, 0], **step_args, state=state, scale=self.scale, **kwargs)
         return o[:, None], state
 
     # --- static decoding ------------------------------------------------------------------------

@@ -37,7 +37,7 @@ class LinearAttentionLayer(MixerLayer):
 
     def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int | Tensor,
                    streams: Streams) -> MixOut:
-        return q, k, v, [], {"feature_map": self.feature_map, "normalize": self.normalize}
+        return q, k, v, {}, {"feature_map": self.feature_map, "normalize": self.normalize}
 
     def static_state(self, batch_size: int, max_length: int, dtype: torch.dtype, device: torch.device) -> Tensor:
         """[B, H, K, V + 1] with the normaliser (z rides along as the last value column), else [B, H, K, V]."""
@@ -70,7 +70,7 @@ class RetNetLayer(MixerLayer):
                    streams: Streams) -> MixOut:
         if self.rope:
             q, k = apply_rope(q, offset), apply_rope(k, offset)
-        return q, k, v, [], {}
+        return q, k, v, {}, {}
 
 
 class GLALayer(MixerLayer):
@@ -92,4 +92,4 @@ class GLALayer(MixerLayer):
         self.gate = LowRankLogSigmoidGate(d_model, n_heads, self.head_dim, gate_rank, gate_normaliser)
 
     def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
-        return q, k, v, [(self.gate(x).to(q.dtype), True)], {}
+        return q, k, v, {"g": self.gate(x).to(q.dtype)}, {}

@@ -50,7 +50,7 @@ class DeltaNetLayer(_BetaLayer):
 
     def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
         beta = self.beta(streams).to(q.dtype)
-        return l2norm(q), l2norm(k), v, [(beta, True)], {"allow_neg_eigval": self.allow_neg_eigval}
+        return l2norm(q), l2norm(k), v, {"beta": beta}, {"allow_neg_eigval": self.allow_neg_eigval}
 
 
 class GatedDeltaNetLayer(_BetaLayer):
@@ -75,7 +75,7 @@ class GatedDeltaNetLayer(_BetaLayer):
 
     def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
         g, _ = self.decay.from_projection(streams["a"])
-        args = [(g.to(q.dtype), True), (self.beta(streams).to(q.dtype), True)]
+        args = {"g": g.to(q.dtype), "beta": self.beta(streams).to(q.dtype)}
         return l2norm(q), l2norm(k), v, args, {"allow_neg_eigval": self.allow_neg_eigval}
 
 
@@ -95,9 +95,8 @@ class CombaLayer(GatedDeltaNetLayer):
         self.d = nn.Parameter(torch.zeros(n_heads, self.head_dim))
 
     def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
-        q, k, v, gate_args, kw = super().mix_inputs(x, q, k, v, offset, streams)
-        p = torch.sigmoid(self.d).to(k.dtype) * k
-        return q, k, v, [(p, True), *gate_args], kw
+        q, k, v, args, kw = super().mix_inputs(x, q, k, v, offset, streams)
+        return q, k, v, {"p": torch.sigmoid(self.d).to(k.dtype) * k, **args}, kw
 
 
 class MesaNetLayer(MixerLayer):
@@ -136,8 +135,8 @@ class MesaNetLayer(MixerLayer):
         g = F.logsigmoid(self.a_proj(x)).to(q.dtype)
         beta = torch.sigmoid(streams["b"]).to(q.dtype)
         lamb = (F.softplus(self.lamb_raw) + 0.25).to(q.dtype)
-        args = [(g, True), (beta, True), (lamb, False)]
-        return l2norm(q), l2norm(k), v, args, {"solver": self.solver, "cg_steps": self.cg_steps}
+        kw = {"lamb": lamb, "solver": self.solver, "cg_steps": self.cg_steps}  # lamb: one [H, K] for every token
+        return l2norm(q), l2norm(k), v, {"g": g, "beta": beta}, kw
 
     def x_projections(self) -> dict[str, nn.Linear]:
         return {**super().x_projections(), "b": self.b_proj}

@@ -50,21 +50,13 @@ class GatedDeltaProductLayer(MixerLayer):
         v = v.reshape(B, T * n, H, -1)
         beta = torch.sigmoid(streams["b"]).reshape(B, T * n, H) * (2 if self.allow_neg_eigval else 1)
         g = None if self.decay is None else self.decay.from_projection(streams["a"])[0].to(q.dtype)
-        args = [(g, True), (beta.to(q.dtype), True)]
-        return l2norm(q), k, v, args, {"allow_neg_eigval": self.allow_neg_eigval}
+        kw = {"num_householder": n, "allow_neg_eigval": self.allow_neg_eigval}
+        return l2norm(q), k, v, {"g": g, "beta": beta.to(q.dtype)}, kw
 
     def step(self, q: Tensor, k: Tensor, v: Tensor, args: TokenArgs, kwargs: dict[str, Any],
              state: Any) -> tuple[Tensor, Any]:
         """One token: its n sub-steps are k, v, beta [B, n, ...] as they are."""
-        (g, _), (beta, _) = args
-        o, state = self.op_step(q[:, 0], k, v, None if g is None else g[:, 0], beta, state=state, scale=self.scale,
-                                **kwargs)
+        g = args["g"]
+        o, state = self.op_step(q[:, 0], k, v, g=None if g is None else g[:, 0], beta=args["beta"], state=state,
+                                scale=self.scale, **kwargs)
         return o[:, None], state
-
-    def run_op(self, q: Tensor, k: Tensor, v: Tensor, args: TokenArgs, kwargs: dict[str, Any], state: Any,
-               use_cache: bool) -> tuple[Tensor, Any]:
-        (g, _), (beta, _) = args
-        if state is not None and q.shape[1] == 1:
-            return self.step(q, k, v, args, kwargs, state)
-        return self.op(q, k, v, g, beta, self.num_householder, scale=self.scale, initial_state=state,
-                       output_final_state=use_cache, **kwargs, **self.op_kwargs())

@@ -68,7 +68,7 @@ class Mamba2Layer(MixerLayer):
 
     def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
         g, dt = self.decay.from_projection(streams["a"])
-        return q, k * dt[..., None].to(k.dtype), v, [(g.to(q.dtype), True)], {}
+        return q, k * dt[..., None].to(k.dtype), v, {"g": g.to(q.dtype)}, {}
 
     def skip(self, o: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return o + self.D[:, None].to(o.dtype) * v

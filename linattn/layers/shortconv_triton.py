@@ -163,8 +163,9 @@ def _conv_fwd(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.Tensor,
     y = torch.empty(B, T, D, device=x.device, dtype=x.dtype)
     BT, BD = _blocks(D)
     _conv_fwd_kernel[(cdiv(T, BT), cdiv(D, BD), B)](
-        x, cache if _has_cache(cache) else x, weight, bias if bias is not None else weight, y, T, D, x.stride(0),
-        x.stride(1), W, BT, BD, _has_cache(cache), bias is not None, silu, num_warps=LAUNCH["fwd_warps"])
+        x=x, cache=cache if _has_cache(cache) else x, w=weight, bias=bias if bias is not None else weight, y=y, T=T,
+        D=D, sx_b=x.stride(0), sx_t=x.stride(1), W=W, BT=BT, BD=BD, HAS_CACHE=_has_cache(cache),
+        HAS_BIAS=bias is not None, SILU=silu, num_warps=LAUNCH["fwd_warps"])
     return y
 
 

@@ -45,14 +45,14 @@ class _MiniBatchLayer(MixerLayer):
                     if isinstance(state, MiniBatchState):  # at a boundary: the op takes W, or (M, S)
                         state = state.current[0] if len(state.current) == 1 else tuple(state.current)
                     sl = slice(head, head + body)
-                    o, state = self.op(q[:, sl], k[:, sl], v[:, sl], *[a[:, sl] if p else a for a, p in args],
+                    o, state = self.op(q[:, sl], k[:, sl], v[:, sl], **{n: a[:, sl] for n, a in args.items()},
                                        scale=self.scale, initial_state=state, output_final_state=use_cache,
                                        **kwargs, **self.op_kwargs())
                     outs.append(o)
                 continue
             sl = slice(t, t + 1)
-            o, state = self.step(q[:, sl], k[:, sl], v[:, sl], [(a[:, sl] if p else a, p) for a, p in args],
-                                 kwargs, state)
+            o, state = self.step(q[:, sl], k[:, sl], v[:, sl], {n: a[:, sl] for n, a in args.items()}, kwargs,
+                                 state)
             outs.append(o)
         return torch.cat(outs, dim=1), state
 
@@ -117,7 +117,7 @@ class TTTLinearLayer(_MiniBatchLayer):
         kw: dict[str, Any] = {"mini_batch_size": self.mini_batch_size, "inner_norm": self.inner_norm}
         if self.inner_norm:
             kw.update(norm_weight=self.ln_weight, norm_bias=self.ln_bias)
-        return q, k, v, [(eta.to(q.dtype), True)], kw
+        return q, k, v, {"eta": eta.to(q.dtype)}, kw
 
 
 class TitansLayer(_MiniBatchLayer):
@@ -145,6 +145,6 @@ class TitansLayer(_MiniBatchLayer):
 
     def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
         theta, alpha, eta = torch.sigmoid(self.gate_proj(x)).to(q.dtype).chunk(3, dim=-1)
-        args = [(theta, True), (alpha, True), (eta, True)]
+        args = {"theta": theta, "alpha": alpha, "eta": eta}
         return l2norm(q), l2norm(k), v, args, {"mini_batch_size": self.mini_batch_size}
 

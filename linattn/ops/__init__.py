@@ -1,8 +1,11 @@
 """Token mixers as pure functions (no nn.Module), one sub-package per family.
 
-Every op: ``op(q, k, v, <op args>, *, scale=None, initial_state=None, output_final_state=False,
-backend="auto", chunk_size=64) -> (o, final_state)`` and ``op_step(q_t, k_t, v_t, <args at t>,
-state) -> (o_t, state)``. See ``list_ops()`` / ``op_info(name)``.
+Every op: ``op(q, k, v, <op args>, *, <options>, scale=None, initial_state=None, output_final_state=False,
+backend="auto", chunk_size=64) -> (o, final_state)`` and its step ``op_step(q, k, v, <op args>, *, state=None,
+<options>, scale=None) -> (o_t, state)``: the same argument names in the same order, each tensor holding one
+token (no T dim), the state keyword-only. An op takes the state its step returns as ``initial_state`` and a step
+takes the op's final state as ``state``. Optional gates are ``g=None`` in both. See ``list_ops()`` /
+``op_info(name)``.
 """
 
 from .comba import comba, comba_step

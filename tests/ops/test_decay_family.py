@@ -53,7 +53,7 @@ class Case:
         *args, state = xs
         outs = []
         for t in range(args[0].shape[1]):
-            o_t, state = self.step(*(a[:, t] for a in args), state, **self.kwargs)
+            o_t, state = self.step(*(a[:, t] for a in args), state=state, **self.kwargs)
             outs.append(o_t)
         return torch.stack(outs, 1), state
 

@@ -125,7 +125,7 @@ def test_step_equals_recurrence(case):
     for t in range(9):
         step_args = time_slice(case, xs[:-1], t, t + 1)
         step_args = [x if case.per_substep(name) else x[:, 0] for name, x in zip(case.args, step_args)]
-        o_t, state = case.step(*step_args, state)
+        o_t, state = case.step(*step_args, state=state)
         assert_close(o_t, o[:, t], 1e-12, f"step {t}")
     assert_close(state, s, 1e-12, "step state")
 
@@ -150,7 +150,7 @@ def test_identities_between_ops(backend):
     kw = dict(initial_state=s0, output_final_state=True, backend=backend, chunk_size=16)
     ref = gated_delta_rule(q, k, v, g, beta, **kw)
     for what, got in [
-        ("gated_delta_product(num_householder=1)", gated_delta_product(q, k, v, g, beta, 1, **kw)),
+        ("gated_delta_product(num_householder=1)", gated_delta_product(q, k, v, g, beta, num_householder=1, **kw)),
         ("comba(p=k)", comba(q, k, v, k, g, beta, **kw)),
     ]:
         assert_close(got[0], ref[0], 1e-12, f"{what} o")
@@ -254,13 +254,13 @@ def test_bad_step_inputs(case):
     xs = make(case, 2, 1, 2, 4, 3, dtype=torch.float32)
     step_args = [x if case.per_substep(name) else x[:, 0] for name, x in zip(case.args, xs[:-1])]
     x = dict(zip(case.args, step_args))
-    case.step(*step_args, xs[-1])
+    case.step(*step_args, state=xs[-1])
     with pytest.raises(ValueError, match="state"):
-        case.step(*step_args, xs[-1][:, :1])
-    with pytest.raises(ValueError, match="beta_t"):
-        case.step(*[x[a] + 2 if a == "beta" else x[a] for a in case.args], xs[-1])
-    with pytest.raises(ValueError, match="k_t"):
-        case.step(*[x[a][:1] if a == "k" else x[a] for a in case.args], xs[-1])
+        case.step(*step_args, state=xs[-1][:, :1])
+    with pytest.raises(ValueError, match="^beta "):
+        case.step(*[x[a] + 2 if a == "beta" else x[a] for a in case.args], state=xs[-1])
+    with pytest.raises(ValueError, match="^k "):
+        case.step(*[x[a][:1] if a == "k" else x[a] for a in case.args], state=xs[-1])
 
 
 def test_matrix_state_scan_gradcheck():

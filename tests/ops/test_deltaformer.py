@@ -77,7 +77,7 @@ def test_step_equals_chunk():
                            chunk_size=16)
     cache = KVCache(k0, u0)
     for t in range(q.shape[1]):
-        o_t, cache = deltaformer_step(q[:, t], k[:, t], v[:, t], beta[:, t], cache)
+        o_t, cache = deltaformer_step(q[:, t], k[:, t], v[:, t], beta[:, t], state=cache)
         assert_close(o_t, o[:, t], 1e-12, f"step {t}")
     assert_close(cache.v, state.v, 1e-12, "step cache u")
     o_0, first = deltaformer_step(q[:, 0], k[:, 0], v[:, 0], beta[:, 0])  # no cache: u_0 = v_0, o_0 = v_0
@@ -170,7 +170,7 @@ def test_bad_inputs():
         deltaformer(q, k, v, beta, initial_state=KVCache(k0, u0[..., :2]))
     with pytest.raises(ValueError, match=r"initial_state.k must have shape"):
         deltaformer(q, k, v, beta, initial_state=KVCache(k0[:, :, :1], u0))
-    with pytest.raises(ValueError, match="beta_t must have shape"):
+    with pytest.raises(ValueError, match="^beta must have shape"):
         deltaformer_step(q[:, 0], k[:, 0], v[:, 0], beta)
-    with pytest.raises(ValueError, match="k_t must have the shape of q_t"):
+    with pytest.raises(ValueError, match="^k must have the shape of q "):
         deltaformer_step(q[:, 0], k[:, 0, :1], v[:, 0], beta[:, 0])

@@ -117,7 +117,7 @@ def test_split_and_step_equal_full(backend):
     assert_close(s2.v, s.v, 1e-12, "cache v")
     state = KVCache(ck, cv, {"g": cg})
     for t in range(13):
-        o_t, state = forgetting_attn_step(q[:, t], k[:, t], v[:, t], g[:, t], state, **opts)
+        o_t, state = forgetting_attn_step(q[:, t], k[:, t], v[:, t], g[:, t], state=state, **opts)
         assert_close(o_t, o[:, t], 1e-12, f"step {t}")
     assert state.length == 16
 
@@ -208,5 +208,5 @@ def test_bad_inputs():
         forgetting_attn(q, k, v, g, initial_state=KVCache(ck, cv))
     with pytest.raises(ValueError, match=r"initial_state.extras\['g'\] must have shape"):
         forgetting_attn(q, k, v, g, initial_state=KVCache(ck, cv, {"g": cg[:, :1]}))
-    with pytest.raises(ValueError, match="g_t must have shape"):
+    with pytest.raises(ValueError, match="^g must have shape"):
         forgetting_attn_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0, :2])

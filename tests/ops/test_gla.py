@@ -55,7 +55,7 @@ def test_step_and_registry():
     q, k, v, g, s0 = make(T=3)
     gk = g[..., None].expand(*g.shape, q.shape[-1]).contiguous()
     o, s = gla(q, k, v, gk, initial_state=s0, output_final_state=True, backend="recurrent")
-    o0, s1 = gla_step(q[:, 0], k[:, 0], v[:, 0], gk[:, 0], s0)
+    o0, s1 = gla_step(q[:, 0], k[:, 0], v[:, 0], gk[:, 0], state=s0)
     assert_close(o0, o[:, 0], 1e-14, "first step")
     spec = get_op("gla")
     assert {"recurrent", "parallel", "chunk"} <= set(spec.info()["backends"]) and spec.step is gla_step
@@ -81,7 +81,7 @@ def test_bad_inputs():
         gla(q, k, v, gk, initial_state=s0.transpose(-1, -2))
     with pytest.raises(ValueError, match="backend"):
         gla(q, k, v, gk, backend="Chunk")
-    with pytest.raises(ValueError, match=r"g_t must have shape \[B, H, K\]"):
+    with pytest.raises(ValueError, match=r"^g must have shape \[B, H, K\]"):
         gla_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0])
     with pytest.raises(ValueError, match=r"g must have shape \[B, T, H\]"):
         simple_gla(q, k, v, gk)  # and the converse for simple_gla

@@ -86,7 +86,7 @@ def test_step_with_normaliser():
     o, s = linear_attn(q, k, v, feature_map="relu", normalize=True, output_final_state=True, backend="recurrent")
     state = None
     for t in range(6):
-        o_t, state = linear_attn_step(q[:, t], k[:, t], v[:, t], state, feature_map="relu", normalize=True)
+        o_t, state = linear_attn_step(q[:, t], k[:, t], v[:, t], state=state, feature_map="relu", normalize=True)
         assert_close(o_t, o[:, t], 1e-12, f"step {t}")
     assert_close(state, s, 1e-12, "step state")
 
@@ -121,5 +121,5 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="backend"):
         linear_attn(q, k, v, backend="auto-magic")
     with pytest.raises(ValueError, match="state must have shape"):
-        linear_attn_step(q[:, 0], k[:, 0], v[:, 0], torch.zeros(2, 3, 4, 5), normalize=True)
+        linear_attn_step(q[:, 0], k[:, 0], v[:, 0], state=torch.zeros(2, 3, 4, 5), normalize=True)
     assert math.isfinite(float(linear_attn(q, k, v, feature_map="relu", normalize=True)[0].abs().max()))

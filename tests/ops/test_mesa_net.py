@@ -101,7 +101,7 @@ def test_split_and_step_equal_full():
         assert_close(s2[1], s[1], 1e-10, "split H")
     state = (G0, H0)
     for t in range(23):
-        o_t, state = mesa_net_step(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], lamb, state)
+        o_t, state = mesa_net_step(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], lamb, state=state)
         assert_close(o_t, o[:, t], 1e-10, f"step {t}")
     assert_close(state[0], s[0], 1e-10, "step G")
     assert_close(state[1], s[1], 1e-10, "step H")
@@ -169,7 +169,7 @@ def test_bad_inputs():
         mesa_net(q, k, v, g, beta, lamb, initial_state=(H0, H0))
     with pytest.raises(ValueError, match="chunk_size"):
         mesa_net(q, k, v, g, beta, lamb, chunk_size=0)
-    with pytest.raises(ValueError, match="beta_t must have shape"):
+    with pytest.raises(ValueError, match="^beta must have shape"):
         mesa_net_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta, lamb)
     with pytest.raises(ValueError, match=r"state\[1\] \(H\) must have shape"):
         mesa_net_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], lamb, state=(G0, G0))

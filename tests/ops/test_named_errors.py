@@ -45,8 +45,8 @@ def test_op_refuses_positive_log_decay(name: str, bad: float) -> None:
 @pytest.mark.parametrize("name", LOG_DECAY_OPS)
 def test_step_refuses_positive_log_decay(name: str) -> None:
     x = _step_inputs(name)
-    x["g_t"] = torch.ones_like(x["g_t"])
-    with pytest.raises(ValueError, match="^g_t " + G_ERROR):
+    x["g"] = torch.ones_like(x["g"])
+    with pytest.raises(ValueError, match="^g " + G_ERROR):
         get_op(name).step(**x)
 
 
@@ -140,8 +140,8 @@ def test_mesa_net_not_positive_definite_named(backend: str, solver: str) -> None
 def test_mesa_net_step_not_positive_definite_named(solver: str) -> None:
     x = _mesa_inputs_with_nan_key(1)
     x["k"][0, 0, 0, 1] = math.nan
-    step = {"q_t": x["q"][:, 0], "k_t": x["k"][:, 0], "v_t": x["v"][:, 0], "g_t": x["g"][:, 0],
-            "beta_t": x["beta"][:, 0], "lamb": x["lamb"]}
+    step = {"q": x["q"][:, 0], "k": x["k"][:, 0], "v": x["v"][:, 0], "g": x["g"][:, 0],
+            "beta": x["beta"][:, 0], "lamb": x["lamb"]}
     with pytest.raises(NotPositiveDefiniteError, match=r"^mesa_net: G_t \+ diag\(lamb\) is not positive definite"):
         get_op("mesa_net").step(**step, solver=solver)
 

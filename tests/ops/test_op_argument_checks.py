@@ -92,11 +92,11 @@ def test_every_tensor_argument_must_be_on_q_device(name: str) -> None:
 
     xt = _step_inputs(name)
     for arg in xt:
-        if arg != "q_t":
-            with pytest.raises(ValueError, match=_device_error(arg, "q_t")):
+        if arg != "q":
+            with pytest.raises(ValueError, match=_device_error(arg, "q")):
                 spec.step(**{**xt, arg: xt[arg].to("meta")})
     _, state = spec.step(**xt)
-    with pytest.raises(ValueError, match=_device_error("state", "q_t")):
+    with pytest.raises(ValueError, match=_device_error("state", "q")):
         spec.step(**xt, state=_to(state, "meta"))
 
 

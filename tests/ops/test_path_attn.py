@@ -153,7 +153,7 @@ def test_step_equals_chunk():
                          backend="chunk", chunk_size=16)
     cache = cache_of(k0, v0, d0)
     for t in range(q.shape[1]):
-        o_t, cache = path_attn_step(q[:, t], k[:, t], v[:, t], w[:, t], beta[:, t], g[:, t], cache)
+        o_t, cache = path_attn_step(q[:, t], k[:, t], v[:, t], w[:, t], beta[:, t], g[:, t], state=cache)
         assert_close(o_t, o[:, t], 1e-12, f"step {t}")
     assert_close(cache.k, state.k, 1e-12, "step cache k")
     assert_close(cache.extras["log_decay"], state.extras["log_decay"], 1e-12, "step cache log_decay")
@@ -241,7 +241,7 @@ def test_bad_inputs():
         path_attn(q, k, v, w, beta, initial_state=KVCache(k0, v0))
     with pytest.raises(ValueError, match="log_decay"):
         path_attn(q, k, v, w, beta, initial_state=cache_of(k0, v0, d0[:, :1]))
-    with pytest.raises(ValueError, match="w_t must have shape"):
+    with pytest.raises(ValueError, match="^w must have shape"):
         path_attn_step(q[:, 0], k[:, 0], v[:, 0], w[:, 0, :, :2], beta[:, 0])
-    with pytest.raises(ValueError, match="g_t must have shape"):
+    with pytest.raises(ValueError, match="^g must have shape"):
         path_attn_step(q[:, 0], k[:, 0], v[:, 0], w[:, 0], beta[:, 0], g)

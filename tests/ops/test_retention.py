@@ -35,7 +35,7 @@ def test_equals_simple_gla_with_constant_gate(backend):
 
 def test_state_decays_by_gamma_per_step():
     q, k, v, s0 = make(T=1)
-    _, s1 = retention_step(q[:, 0], torch.zeros_like(k[:, 0]), v[:, 0], s0)
+    _, s1 = retention_step(q[:, 0], torch.zeros_like(k[:, 0]), v[:, 0], state=s0)
     gamma = torch.exp(retention_log_decay(4, dtype=torch.float64))
     assert_close(s1, gamma[None, :, None, None] * s0, 1e-14, "one step with k = 0")
 
@@ -63,4 +63,4 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="backend"):
         retention(q, k, v, backend="fastest")
     with pytest.raises(ValueError, match="state must have shape"):
-        retention_step(q[:, 0], k[:, 0], v[:, 0], s0[:1])
+        retention_step(q[:, 0], k[:, 0], v[:, 0], state=s0[:1])

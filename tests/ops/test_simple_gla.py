@@ -40,7 +40,7 @@ def test_split_and_step_equal_full():
     assert_close(s2, s, 1e-10, "split state")
     state = s0
     for t in range(11):
-        o_t, state = simple_gla_step(q[:, t], k[:, t], v[:, t], g[:, t], state)
+        o_t, state = simple_gla_step(q[:, t], k[:, t], v[:, t], g[:, t], state=state)
         assert_close(o_t, o[:, t], 1e-10, f"step {t}")
     assert_close(state, s, 1e-10, "step state")
 

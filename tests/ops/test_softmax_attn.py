@@ -109,7 +109,7 @@ def test_split_and_step_equal_full(backend):
     assert_close(s2.v, s.v, 1e-12, "cache v")
     state = KVCache(ck, cv)
     for t in range(13):
-        o_t, state = softmax_attn_step(q[:, t], k[:, t], v[:, t], state, **OPTS_ALL)
+        o_t, state = softmax_attn_step(q[:, t], k[:, t], v[:, t], state=state, **OPTS_ALL)
         assert_close(o_t, o[:, t], 1e-12, f"step {t}")
     assert state.length == 16
     assert_close(state.k, s.k, 1e-12, "step cache k")
@@ -120,7 +120,7 @@ def test_step_starts_an_empty_cache():
     o, _ = softmax_attn(q, k, v)
     state = None
     for t in range(4):
-        o_t, state = softmax_attn_step(q[:, t], k[:, t], v[:, t], state)
+        o_t, state = softmax_attn_step(q[:, t], k[:, t], v[:, t], state=state)
         assert_close(o_t, o[:, t], 1e-6, f"step {t}")
     assert state.k.dtype == torch.float32 and state.length == 4
 
@@ -173,7 +173,7 @@ def test_bad_inputs():
         softmax_attn(q, k, v, initial_state=KVCache(ck[:, :, :1], cv))
     with pytest.raises(ValueError, match=r"initial_state.extras"):
         softmax_attn(q, k, v, initial_state=KVCache(ck, cv, {"g": torch.zeros(1, 2, 4)}))
-    with pytest.raises(ValueError, match="k_t must have shape"):
+    with pytest.raises(ValueError, match="^k must have shape"):
         softmax_attn_step(q[:, 0], k[:, 0, :, :3], v[:, 0])
     with pytest.raises(ValueError, match="rope needs an even head dim"):
         softmax_attn(q[..., :3], k[..., :3], v, rope={})

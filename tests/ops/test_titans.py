@@ -97,7 +97,7 @@ def test_split_and_step_equal_full():
         assert_close(s2[1], S, 1e-10, f"split at {t}: S")
     state = (M0, S0)
     for t in range(23):
-        o_t, state = titans_step(q[:, t], k[:, t], v[:, t], theta[:, t], alpha[:, t], eta[:, t], state,
+        o_t, state = titans_step(q[:, t], k[:, t], v[:, t], theta[:, t], alpha[:, t], eta[:, t], state=state,
                                  mini_batch_size=4)
         assert isinstance(state, MiniBatchState) and state.count == (t + 1) % 4
         assert_close(o_t, o[:, t], 1e-10, f"step {t}")
@@ -137,7 +137,7 @@ def test_bad_inputs():
         titans(q, k, v, theta, alpha, eta, initial_state=(M0, S0[:, :1]))
     with pytest.raises(ValueError, match="mini_batch_size"):
         titans(q, k, v, theta, alpha, eta, mini_batch_size=2.5)
-    with pytest.raises(ValueError, match="eta_t must have shape"):
+    with pytest.raises(ValueError, match="^eta must have shape"):
         titans_step(q[:, 0], k[:, 0], v[:, 0], theta[:, 0], alpha[:, 0], eta)
     with pytest.raises(ValueError, match=r"state\[0\] \(M\) must have shape"):
-        titans_step(q[:, 0], k[:, 0], v[:, 0], theta[:, 0], alpha[:, 0], eta[:, 0], (M0[..., :1], S0))
+        titans_step(q[:, 0], k[:, 0], v[:, 0], theta[:, 0], alpha[:, 0], eta[:, 0], state=(M0[..., :1], S0))

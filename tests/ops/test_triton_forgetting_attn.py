@@ -131,8 +131,8 @@ def test_split_and_decoding_steps_equal_full(blocks):
     for t in range(17, 21):
         o_t, state = triton_step(q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], g[:, t:t + 1], scale=8 ** -0.5,
                                  initial_state=state, output_final_state=True, **opts)
-        o_ref, _ = forgetting_attn_step(q[:, t], k[:, t], v[:, t], g[:, t], KVCache(state.k[:, :-1], state.v[:, :-1],
-                                        {"g": state.extras["g"][:, :-1]}), **opts)
+        before = KVCache(state.k[:, :-1], state.v[:, :-1], {"g": state.extras["g"][:, :-1]})
+        o_ref, _ = forgetting_attn_step(q[:, t], k[:, t], v[:, t], g[:, t], state=before, **opts)
         assert_close(o_t[:, 0], o_ref, 1e-5, f"step {t} vs the recurrent step")
         outs.append(o_t)
     assert_close(torch.cat(outs, 1), o, 1e-5, "split + steps vs full")

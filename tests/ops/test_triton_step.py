@@ -149,12 +149,12 @@ def test_public_steps_equal_recurrent_op(family, fused_backend):
     op, op_step = OPS[family]
     T = 40
     q, k, v, g, beta, s0 = step_inputs(family, 2, T, 2, 24, 20, seed=2)
-    args = [x for x in (g, beta) if x is not None]
-    o_ref, S_ref = op(q, k, v, *args, initial_state=s0, output_final_state=True, backend="recurrent")
+    args = {name: x for name, x in (("g", g), ("beta", beta)) if x is not None}
+    o_ref, S_ref = op(q, k, v, **args, initial_state=s0, output_final_state=True, backend="recurrent")
     S, outs = s0, []
     with torch.no_grad():
         for t in range(T):
-            o_t, S = op_step(q[:, t], k[:, t], v[:, t], *(a[:, t] for a in args), state=S)
+            o_t, S = op_step(q[:, t], k[:, t], v[:, t], **{name: a[:, t] for name, a in args.items()}, state=S)
             outs.append(o_t)
     assert fused_backend["gated_delta_rule" if family == "delta_rule" else family] == T  # every step was fused
     assert_close(torch.stack(outs, 1), o_ref, 1e-5, f"{family}: {T} fused steps vs recurrent, outputs")

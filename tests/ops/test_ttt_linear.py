@@ -127,7 +127,7 @@ def test_split_and_step_equal_full(inner_norm):
         assert_close(W2, W, 1e-10, f"split at {t}: W")
     state = W0
     for t in range(23):
-        o_t, state = ttt_linear_step(q[:, t], k[:, t], v[:, t], eta[:, t], state, mini_batch_size=4, **nk)
+        o_t, state = ttt_linear_step(q[:, t], k[:, t], v[:, t], eta[:, t], state=state, mini_batch_size=4, **nk)
         assert isinstance(state, MiniBatchState) and state.count == (t + 1) % 4
         assert_close(o_t, o[:, t], 1e-10, f"step {t}")
     assert_close(state.current[0], W, 1e-10, "step W")
@@ -175,9 +175,10 @@ def test_bad_inputs():
     qq, kk, vv, ee, _, w4, _ = make(1, 5, 2, 4, 4, dtype=torch.float32)
     with pytest.raises(ValueError, match="norm_weight must have shape"):
         ttt_linear(qq, kk, vv, ee, inner_norm=True, norm_weight=w4[:1])
-    with pytest.raises(ValueError, match="eta_t must have shape"):
+    with pytest.raises(ValueError, match="^eta must have shape"):
         ttt_linear_step(q[:, 0], k[:, 0], v[:, 0], eta)
     with pytest.raises(ValueError, match="state must have shape"):
-        ttt_linear_step(q[:, 0], k[:, 0], v[:, 0], eta[:, 0], W0[..., :2])
+        ttt_linear_step(q[:, 0], k[:, 0], v[:, 0], eta[:, 0], state=W0[..., :2])
     with pytest.raises(ValueError, match="state.count"):
-        ttt_linear_step(q[:, 0], k[:, 0], v[:, 0], eta[:, 0], MiniBatchState((W0,), W0, 7), mini_batch_size=4)
+        ttt_linear_step(q[:, 0], k[:, 0], v[:, 0], eta[:, 0], state=MiniBatchState((W0,), W0, 7),
+                        mini_batch_size=4)

@@ -107,29 +107,30 @@ def comba(
 
 
 def comba_step(
-    q_t: torch.Tensor,
-    k_t: torch.Tensor,
-    v_t: torch.Tensor,
-    p_t: torch.Tensor,
-    g_t: torch.Tensor,
-    beta_t: torch.Tensor,
-    state: torch.Tensor | None = None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    p: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
     *,
+    state: torch.Tensor | None = None,
     scale: float | None = None,
     allow_neg_eigval: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One decoding step of :func:`comba`: q_t, k_t, p_t [B, H, K], v_t [B, H, V], g_t, beta_t [B, H].
+    """One decoding step of :func:`comba`: one token's q, k, p [B, H, K], v [B, H, V],
+    g, beta [B, H].
 
     S = exp(g_t) S; S = S + b_t k_t (v_t - S^T p_t)^T;  o_t = S^T (scale q_t); returns (o_t, S).
     """
-    d = check_step_qkv(q_t, k_t, v_t)
-    check_devices("q_t", q_t, p_t=p_t, g_t=g_t, beta_t=beta_t, state=state)
-    check_shape("p_t", p_t, (d.B, d.H, d.K), "[B, H, K]")
-    check_shape("g_t", g_t, (d.B, d.H), "[B, H]")
-    check_log_decay("g_t", g_t)
-    check_step_beta(beta_t, d, allow_neg_eigval)
+    d = check_step_qkv(q, k, v)
+    check_devices("q", q, p=p, g=g, beta=beta, state=state)
+    check_shape("p", p, (d.B, d.H, d.K), "[B, H, K]")
+    check_shape("g", g, (d.B, d.H), "[B, H]")
+    check_log_decay("g", g)
+    check_step_beta(beta, d, allow_neg_eigval)
     check_step_state(state, d)
-    return gated_delta_step_reference(q_t, k_t, v_t, g_t, beta_t, state, scale=resolve_scale(scale, d.K), p_t=p_t)
+    return gated_delta_step_reference(q, k, v, g, beta, state, scale=resolve_scale(scale, d.K), p_t=p)
 
 
 def comba_example_inputs(B: int, T: int, H: int, K: int, V: int, *, dtype: torch.dtype = torch.float32,

@@ -160,15 +160,15 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def check_step_qkv(q_t: object, k_t: object, v_t: object) -> Dims:
-    """Validate one decoding step's q_t, k_t ``[B, H, K]`` and v_t ``[B, H, V]``; T is 1 in the result."""
-    check_float_tensor("q_t", q_t, 3, "[B, H, K]")
-    check_float_tensor("k_t", k_t, 3, "[B, H, K]")
-    check_float_tensor("v_t", v_t, 3, "[B, H, V]")
-    B, H, K = q_t.shape
-    if tuple(k_t.shape) != (B, H, K):
-        raise ValueError(f"k_t must have the shape of q_t [B, H, K] = {_fmt(q_t.shape)}, got {_fmt(k_t.shape)}")
-    if tuple(v_t.shape[:2]) != (B, H):
-        raise ValueError(f"v_t must have shape [B, H, V] with B, H = {B}, {H}, got {_fmt(v_t.shape)}")
-    check_devices("q_t", q_t, k_t=k_t, v_t=v_t)
-    return Dims(B, 1, H, K, int(v_t.shape[2]))
+def check_step_qkv(q: object, k: object, v: object) -> Dims:
+    """Validate one decoding step's q, k ``[B, H, K]`` and v ``[B, H, V]`` (one token); T is 1 in the result."""
+    check_float_tensor("q", q, 3, "[B, H, K]")
+    check_float_tensor("k", k, 3, "[B, H, K]")
+    check_float_tensor("v", v, 3, "[B, H, V]")
+    B, H, K = q.shape
+    if tuple(k.shape) != (B, H, K):
+        raise ValueError(f"k must have the shape of q [B, H, K] = {_fmt(q.shape)}, got {_fmt(k.shape)}")
+    if tuple(v.shape[:2]) != (B, H):
+        raise ValueError(f"v must have shape [B, H, V] with B, H = {B}, {H}, got {_fmt(v.shape)}")
+    check_devices("q", q, k=k, v=v)
+    return Dims(B, 1, H, K, int(v.shape[2]))

@@ -76,8 +76,10 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x if x.dim() < 3 or x.stride(-1) == 1 else x.contiguous()
 
 
-def _bh_strides(x: torch.Tensor | None) -> tuple[int, int]:
-    return (0, 0) if x is None else (x.stride(0), x.stride(1))
+def _bh_strides(name: str, x: torch.Tensor | None) -> dict[str, int]:
+    """The kernel's stride parameters s<name>_b, s<name>_h of x's batch and head dims (0 for an absent x)."""
+    b, h = (0, 0) if x is None else (x.stride(0), x.stride(1))
+    return {f"s{name}_b": b, f"s{name}_h": h}
 
 
 def fits(K: int) -> bool:
@@ -111,10 +113,11 @@ def fused_step(q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor, state: t
     BK = block(K)
     BV = min(LAUNCH["BV"], block(V), max(16, LAUNCH["max_tile"] // BK))
     _step_kernel[(cdiv(V, BV), B * H)](
-        q_t, k_t, v_t, q_t if g_t is None else g_t, q_t if beta_t is None else beta_t,
-        S_out if S_in is None else S_in, S_out, o_t, float(scale), H,
-        *_bh_strides(q_t), *_bh_strides(k_t), *_bh_strides(v_t), *_bh_strides(g_t), *_bh_strides(beta_t),
-        K, V, BK, BV, GATES[gate], beta_t is not None, S_in is not None, num_warps=LAUNCH["num_warps"])
+        q=q_t, k=k_t, v=v_t, g=q_t if g_t is None else g_t, beta=q_t if beta_t is None else beta_t,
+        s_in=S_out if S_in is None else S_in, s_out=S_out, o=o_t, scale=float(scale), H=H,
+        **_bh_strides("q", q_t), **_bh_strides("k", k_t), **_bh_strides("v", v_t), **_bh_strides("g", g_t),
+        **_bh_strides("b", beta_t), K=K, V=V, BK=BK, BV=BV, GATE=GATES[gate], DELTA=beta_t is not None,
+        HAS_STATE=S_in is not None, num_warps=LAUNCH["num_warps"])
     if inplace and state is not None and S_out is not state:
         state.copy_(S_out)
         S_out = state

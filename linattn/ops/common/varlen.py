@@ -120,11 +120,20 @@ def per_sequence_state(initial_state: object, N: int) -> list[object]:
             raise ValueError(f"initial_state with cu_seqlens must hold N = {N} states (one per sequence), "
                              f"got {len(initial_state)}")
         return list(initial_state)
-    for t in _tensors(initial_state):
+    if dataclasses.is_dataclass(initial_state):  # e.g. a mini-batch learner's step state: its tensors split by row
+        fields = {f.name: getattr(initial_state, f.name) for f in dataclasses.fields(initial_state)}
+        _check_rows(_tensors(list(fields.values())), N)
+        return [dataclasses.replace(initial_state, **{name: _rows(x, i) for name, x in fields.items() if _tensors(x)})
+                for i in range(N)]
+    _check_rows(_tensors(initial_state), N)
+    return [_rows(initial_state, i) for i in range(N)]
+
+
+def _check_rows(tensors: list[torch.Tensor], N: int) -> None:
+    for t in tensors:
         if t.dim() == 0 or t.shape[0] != N:
             raise ValueError(f"initial_state with cu_seqlens must have N = {N} sequences along dim 0 "
                              f"([N, H, K, V]), got shape {list(t.shape)}")
-    return [_rows(initial_state, i) for i in range(N)]
 
 
 def _rows(state: Any, i: int) -> Any:

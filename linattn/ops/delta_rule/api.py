@@ -99,28 +99,29 @@ def delta_rule(
 
 
 def delta_rule_step(
-    q_t: torch.Tensor,
-    k_t: torch.Tensor,
-    v_t: torch.Tensor,
-    beta_t: torch.Tensor,
-    state: torch.Tensor | None = None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
     *,
+    state: torch.Tensor | None = None,
     scale: float | None = None,
     allow_neg_eigval: bool = False,
     inplace: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One decoding step of :func:`delta_rule`: q_t, k_t [B, H, K], v_t [B, H, V], beta_t [B, H].
+    """One decoding step of :func:`delta_rule`: one token's q, k [B, H, K], v [B, H, V],
+    beta [B, H].
 
     S = (I - b_t k_t k_t^T) S + b_t k_t v_t^T,  o_t = S^T (scale q_t); returns (o_t, S).
     ``inplace=True`` writes the new state into ``state`` (a tensor) and returns it (static decoding).
     """
-    d = check_step_qkv(q_t, k_t, v_t)
-    check_devices("q_t", q_t, beta_t=beta_t, state=state)
-    check_step_beta(beta_t, d, allow_neg_eigval)
+    d = check_step_qkv(q, k, v)
+    check_devices("q", q, beta=beta, state=state)
+    check_step_beta(beta, d, allow_neg_eigval)
     check_step_state(state, d)
     check_inplace(inplace, state)
-    step = select_step("gated_delta_rule", gated_delta_step_reference, q_t, k_t, v_t, beta_t, state, inplace=inplace)
-    return step(q_t, k_t, v_t, None, beta_t, state, scale=resolve_scale(scale, d.K))  # fused kernel on CUDA
+    step = select_step("gated_delta_rule", gated_delta_step_reference, q, k, v, beta, state, inplace=inplace)
+    return step(q, k, v, None, beta, state, scale=resolve_scale(scale, d.K))  # fused kernel on CUDA
 
 
 def delta_rule_example_inputs(B: int, T: int, H: int, K: int, V: int, **kw) -> dict[str, torch.Tensor]:

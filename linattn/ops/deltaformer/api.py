@@ -82,21 +82,22 @@ def deltaformer(
 
 
 def deltaformer_step(
-    q_t: torch.Tensor,
-    k_t: torch.Tensor,
-    v_t: torch.Tensor,
-    beta_t: torch.Tensor,
-    state: KVCache | None = None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
     *,
+    state: KVCache | None = None,
     scale: float | None = None,
 ) -> tuple[torch.Tensor, KVCache]:
-    """One decoding step of :func:`deltaformer`: q_t, k_t [B, H, K], v_t [B, H, V], beta_t [B, H];
-    ``state`` the KVCache so far. Returns (o_t [B, H, V], the cache with this token appended)."""
-    d = check_step_qkv(q_t, k_t, v_t)
-    check_devices("q_t", q_t, beta_t=beta_t, state=state)
-    check_shape("beta_t", beta_t, (d.B, d.H), "[B, H]")
-    check_kv_cache("state", state, d, device=q_t.device)
-    o, cache = deltaformer_recurrent(q_t[:, None], k_t[:, None], v_t[:, None], beta_t[:, None],
+    """One decoding step of :func:`deltaformer`: one token's q, k [B, H, K], v [B, H, V],
+    beta [B, H]; ``state`` the KVCache so far (a step's or the op's).
+    Returns (o_t [B, H, V], the cache with this token appended)."""
+    d = check_step_qkv(q, k, v)
+    check_devices("q", q, beta=beta, state=state)
+    check_shape("beta", beta, (d.B, d.H), "[B, H]")
+    check_kv_cache("state", state, d, device=q.device)
+    o, cache = deltaformer_recurrent(q[:, None], k[:, None], v[:, None], beta[:, None],
                                      scale=resolve_scale(scale, d.K), initial_state=state, output_final_state=True)
     return o[:, 0], cache
 

@@ -101,28 +101,28 @@ def forgetting_attn(
 
 
 def forgetting_attn_step(
-    q_t: torch.Tensor,
-    k_t: torch.Tensor,
-    v_t: torch.Tensor,
-    g_t: torch.Tensor,
-    state: KVCache | None = None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
     *,
+    state: KVCache | None = None,
     scale: float | None = None,
     window_size: int | None = None,
     rope: dict | None = None,
 ) -> tuple[torch.Tensor, KVCache]:
-    """One decoding step of :func:`forgetting_attn`: append k_t, v_t, g_t to the cache, then
-    o_t = sum_{s <= t} softmax_s(q_t . k_s scale + G_t - G_s) v_s. q_t [B, H, K], k_t [B, H_kv, K],
-    v_t [B, H_kv, V], g_t [B, H]; returns (o_t [B, H, V], the cache one token longer)."""
-    d, H_kv = check_grouped_qkv(q_t, k_t, v_t, step=True)
-    check_devices("q_t", q_t, g_t=g_t, state=state)
-    check_shape("g_t", g_t, (d.B, d.H), "[B, H]")
-    check_log_decay("g_t", g_t)
+    """One decoding step of :func:`forgetting_attn`: append token t's k, v, g to the cache, then
+    o_t = sum_{s <= t} softmax_s(q_t . k_s scale + G_t - G_s) v_s. One token's q [B, H, K], k [B, H_kv, K],
+    v [B, H_kv, V], g [B, H]; returns (o_t [B, H, V], the cache one token longer)."""
+    d, H_kv = check_grouped_qkv(q, k, v, step=True)
+    check_devices("q", q, g=g, state=state)
+    check_shape("g", g, (d.B, d.H), "[B, H]")
+    check_log_decay("g", g)
     _check_options(window_size, rope, d.K)
-    check_kv_cache("state", state, d, H_kv, EXTRAS, q_t.device)
+    check_kv_cache("state", state, d, H_kv, EXTRAS, q.device)
     # on CUDA the Triton kernel (one launch, no host synchronisation), else the explicit softmax
-    impl = SPEC.implementations["triton" if q_t.is_cuda and "triton" in SPEC.implementations else "recurrent"]
-    o, cache = impl(q_t[:, None], k_t[:, None], v_t[:, None], g_t[:, None], scale=resolve_scale(scale, d.K),
+    impl = SPEC.implementations["triton" if q.is_cuda and "triton" in SPEC.implementations else "recurrent"]
+    o, cache = impl(q[:, None], k[:, None], v[:, None], g[:, None], scale=resolve_scale(scale, d.K),
                     window_size=window_size, rope=rope, initial_state=state, output_final_state=True)
     return o[:, 0], cache
 

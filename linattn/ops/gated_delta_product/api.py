@@ -27,7 +27,7 @@ SPEC = register_op(
         family="delta",
         triton_chunk_sizes=DELTA_TRITON_CHUNK_SIZES,
         equation="S_t = exp(g_t) prod_{j<n} (I - b_{t,j} k_{t,j} k_{t,j}^T) S_{t-1} + writes;  o_t = S_t^T q_t",
-        op_args=("g", "beta", "num_householder"),
+        op_args=("g", "beta"),
         state_shape="[B, H, K, V]",
         implementations={"recurrent": gated_delta_product_recurrent,
                          "parallel": via_substeps(GDN_SPEC.implementations["parallel"]),
@@ -63,15 +63,21 @@ def _check_product_inputs(q: object, k: object, v: object, num_householder: obje
     return Dims(B, T, H, K, int(v.shape[-1])), n
 
 
+def _require_beta(fn: str, beta: object) -> None:
+    """beta has a default only so that the optional gate g can precede it (FLA's order): it is required."""
+    if beta is None:
+        raise TypeError(f"{fn}() missing required argument 'beta'")
+
+
 @packable("q", "k", "v", "g", "beta")
 def gated_delta_product(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    g: torch.Tensor | None,
-    beta: torch.Tensor,
-    num_householder: int | None = None,
+    g: torch.Tensor | None = None,
+    beta: torch.Tensor | None = None,
     *,
+    num_householder: int | None = None,
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
@@ -87,9 +93,11 @@ def gated_delta_product(
     Args: q [B, T, H, K]; k [B, T*n, H, K] (L2-normalised; k[:, t*n + j] is key j of token t);
     v [B, T*n, H, V]; g [B, T, H] log decay per token, or None for no decay (DeltaProduct);
     beta [B, T*n, H] in [0, 1], or in [0, 2] with ``allow_neg_eigval=True`` (the paper's state-tracking
-    setting); num_householder n (None: k.shape[1] // T); initial_state [B, H, K, V]. ``chunk_size``
-    counts sub-steps. Returns (o [B, T, H, V] in q's dtype, final state [B, H, K, V] float32 or None).
+    setting; required: it defaults to None only so that the optional g can come before it, as in FLA's order);
+    num_householder n (None: k.shape[1] // T); initial_state [B, H, K, V]. ``chunk_size`` counts sub-steps.
+    Returns (o [B, T, H, V] in q's dtype, final state [B, H, K, V] float32 or None).
     """
+    _require_beta("gated_delta_product", beta)
     d, n = _check_product_inputs(q, k, v, num_householder)
     check_devices("q", q, g=g, beta=beta, initial_state=initial_state)
     check_bool("output_final_state", output_final_state)
@@ -111,36 +119,42 @@ def gated_delta_product(
 
 
 def gated_delta_product_step(
-    q_t: torch.Tensor,
-    k_t: torch.Tensor,
-    v_t: torch.Tensor,
-    g_t: torch.Tensor | None,
-    beta_t: torch.Tensor,
-    state: torch.Tensor | None = None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None = None,
+    beta: torch.Tensor | None = None,
     *,
+    state: torch.Tensor | None = None,
+    num_householder: int | None = None,
     scale: float | None = None,
     allow_neg_eigval: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One decoding step of :func:`gated_delta_product`: q_t [B, H, K]; k_t [B, n, H, K] and v_t [B, n, H, V]
-    (the token's n sub-steps, i.e. k[:, t*n:(t+1)*n]); g_t [B, H] or None; beta_t [B, n, H].
+    """One decoding step of :func:`gated_delta_product`: one token's q [B, H, K]; k [B, n, H, K] and v [B, n, H, V]
+    (the token's n sub-steps, i.e. the op's k[:, t*n:(t+1)*n]); g [B, H] or None (no decay); beta [B, n, H]
+    (required); num_householder n (None: k.shape[1]).
 
     S = exp(g_t) S; then for each j: S = (I - b_j k_j k_j^T) S + b_j k_j v_j^T;  o_t = S^T (scale q_t).
     """
-    check_float_tensor("q_t", q_t, 3, "[B, H, K]")
-    check_float_tensor("k_t", k_t, 4, "[B, n, H, K]")
-    check_float_tensor("v_t", v_t, 4, "[B, n, H, V]")
-    B, H, K = q_t.shape
-    n = k_t.shape[1]
-    check_shape("k_t", k_t, (B, n, H, K), "[B, n, H, K]")
-    check_shape("v_t", v_t, (B, n, H, v_t.shape[-1]), "[B, n, H, V]")
-    d = Dims(B, 1, H, K, int(v_t.shape[-1]))
-    check_devices("q_t", q_t, k_t=k_t, v_t=v_t, g_t=g_t, beta_t=beta_t, state=state)
-    if g_t is not None:
-        check_shape("g_t", g_t, (B, H), "[B, H]")
-    check_log_decay("g_t", g_t)
-    check_step_beta(beta_t, d, allow_neg_eigval, shape=(B, n, H), layout="[B, n, H]")
+    check_float_tensor("q", q, 3, "[B, H, K]")
+    check_float_tensor("k", k, 4, "[B, n, H, K]")
+    check_float_tensor("v", v, 4, "[B, n, H, V]")
+    _require_beta("gated_delta_product_step", beta)
+    B, H, K = q.shape
+    n = k.shape[1]
+    if num_householder is not None and num_householder != n:
+        raise ValueError(f"k must hold num_householder = {num_householder} sub-steps [B, n, H, K], "
+                         f"got shape {list(k.shape)}")
+    check_shape("k", k, (B, n, H, K), "[B, n, H, K]")
+    check_shape("v", v, (B, n, H, v.shape[-1]), "[B, n, H, V]")
+    d = Dims(B, 1, H, K, int(v.shape[-1]))
+    check_devices("q", q, k=k, v=v, g=g, beta=beta, state=state)
+    if g is not None:
+        check_shape("g", g, (B, H), "[B, H]")
+    check_log_decay("g", g)
+    check_step_beta(beta, d, allow_neg_eigval, shape=(B, n, H), layout="[B, n, H]")
     check_step_state(state, d)
-    return gated_delta_product_step_reference(q_t, k_t, v_t, g_t, beta_t, state, scale=resolve_scale(scale, K))
+    return gated_delta_product_step_reference(q, k, v, g, beta, state, scale=resolve_scale(scale, K))
 
 
 def gated_delta_product_example_inputs(

@@ -51,12 +51,12 @@ def check_beta(beta: object, d: Dims, allow_neg_eigval: bool, name: str = "beta"
     check_range(name, beta, 0.0, high, "" if allow_neg_eigval else "pass allow_neg_eigval=True for beta in [0, 2]")
 
 
-def check_step_beta(beta_t: object, d: Dims, allow_neg_eigval: bool, shape: tuple[int, ...] | None = None,
+def check_step_beta(beta: object, d: Dims, allow_neg_eigval: bool, shape: tuple[int, ...] | None = None,
                     layout: str = "[B, H]") -> None:
-    """beta_t of one decoding step ([B, H] unless ``shape``), range as in :func:`check_beta`."""
+    """beta of one decoding step ([B, H] unless ``shape``), range as in :func:`check_beta`."""
     check_bool("allow_neg_eigval", allow_neg_eigval)
-    check_shape("beta_t", beta_t, (d.B, d.H) if shape is None else shape, layout)
-    check_range("beta_t", beta_t, 0.0, 2.0 if allow_neg_eigval else 1.0)
+    check_shape("beta", beta, (d.B, d.H) if shape is None else shape, layout)
+    check_range("beta", beta, 0.0, 2.0 if allow_neg_eigval else 1.0)
 
 
 def check_step_state(state: object, d: Dims) -> None:
@@ -108,32 +108,33 @@ def gated_delta_rule(
 
 
 def gated_delta_rule_step(
-    q_t: torch.Tensor,
-    k_t: torch.Tensor,
-    v_t: torch.Tensor,
-    g_t: torch.Tensor,
-    beta_t: torch.Tensor,
-    state: torch.Tensor | None = None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
     *,
+    state: torch.Tensor | None = None,
     scale: float | None = None,
     allow_neg_eigval: bool = False,
     inplace: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One decoding step of :func:`gated_delta_rule`: q_t, k_t [B, H, K], v_t [B, H, V], g_t, beta_t [B, H].
+    """One decoding step of :func:`gated_delta_rule`: one token's q, k [B, H, K],
+    v [B, H, V], g, beta [B, H].
 
     S = exp(g_t) (I - b_t k_t k_t^T) S + b_t k_t v_t^T,  o_t = S^T (scale q_t); returns (o_t, S).
     ``inplace=True`` writes the new state into ``state`` (a tensor) and returns it (static decoding).
     """
-    d = check_step_qkv(q_t, k_t, v_t)
-    check_devices("q_t", q_t, g_t=g_t, beta_t=beta_t, state=state)
-    check_shape("g_t", g_t, (d.B, d.H), "[B, H]")
-    check_log_decay("g_t", g_t)
-    check_step_beta(beta_t, d, allow_neg_eigval)
+    d = check_step_qkv(q, k, v)
+    check_devices("q", q, g=g, beta=beta, state=state)
+    check_shape("g", g, (d.B, d.H), "[B, H]")
+    check_log_decay("g", g)
+    check_step_beta(beta, d, allow_neg_eigval)
     check_step_state(state, d)
     check_inplace(inplace, state)
-    step = select_step("gated_delta_rule", gated_delta_step_reference, q_t, k_t, v_t, g_t, beta_t, state,
+    step = select_step("gated_delta_rule", gated_delta_step_reference, q, k, v, g, beta, state,
                        inplace=inplace)
-    return step(q_t, k_t, v_t, g_t, beta_t, state, scale=resolve_scale(scale, d.K))  # fused kernel on CUDA
+    return step(q, k, v, g, beta, state, scale=resolve_scale(scale, d.K))  # fused kernel on CUDA
 
 
 def delta_example_inputs(

@@ -411,8 +411,9 @@ LAUNCH = {"prep_BV": 64, "prep_warps": 4, "prep_stages": 3, "scan_BV": 64, "scan
 launch_overrides("gated_delta_rule", LAUNCH)
 
 
-def _launch_args(x: torch.Tensor) -> tuple[str, bool]:
-    return dot_precision(x.dtype), upcast_dots(x.dtype)
+def _launch_args(x: torch.Tensor) -> dict[str, str | bool]:
+    """The kernels' dot-product precision flags for inputs of x's dtype, by parameter name."""
+    return {"PREC": dot_precision(x.dtype), "UP": upcast_dots(x.dtype)}
 
 
 def _options(x: torch.Tensor, kernel: str) -> dict[str, int]:
@@ -441,9 +442,9 @@ def _prepare(k, v, beta, g, C, p=None, tm=None, keep_tm=False):
         tm = torch.empty(B, T, H, C, device=k.device, dtype=k.dtype)
     BV = min(LAUNCH["prep_BV"], _block(V))
     _prepare_kernel[(cdiv(T, C), B * H)](
-        k, k if p is None else p, v, beta, w if g is None else g, w if tm is None else tm, w, u, T, H, K, V, C,
-        _block(K), BV, g is not None, p is not None, mode, dot_precision(k.dtype), _prepare_upcasts(k, BV),
-        **_options(k, "prep"))
+        k=k, p=k if p is None else p, v=v, beta=beta, g=w if g is None else g, tm=w if tm is None else tm, w=w, u=u,
+        T=T, H=H, K=K, V=V, C=C, BK=_block(K), BV=BV, USE_G=g is not None, HAS_P=p is not None, TM_MODE=mode,
+        PREC=dot_precision(k.dtype), UP=_prepare_upcasts(k, BV), **_options(k, "prep"))
     return w, u, (tm if keep_tm else None)
 
 
@@ -457,8 +458,9 @@ def _states(k, w, u, g, initial_state, C):
     ht = torch.empty(B, H, K, V, device=k.device, dtype=torch.float32)
     BV = min(LAUNCH["scan_BV"], _block(V))
     _state_fwd_kernel[(cdiv(V, BV), B * H)](
-        k, w, u, ht if g is None else g, h, dlt, ht if initial_state is None else initial_state, ht, T, H, K, V, C,
-        _block(K), BV, g is not None, initial_state is not None, *_launch_args(k), **_options(k, "scan"))
+        k=k, w=w, u=u, g=ht if g is None else g, h=h, dlt=dlt, h0=ht if initial_state is None else initial_state, ht=ht,
+        T=T, H=H, K=K, V=V, C=C, BK=_block(K), BV=BV, USE_G=g is not None, HAS_H0=initial_state is not None,
+        **_launch_args(k), **_options(k, "scan"))
     return h, dlt, ht
 
 
@@ -469,7 +471,8 @@ def _output(q, k, dlt, g, h, scale, C):
     o = torch.empty_like(dlt)
     BV = min(LAUNCH["out_BV"], _block(V))
     _output_fwd_kernel[(cdiv(V, BV), cdiv(T, C), B * H)](
-        q, k, dlt, g, h, o, scale, T, H, K, V, C, _block(K), BV, *_launch_args(q), **_options(q, "out"))
+        q=q, k=k, v=dlt, g=g, h=h, o=o, scale=scale, T=T, H=H, K=K, V=V, C=C, BK=_block(K), BV=BV, **_launch_args(q),
+        **_options(q, "out"))
     return o
 
 
@@ -496,14 +499,16 @@ def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, d
     h, dlt, _ = _states(k, w, u, g, initial_state, C)
     dd = torch.empty_like(dlt)
     BV = min(LAUNCH["dv_BV"], _block(V))
-    _dv_local_kernel[(cdiv(V, BV), N, B * H)](q, k, gp, do, dd, scale, T, H, K, V, C, BK, BV, g is not None,
-                                                     *_launch_args(q), **_options(q, "dv"))
+    _dv_local_kernel[(cdiv(V, BV), N, B * H)](
+        q=q, k=k, g=gp, do=do, dd=dd, scale=scale, T=T, H=H, K=K, V=V, C=C, BK=BK, BV=BV, USE_G=g is not None,
+        **_launch_args(q), **_options(q, "dv"))
     dh = torch.empty_like(h)
     dh0 = torch.empty(B, H, K, V, device=q.device, dtype=torch.float32)
     BV = min(LAUNCH["bscan_BV"], _block(V))
     _state_bwd_kernel[(cdiv(V, BV), B * H)](
-        q, k, w, gp, do, dd, dh, dh0 if dht is None else dht, dh0, scale, T, H, K, V, C, BK, BV, g is not None,
-        dht is not None, bool(LAUNCH["bscan_tload"]), *_launch_args(q), **_options(q, "bscan"))
+        q=q, k=k, w=w, g=gp, do=do, dd=dd, dh=dh, dht=dh0 if dht is None else dht, dh0=dh0, scale=scale, T=T, H=H, K=K,
+        V=V, C=C, BK=BK, BV=BV, USE_G=g is not None, HAS_DHT=dht is not None, TLOAD=bool(LAUNCH["bscan_tload"]),
+        **_launch_args(q), **_options(q, "bscan"))
     dq, dk, dv, dw = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(w)
     dbeta = torch.empty_like(beta)
     dg = torch.zeros_like(beta) if g is None else torch.empty_like(g)
@@ -512,13 +517,15 @@ def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, d
     # shares of the part of db_t from o and S', one per key block (unused without a gate)
     db = dg if g is None else torch.empty(NKQ, *g.shape, device=g.device, dtype=torch.float32)
     BV = min(LAUNCH["grads_BV"], _block(V))
-    _grads_qk_kernel[(NKQ, N, B * H)](q, k, gp, h, dlt, dd, do, dh, dq, dk, dw, db, scale, T, H, K, V, C, BKQ, BV,
-                                      g is not None, *_launch_args(q), **_options(q, "grads"))
+    _grads_qk_kernel[(NKQ, N, B * H)](
+        q=q, k=k, g=gp, h=h, dlt=dlt, dd=dd, do=do, dh=dh, dq=dq, dk=dk, dw=dw, db=db, scale=scale, T=T, H=H, K=K, V=V,
+        C=C, BK=BKQ, BV=BV, USE_G=g is not None, **_launch_args(q), **_options(q, "grads"))
     dp = None if p is None else torch.empty_like(p)
-    _grads_wy_kernel[(N, B * H)](k, k if p is None else p, v, beta, gp, tm, dd, dw, dk, dk if p is None else dp, dv,
-                                 dbeta, db, dg, T, H, K, V, C, min(LAUNCH["wy_BK"], BK),
-                                 min(LAUNCH["wy_BV"], _block(V)), NKQ, g is not None, p is not None,
-                                 *_launch_args(q), **_options(q, "wy"))
+    _grads_wy_kernel[(N, B * H)](
+        k=k, p=k if p is None else p, v=v, beta=beta, g=gp, tm=tm, dd=dd, dw=dw, dk=dk, dp=dk if p is None else dp,
+        dv=dv, dbeta=dbeta, db=db, dg=dg, T=T, H=H, K=K, V=V, C=C, BK=min(LAUNCH["wy_BK"], BK),
+        BV=min(LAUNCH["wy_BV"], _block(V)), NKQ=NKQ, USE_G=g is not None, HAS_P=p is not None, **_launch_args(q),
+        **_options(q, "wy"))
     return dq, dk, dv, dg, dbeta, dh0, dp
 
 

@@ -385,8 +385,9 @@ def _options(x: torch.Tensor, kernel: str) -> dict[str, int]:
     return launch_options(LAUNCH, kernel, x.dtype)
 
 
-def _prec(x: torch.Tensor) -> tuple[str, bool]:
-    return dot_precision(x.dtype), upcast_dots(x.dtype)
+def _prec(x: torch.Tensor) -> dict[str, str | bool]:
+    """The kernels' dot-product precision flags for inputs of x's dtype, by parameter name."""
+    return {"PREC": dot_precision(x.dtype), "UP": upcast_dots(x.dtype)}
 
 
 def _states(k, v, g, initial_state, C):
@@ -398,7 +399,8 @@ def _states(k, v, g, initial_state, C):
     ht = torch.empty(B, H, K, V, device=k.device, dtype=torch.float32)
     h0 = initial_state if initial_state is not None else ht  # unused pointer when HAS_H0 is False
     _state_fwd_kernel[(cdiv(V, BV), cdiv(K, BK), B * H)](
-        k, v, g, h, h0, ht, T, H, K, V, C, BK, BV, initial_state is not None, *_prec(k), **_options(k, "scan"))
+        k=k, v=v, g=g, h=h, h0=h0, ht=ht, T=T, H=H, K=K, V=V, C=C, BK=BK, BV=BV, HAS_H0=initial_state is not None,
+        **_prec(k), **_options(k, "scan"))
     return h, ht
 
 
@@ -406,8 +408,9 @@ def _scores(q, k, g, scale, C):
     B, T, H, K = q.shape
     # every use casts A to the input dtype first, so bf16/fp16 inputs keep it in that dtype (half the traffic)
     A = torch.empty(B, T, H, C, device=q.device, dtype=q.dtype)
-    _scores_kernel[(C // SUB, cdiv(T, C), B * H)](q, k, g, A, scale, T, H, K, C, _block(K), SUB,
-                                                          _factor_limit(q), *_prec(q), **_options(q, "scores"))
+    _scores_kernel[(C // SUB, cdiv(T, C), B * H)](
+        q=q, k=k, g=g, A=A, scale=scale, T=T, H=H, K=K, C=C, BK=_block(K), SUBC=SUB, LIMIT=_factor_limit(q), **_prec(q),
+        **_options(q, "scores"))
     return A
 
 
@@ -422,7 +425,8 @@ def gla_triton_forward(q, k, v, g, scale, initial_state, C, keep=False):
     o = torch.empty_like(v)
     BV = min(LAUNCH["BV"], _block(V))
     _output_kernel[(cdiv(V, BV), cdiv(T, C), B * H)](
-        q, v, g, h, A, o, scale, T, H, K, V, C, _block(K), BV, *_prec(q), **_options(q, "out"))
+        q=q, v=v, g=g, h=h, A=A, o=o, scale=scale, T=T, H=H, K=K, V=V, C=C, BK=_block(K), BV=BV, **_prec(q),
+        **_options(q, "out"))
     return (o, ht, h, A) if keep else (o, ht)
 
 
@@ -438,22 +442,22 @@ def gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, saved=(Non
     dh = torch.empty_like(h)
     dh0 = torch.empty(B, H, K, V, device=q.device, dtype=torch.float32)
     _state_bwd_kernel[(cdiv(V, BV), cdiv(K, BK), B * H)](
-        q, g, do, dh, dht if dht is not None else dh0, dh0, scale, T, H, K, V, C, BK, BV, dht is not None,
-        *_prec(q), **_options(q, "bscan"))
+        q=q, g=g, do=do, dh=dh, dht=dht if dht is not None else dh0, dh0=dh0, scale=scale, T=T, H=H, K=K, V=V, C=C,
+        BK=BK, BV=BV, HAS_DHT=dht is not None, **_prec(q), **_options(q, "bscan"))
     dv = torch.empty_like(v)
     dA = torch.empty(B, T, H, C, device=q.device, dtype=torch.float32)
     dq_inter = torch.empty(B, T, H, K, device=q.device, dtype=torch.float32)
     dk_inter = torch.empty_like(dq_inter)
     dL = torch.empty(B, H, N, K, device=q.device, dtype=torch.float32)
-    _inter_bwd_kernel[(N, B * H)](q, k, v, g, h, A, do, dh, dv, dA, dq_inter, dk_inter, dL, scale, T, H, K, V, C,
-                                  _block(K), min(LAUNCH["inter_BV"], _block(V)), *_prec(q),
-                                  **_options(q, "inter"))
+    _inter_bwd_kernel[(N, B * H)](
+        q=q, k=k, v=v, g=g, h=h, A=A, do=do, dh=dh, dv=dv, dA=dA, dq=dq_inter, dk=dk_inter, dL=dL, scale=scale, T=T,
+        H=H, K=K, V=V, C=C, BK=_block(K), BV=min(LAUNCH["inter_BV"], _block(V)), **_prec(q), **_options(q, "inter"))
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     dg = torch.empty_like(g)  # in g's dtype; computed in float32
     BKI = min(LAUNCH["intra_BK"], _block(K))
-    _intra_bwd_kernel[(cdiv(K, BKI), N, B * H)](q, k, g, dA, dq_inter, dk_inter, dL, dq, dk, dg, scale, T, H, K,
-                                                       C, BKI, SUB, _factor_limit(q), *_prec(q),
-                                                       **_options(q, "intra"))
+    _intra_bwd_kernel[(cdiv(K, BKI), N, B * H)](
+        q=q, k=k, g=g, dA=dA, dq_in=dq_inter, dk_in=dk_inter, dL=dL, dq=dq, dk=dk, dg=dg, scale=scale, T=T, H=H, K=K,
+        C=C, BK=BKI, SUBC=SUB, LIMIT=_factor_limit(q), **_prec(q), **_options(q, "intra"))
     return dq, dk, dv, dg, dh0
 
 

@@ -147,11 +147,11 @@ def linear_attn(
 
 
 def linear_attn_step(
-    q_t: torch.Tensor,
-    k_t: torch.Tensor,
-    v_t: torch.Tensor,
-    state: torch.Tensor | None = None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
     *,
+    state: torch.Tensor | None = None,
     feature_map: str = "identity",
     feature_map_weight: torch.Tensor | None = None,
     num_features: int | None = None,
@@ -161,26 +161,26 @@ def linear_attn_step(
     scale: float | None = None,
     inplace: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One decoding step of :func:`linear_attn` (same feature-map keywords): q_t, k_t [B, H, K],
-    v_t [B, H, V], state [B, H, M, V] ([B, H, M, V + 1] with normalize).
+    """One decoding step of :func:`linear_attn` (same feature-map keywords): one token's q, k
+    [B, H, K], v [B, H, V]; state [B, H, M, V] ([B, H, M, V + 1] with normalize).
 
     S = S + phi(k_t) v_t^T,  o_t = S^T (scale phi(q_t))  [/ (z^T phi(q_t) + eps)].
     ``inplace=True`` writes the new state into ``state`` (a tensor) and returns it (static decoding).
     """
-    d = check_step_qkv(q_t, k_t, v_t)
-    check_devices("q_t", q_t, feature_map_weight=feature_map_weight, state=state)
+    d = check_step_qkv(q, k, v)
+    check_devices("q", q, feature_map_weight=feature_map_weight, state=state)
     W, M = resolve_feature_map(feature_map, feature_map_weight, num_features, feature_map_seed, d.K, d.H)
     _check_normalize(normalize, eps)
     if state is not None:
         check_shape("state", state, (d.B, d.H, M, d.V + int(normalize)),
                     "[B, H, M, V + 1]" if normalize else "[B, H, M, V]")
-    fq, fk, fv = _features(q_t, k_t, v_t, feature_map, W, normalize)
-    g_t = fq.new_zeros(d.B, d.H)
+    fq, fk, fv = _features(q, k, v, feature_map, W, normalize)
+    g = fq.new_zeros(d.B, d.H)
     check_inplace(inplace, state)
-    step = select_step("simple_gla", simple_gla_step_reference, fq, fk, fv, g_t, state,
+    step = select_step("simple_gla", simple_gla_step_reference, fq, fk, fv, g, state,
                        inplace=inplace)  # fused kernel on CUDA
-    o_t, S = step(fq, fk, fv, g_t, state, scale=resolve_scale(scale, d.K))
-    return _read(o_t, normalize, float(eps)).to(q_t.dtype), S
+    o_t, S = step(fq, fk, fv, g, state, scale=resolve_scale(scale, d.K))
+    return _read(o_t, normalize, float(eps)).to(q.dtype), S
 
 
 def linear_attn_example_inputs(

@@ -112,28 +112,28 @@ def mesa_net(
 
 
 def mesa_net_step(
-    q_t: torch.Tensor,
-    k_t: torch.Tensor,
-    v_t: torch.Tensor,
-    g_t: torch.Tensor,
-    beta_t: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
     lamb: torch.Tensor,
-    state: MesaState | None = None,
     *,
+    state: MesaState | None = None,
     scale: float | None = None,
     solver: str = "exact",
     cg_steps: int | None = None,
 ) -> tuple[torch.Tensor, MesaState]:
-    """One decoding step of :func:`mesa_net`: q_t, k_t [B, H, K], v_t [B, H, V], g_t, beta_t [B, H],
-    lamb [H, K], state None or (G [B, H, K, K], H [B, H, K, V]). Returns (o_t [B, H, V], (G, H))."""
-    d = check_step_qkv(q_t, k_t, v_t)
-    check_devices("q_t", q_t, g_t=g_t, beta_t=beta_t, lamb=lamb, state=state)
-    check_shape("g_t", g_t, (d.B, d.H), "[B, H]")
-    check_log_decay("g_t", g_t)
-    check_shape("beta_t", beta_t, (d.B, d.H), "[B, H]")
-    _check_mesa_args(beta_t, lamb, d, solver, cg_steps)
+    """One decoding step of :func:`mesa_net`: one token's q, k [B, H, K], v [B, H, V], g, beta [B, H];
+    lamb [H, K]; state None or (G [B, H, K, K], H [B, H, K, V]). Returns (o_t [B, H, V], (G, H))."""
+    d = check_step_qkv(q, k, v)
+    check_devices("q", q, g=g, beta=beta, lamb=lamb, state=state)
+    check_shape("g", g, (d.B, d.H), "[B, H]")
+    check_log_decay("g", g)
+    check_shape("beta", beta, (d.B, d.H), "[B, H]")
+    _check_mesa_args(beta, lamb, d, solver, cg_steps)
     state = _check_state("state", state, d)
-    return mesa_net_step_reference(q_t, k_t, v_t, g_t, beta_t, lamb, state, scale=resolve_scale(scale, d.K),
+    return mesa_net_step_reference(q, k, v, g, beta, lamb, state, scale=resolve_scale(scale, d.K),
                                    solver=solver, cg_steps=cg_steps)
 
 

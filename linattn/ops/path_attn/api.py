@@ -90,28 +90,28 @@ def path_attn(
 
 
 def path_attn_step(
-    q_t: torch.Tensor,
-    k_t: torch.Tensor,
-    v_t: torch.Tensor,
-    w_t: torch.Tensor,
-    beta_t: torch.Tensor,
-    g_t: torch.Tensor | None = None,
-    state: KVCache | None = None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    w: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor | None = None,
     *,
+    state: KVCache | None = None,
     scale: float | None = None,
 ) -> tuple[torch.Tensor, KVCache]:
-    """One decoding step of :func:`path_attn`: q_t, k_t, w_t [B, H, K], v_t [B, H, V], beta_t, g_t [B, H];
-    ``state`` the KVCache so far. Returns (o_t [B, H, V], the updated cache)."""
-    d = check_step_qkv(q_t, k_t, v_t)
-    check_devices("q_t", q_t, w_t=w_t, beta_t=beta_t, g_t=g_t, state=state)
-    check_shape("w_t", w_t, (d.B, d.H, d.K), "[B, H, K]")
-    check_shape("beta_t", beta_t, (d.B, d.H), "[B, H]")
-    if g_t is not None:
-        check_shape("g_t", g_t, (d.B, d.H), "[B, H]")
-    check_log_decay("g_t", g_t)
-    check_kv_cache("state", state, d, extras=("log_decay",), device=q_t.device)
-    o, cache = path_attn_recurrent(q_t[:, None], k_t[:, None], v_t[:, None], w_t[:, None], beta_t[:, None],
-                                   None if g_t is None else g_t[:, None], scale=resolve_scale(scale, d.K),
+    """One decoding step of :func:`path_attn`: one token's q, k, w [B, H, K], v [B, H, V], beta [B, H],
+    g [B, H] or None (no forget gate); ``state`` the KVCache so far. Returns (o_t [B, H, V], the updated cache)."""
+    d = check_step_qkv(q, k, v)
+    check_devices("q", q, w=w, beta=beta, g=g, state=state)
+    check_shape("w", w, (d.B, d.H, d.K), "[B, H, K]")
+    check_shape("beta", beta, (d.B, d.H), "[B, H]")
+    if g is not None:
+        check_shape("g", g, (d.B, d.H), "[B, H]")
+    check_log_decay("g", g)
+    check_kv_cache("state", state, d, extras=("log_decay",), device=q.device)
+    o, cache = path_attn_recurrent(q[:, None], k[:, None], v[:, None], w[:, None], beta[:, None],
+                                   None if g is None else g[:, None], scale=resolve_scale(scale, d.K),
                                    initial_state=state, output_final_state=True)
     return o[:, 0], cache
 

@@ -99,28 +99,29 @@ def retention(
 
 
 def retention_step(
-    q_t: torch.Tensor,
-    k_t: torch.Tensor,
-    v_t: torch.Tensor,
-    state: torch.Tensor | None = None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
     *,
+    state: torch.Tensor | None = None,
     scale: float | None = None,
     inplace: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One decoding step of :func:`retention`: q_t, k_t [B, H, K], v_t [B, H, V], state [B, H, K, V].
+    """One decoding step of :func:`retention`: one token's q, k [B, H, K], v [B, H, V];
+    state [B, H, K, V].
 
     S = gamma_h S + k_t v_t^T,   o_t = S^T (scale q_t).
     ``inplace=True`` writes the new state into ``state`` (a tensor) and returns it (static decoding).
     """
-    d = check_step_qkv(q_t, k_t, v_t)
-    check_devices("q_t", q_t, state=state)
+    d = check_step_qkv(q, k, v)
+    check_devices("q", q, state=state)
     if state is not None:
         check_shape("state", state, (d.B, d.H, d.K, d.V), "[B, H, K, V]")
-    g_t = retention_log_decay(d.H, dtype=compute_dtype(q_t), device=q_t.device).expand(d.B, d.H)
+    g = retention_log_decay(d.H, dtype=compute_dtype(q), device=q.device).expand(d.B, d.H)
     check_inplace(inplace, state)
-    step = select_step("simple_gla", simple_gla_step_reference, q_t, k_t, v_t, g_t, state,
+    step = select_step("simple_gla", simple_gla_step_reference, q, k, v, g, state,
                        inplace=inplace)  # fused kernel on CUDA
-    return step(q_t, k_t, v_t, g_t, state, scale=resolve_scale(scale, d.K))
+    return step(q, k, v, g, state, scale=resolve_scale(scale, d.K))
 
 
 def retention_example_inputs(

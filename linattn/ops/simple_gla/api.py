@@ -77,28 +77,29 @@ def simple_gla(
 
 
 def simple_gla_step(
-    q_t: torch.Tensor,
-    k_t: torch.Tensor,
-    v_t: torch.Tensor,
-    g_t: torch.Tensor,
-    state: torch.Tensor | None = None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
     *,
+    state: torch.Tensor | None = None,
     scale: float | None = None,
     inplace: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One decoding step of :func:`simple_gla`: q_t, k_t [B, H, K], v_t [B, H, V], g_t [B, H].
+    """One decoding step of :func:`simple_gla`: one token's q, k [B, H, K], v [B, H, V],
+    g [B, H].
     ``inplace=True`` writes the new state into ``state`` (a tensor) and returns it (static decoding).
     """
-    d = check_step_qkv(q_t, k_t, v_t)
-    check_devices("q_t", q_t, g_t=g_t, state=state)
-    check_shape("g_t", g_t, (d.B, d.H), "[B, H]")
-    check_log_decay("g_t", g_t)
+    d = check_step_qkv(q, k, v)
+    check_devices("q", q, g=g, state=state)
+    check_shape("g", g, (d.B, d.H), "[B, H]")
+    check_log_decay("g", g)
     if state is not None:
         check_shape("state", state, (d.B, d.H, d.K, d.V), "[B, H, K, V]")
     check_inplace(inplace, state)
-    step = select_step("simple_gla", simple_gla_step_reference, q_t, k_t, v_t, g_t, state,
+    step = select_step("simple_gla", simple_gla_step_reference, q, k, v, g, state,
                        inplace=inplace)  # fused kernel on CUDA
-    return step(q_t, k_t, v_t, g_t, state, scale=resolve_scale(scale, d.K))
+    return step(q, k, v, g, state, scale=resolve_scale(scale, d.K))
 
 
 def simple_gla_example_inputs(

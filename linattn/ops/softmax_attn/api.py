@@ -100,24 +100,28 @@ def softmax_attn(
 
 
 def softmax_attn_step(
-    q_t: torch.Tensor,
-    k_t: torch.Tensor,
-    v_t: torch.Tensor,
-    state: KVCache | None = None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
     *,
+    state: KVCache | None = None,
     scale: float | None = None,
+    causal: bool = True,
     window_size: int | None = None,
     rope: dict | None = None,
     alibi: bool = False,
 ) -> tuple[torch.Tensor, KVCache]:
-    """One decoding step of :func:`softmax_attn` (causal): append k_t, v_t to the cache, then
-    o_t = sum_j softmax_j(q_t . k_j scale + A_tj) v_j over the cache. q_t [B, H, K], k_t [B, H_kv, K],
-    v_t [B, H_kv, V]; returns (o_t [B, H, V], the cache one token longer)."""
-    d, H_kv = check_grouped_qkv(q_t, k_t, v_t, step=True)
-    check_devices("q_t", q_t, state=state)
+    """One decoding step of :func:`softmax_attn` (causal): append token t's k, v to the cache, then
+    o_t = sum_j softmax_j(q_t . k_j scale + A_tj) v_j over the cache. One token's q [B, H, K], k [B, H_kv, K],
+    v [B, H_kv, V]; ``causal`` must be True (a decoding step sees only the past);
+    returns (o_t [B, H, V], the cache one token longer)."""
+    d, H_kv = check_grouped_qkv(q, k, v, step=True)
+    check_devices("q", q, state=state)
+    if causal is not True:
+        raise ValueError(f"softmax_attn_step decodes causally: causal must be True, got {causal!r}")
     _check_options(True, window_size, rope, alibi, d.K)
-    check_kv_cache("state", state, d, H_kv, {}, q_t.device)
-    o, cache = run_attention("recurrent", q_t[:, None], k_t[:, None], v_t[:, None], None,
+    check_kv_cache("state", state, d, H_kv, {}, q.device)
+    o, cache = run_attention("recurrent", q[:, None], k[:, None], v[:, None], None,
                              scale=resolve_scale(scale, d.K), causal=True, window_size=window_size, rope=rope,
                              alibi=alibi, initial_state=state, output_final_state=True, chunk_size=64)
     return o[:, 0], cache

@@ -17,24 +17,23 @@ def check_grouped_qkv(q: object, k: object, v: object, *, step: bool = False) ->
     attention); ``step=True`` checks one decoding step (no T dim). Returns (Dims with H, H_kv)."""
     lay = "[B, H, K]" if step else "[B, T, H, K]"
     kv_lay = ("[B, H_kv, K]", "[B, H_kv, V]") if step else ("[B, T, H_kv, K]", "[B, T, H_kv, V]")
-    sfx = "_t" if step else ""
     ndim = 3 if step else 4
-    check_float_tensor("q" + sfx, q, ndim, lay)
-    check_float_tensor("k" + sfx, k, ndim, kv_lay[0])
-    check_float_tensor("v" + sfx, v, ndim, kv_lay[1])
+    check_float_tensor("q", q, ndim, lay)
+    check_float_tensor("k", k, ndim, kv_lay[0])
+    check_float_tensor("v", v, ndim, kv_lay[1])
     lead = tuple(q.shape[: ndim - 2])  # (B,) or (B, T)
     H, K, H_kv = q.shape[-2], q.shape[-1], k.shape[-2]
     if tuple(k.shape[: ndim - 2]) != lead or k.shape[-1] != K:
-        raise ValueError(f"k{sfx} must have shape {kv_lay[0]} with {'B' if step else 'B, T'}, K from q "
+        raise ValueError(f"k must have shape {kv_lay[0]} with {'B' if step else 'B, T'}, K from q "
                          f"{_fmt(q.shape)}, got {_fmt(k.shape)}")
     if tuple(v.shape[: ndim - 1]) != tuple(k.shape[: ndim - 1]):
-        raise ValueError(f"v{sfx} must have shape {kv_lay[1]} with the leading dims of k{sfx} {_fmt(k.shape)}, "
+        raise ValueError(f"v must have shape {kv_lay[1]} with the leading dims of k {_fmt(k.shape)}, "
                          f"got {_fmt(v.shape)}")
     if H_kv < 1 or H % H_kv:
-        raise ValueError(f"k{sfx}, v{sfx} must have H_kv heads dividing the H = {H} query heads, got H_kv = {H_kv}")
+        raise ValueError(f"k, v must have H_kv heads dividing the H = {H} query heads, got H_kv = {H_kv}")
     if K < 1 or v.shape[-1] < 1 or (not step and q.shape[1] < 1):
-        raise ValueError(f"q{sfx}, k{sfx}, v{sfx} must be non-empty, got q {_fmt(q.shape)} and v {_fmt(v.shape)}")
-    check_devices("q" + sfx, q, **{"k" + sfx: k, "v" + sfx: v})
+        raise ValueError(f"q, k, v must be non-empty, got q {_fmt(q.shape)} and v {_fmt(v.shape)}")
+    check_devices("q", q, k=k, v=v)
     T = 1 if step else q.shape[1]
     return Dims(q.shape[0], T, H, K, v.shape[-1]), H_kv
 

@@ -16,9 +16,9 @@ from ..common.checks import (
 from ..common.registry import OpSpec, register_op
 from ..common.values import check_bool
 from ..common.varlen import packable
-from .checks import check_mini_batch_size, check_step_state, check_weights, resolve_inner_norm, triton_takes
+from .checks import check_mini_batch_size, check_step_state, resolve_inner_norm, split_initial_state, triton_takes
 from .chunk import ttt_linear_chunk
-from .reference import make_norm, ttt_linear_recurrent, ttt_token
+from .reference import make_norm, run_tokens, ttt_linear_recurrent, ttt_token
 from .state import MiniBatchState
 
 NO_PARALLEL = ("mini-batch gradient descent has no closed T x T matrix form: each mini-batch's gradients "
@@ -47,7 +47,7 @@ def ttt_linear(
     eta: torch.Tensor,
     *,
     scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
+    initial_state: torch.Tensor | MiniBatchState | None = None,
     output_final_state: bool = False,
     backend: str = "auto",
     chunk_size: int = 64,
@@ -70,26 +70,41 @@ def ttt_linear(
     and 0) and ``norm_eps``.
 
     Args: q, k [B, T, H, K]; v [B, T, H, V]; eta [B, T, H] per-token inner learning rate;
-    initial_state W [B, H, K, V] (at a mini-batch boundary). The end of the sequence closes the last
-    mini-batch: running [0:t] then [t:T] equals [0:T] when t is a multiple of mini_batch_size. The chunk
-    backend chunks on mini-batch boundaries (with inner_norm, one mini-batch per chunk; chunk_size unused).
+    initial_state W [B, H, K, V] (at a mini-batch boundary, e.g. this op's final state) or the
+    :class:`MiniBatchState` :func:`ttt_linear_step` returns (inside a mini-batch, its first tokens complete that
+    mini-batch exactly as the steps would: they run token by token, the rest on ``backend``). The end of the
+    sequence closes the last mini-batch: running [0:t] then [t:T] equals [0:T] when t is a multiple of
+    mini_batch_size. The chunk backend chunks on mini-batch boundaries (with inner_norm, one mini-batch per
+    chunk; chunk_size unused).
     Returns (o [B, T, H, V] in q's dtype, final W [B, H, K, V] float32 (float64 for float64) or None).
     """
     d = check_qkv(q, k, v)
     check_devices("q", q, eta=eta, initial_state=initial_state, norm_weight=norm_weight, norm_bias=norm_bias)
     check_bool("output_final_state", output_final_state)
     check_scalar_gate("eta", eta, d)
-    if initial_state is not None:
-        check_weights("initial_state", initial_state, d, 1)
     check_chunk_size(chunk_size)
     check_mini_batch_size(mini_batch_size)
+    initial_state, partial = split_initial_state(initial_state, d, 1, mini_batch_size, q)
     norm_weight, norm_bias = resolve_inner_norm(inner_norm, norm_weight, norm_bias, norm_eps, d, q)
     if backend == "auto" and not triton_takes(mini_batch_size, d.K, d.V):
         backend = "chunk"  # the kernels' limits (mini-batches of 16 or 32, head dims up to 128)
     impl = SPEC.resolve(backend, q.device)
-    return impl(
+    scale = resolve_scale(scale, d.K)
+    o_head = None
+    if partial is not None:  # the tokens that complete the step's mini-batch, as the step runs them
+        head = min(d.T, mini_batch_size - partial.count)
+        dt = partial.start.dtype
+        norm = make_norm(norm_weight, norm_bias, norm_eps, dt, 1)
+        o_head, partial = run_tokens(lambda st, *x: ttt_token(st, *x, norm, mini_batch_size), partial, head,
+                                     q[:, :head].to(dt) * scale, *(x[:, :head].to(dt) for x in (k, v, eta)))
+        o_head = o_head.to(q.dtype)
+        if head == d.T:
+            return o_head, (partial.current[0] if output_final_state else None)
+        q, k, v, eta = (x[:, head:] for x in (q, k, v, eta))
+        initial_state = partial.current[0]
+    o, final = impl(
         q, k, v, eta,
-        scale=resolve_scale(scale, d.K),
+        scale=scale,
         initial_state=initial_state,
         output_final_state=output_final_state,
         chunk_size=chunk_size,
@@ -98,15 +113,16 @@ def ttt_linear(
         norm_bias=norm_bias,
         norm_eps=norm_eps,
     )
+    return (o if o_head is None else torch.cat([o_head, o], dim=1)), final
 
 
 def ttt_linear_step(
-    q_t: torch.Tensor,
-    k_t: torch.Tensor,
-    v_t: torch.Tensor,
-    eta_t: torch.Tensor,
-    state: torch.Tensor | MiniBatchState | None = None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    eta: torch.Tensor,
     *,
+    state: torch.Tensor | MiniBatchState | None = None,
     scale: float | None = None,
     mini_batch_size: int = 16,
     inner_norm: bool = False,
@@ -114,23 +130,23 @@ def ttt_linear_step(
     norm_bias: torch.Tensor | None = None,
     norm_eps: float = 1e-6,
 ) -> tuple[torch.Tensor, MiniBatchState]:
-    """One decoding step of :func:`ttt_linear`: q_t, k_t [B, H, K], v_t [B, H, V], eta_t [B, H].
+    """One decoding step of :func:`ttt_linear`: one token's q, k [B, H, K], v [B, H, V], eta [B, H].
 
     ``state``: None (zeros), a W [B, H, K, V] at a mini-batch boundary (e.g. the op's final state) or
     the :class:`MiniBatchState` a previous step returned. Returns (o_t [B, H, V], MiniBatchState);
     its ``current[0]`` is W_t.
     """
-    d = check_step_qkv(q_t, k_t, v_t)
-    check_devices("q_t", q_t, eta_t=eta_t, state=state, norm_weight=norm_weight, norm_bias=norm_bias)
-    check_shape("eta_t", eta_t, (d.B, d.H), "[B, H]")
+    d = check_step_qkv(q, k, v)
+    check_devices("q", q, eta=eta, state=state, norm_weight=norm_weight, norm_bias=norm_bias)
+    check_shape("eta", eta, (d.B, d.H), "[B, H]")
     check_mini_batch_size(mini_batch_size)
-    st = check_step_state(state, d, 1, mini_batch_size, q_t)
-    norm_weight, norm_bias = resolve_inner_norm(inner_norm, norm_weight, norm_bias, norm_eps, d, q_t)
+    st = check_step_state(state, d, 1, mini_batch_size, q)
+    norm_weight, norm_bias = resolve_inner_norm(inner_norm, norm_weight, norm_bias, norm_eps, d, q)
     dt = st.start.dtype
     norm = make_norm(norm_weight, norm_bias, norm_eps, dt, 1)
-    q, k, v, eta = (x.to(dt) for x in (q_t, k_t, v_t, eta_t))
-    o_t, st = ttt_token(st, q * resolve_scale(scale, d.K), k, v, eta, norm, mini_batch_size)
-    return o_t.to(q_t.dtype), st
+    qc, kc, vc, etac = (x.to(dt) for x in (q, k, v, eta))
+    o_t, st = ttt_token(st, qc * resolve_scale(scale, d.K), kc, vc, etac, norm, mini_batch_size)
+    return o_t.to(q.dtype), st
 
 
 def ttt_linear_example_inputs(

@@ -71,3 +71,25 @@ def resolve_inner_norm(inner_norm: object, norm_weight: object, norm_bias: objec
     weight = ones if norm_weight is None else check_shape("norm_weight", norm_weight, (d.H, d.V), "[H, V]")
     bias = torch.zeros_like(ones) if norm_bias is None else check_shape("norm_bias", norm_bias, (d.H, d.V), "[H, V]")
     return weight, bias
+
+
+def split_initial_state(initial_state: object, d: Dims, n: int, mini_batch_size: int,
+                        like: torch.Tensor) -> tuple[object, MiniBatchState | None]:
+    """An op's ``initial_state``: None, the op's own state (W, or (M, S); a mini-batch boundary) or the
+    :class:`MiniBatchState` a step returned. Returns (the state for the op's backends, or None; the step state
+    when it is inside a mini-batch, whose buffered tokens the op's first tokens must complete, else None)."""
+    if initial_state is None:
+        return None, None
+    if not isinstance(initial_state, MiniBatchState):
+        weights = check_weights("initial_state", initial_state, d, n)
+        return (weights[0] if n == 1 else weights), None
+    st = check_step_state(initial_state, d, n, mini_batch_size, like)
+    if st.count or not _same_tensor(st.start, st.current[0]):  # a step takes its gradients at ``start`` until
+        return None, st                                         # the mini-batch ends, even at count 0
+    return (st.current[0] if n == 1 else st.current), None
+
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a and b view the same memory the same way (no values read: no host sync)."""
+    return a is b or (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+                      and a.dtype == b.dtype and a.device == b.device)

@@ -15,6 +15,8 @@ are the step functions run over the sequence, so decoding and the reference shar
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ..common.checks import compute_dtype
@@ -51,6 +53,17 @@ def titans_token(state: MiniBatchState, q_t: torch.Tensor, k_t: torch.Tensor, v_
     M = (1 - alpha_t)[..., None, None] * M + S
     o_t = (q_t[..., None, :] @ M)[..., 0, :]
     return o_t, state.advance((M, S), mini_batch_size)
+
+
+def run_tokens(token: Callable[..., tuple[torch.Tensor, MiniBatchState]], state: MiniBatchState, n: int,
+               *xs: torch.Tensor) -> tuple[torch.Tensor, MiniBatchState]:
+    """The first n tokens of ``xs`` ([B, T, ...] in the compute dtype, q scaled) through ``token(state, *x_t)``:
+    (o [B, n, H, V], the state after them)."""
+    outputs = []
+    for t in range(n):
+        o_t, state = token(state, *(x[:, t] for x in xs))
+        outputs.append(o_t)
+    return torch.stack(outputs, dim=1), state
 
 
 def ttt_linear_recurrent(

@@ -18,9 +18,9 @@ from ..common.registry import OpSpec, register_op
 from ..common.values import check_bool, check_range
 from ..common.varlen import packable
 from .api import NO_PARALLEL
-from .checks import check_mini_batch_size, check_step_state, check_weights
+from .checks import check_mini_batch_size, check_step_state, split_initial_state
 from .chunk import titans_chunk
-from .reference import titans_recurrent, titans_token
+from .reference import run_tokens, titans_recurrent, titans_token
 from .state import MiniBatchState
 
 SPEC = register_op(
@@ -54,7 +54,7 @@ def titans(
     eta: torch.Tensor,
     *,
     scale: float | None = None,
-    initial_state: tuple[torch.Tensor, torch.Tensor] | None = None,
+    initial_state: tuple[torch.Tensor, torch.Tensor] | MiniBatchState | None = None,
     output_final_state: bool = False,
     backend: str = "auto",
     chunk_size: int = 64,
@@ -69,8 +69,10 @@ def titans(
 
     Args: q, k [B, T, H, K]; v [B, T, H, V]; theta [B, T, H] learning rate; alpha [B, T, H] weight
     decay in [0, 1]; eta [B, T, H] momentum decay in [0, 1]; initial_state (M, S), each [B, H, K, V],
-    at a mini-batch boundary. The end of the sequence closes the last mini-batch (split at multiples
-    of mini_batch_size to chain calls). eta = alpha = 0 gives ttt_linear with eta = theta.
+    at a mini-batch boundary (e.g. this op's final state), or the :class:`MiniBatchState` :func:`titans_step`
+    returns (inside a mini-batch, its first tokens complete that mini-batch exactly as the steps would: they run
+    token by token, the rest on ``backend``). The end of the sequence closes the last mini-batch (split at
+    multiples of mini_batch_size to chain calls). eta = alpha = 0 gives ttt_linear with eta = theta.
     Returns (o [B, T, H, V] in q's dtype, final (M, S) float32 (float64 for float64) or None).
     """
     d = check_qkv(q, k, v)
@@ -79,47 +81,60 @@ def titans(
     for name, x in (("theta", theta), ("alpha", alpha), ("eta", eta)):
         check_scalar_gate(name, x, d)
     _check_gates(theta, alpha, eta)
-    if initial_state is not None:
-        initial_state = check_weights("initial_state", initial_state, d, 2)
     check_chunk_size(chunk_size)
     check_mini_batch_size(mini_batch_size)
+    initial_state, partial = split_initial_state(initial_state, d, 2, mini_batch_size, q)
     impl = SPEC.resolve(backend, q.device)
-    return impl(
+    scale = resolve_scale(scale, d.K)
+    o_head = None
+    if partial is not None:  # the tokens that complete the step's mini-batch, as the step runs them
+        head = min(d.T, mini_batch_size - partial.count)
+        dt = partial.start.dtype
+        o_head, partial = run_tokens(lambda st, *x: titans_token(st, *x, mini_batch_size), partial, head,
+                                     q[:, :head].to(dt) * scale,
+                                     *(x[:, :head].to(dt) for x in (k, v, theta, alpha, eta)))
+        o_head = o_head.to(q.dtype)
+        if head == d.T:
+            return o_head, (tuple(partial.current) if output_final_state else None)
+        q, k, v, theta, alpha, eta = (x[:, head:] for x in (q, k, v, theta, alpha, eta))
+        initial_state = tuple(partial.current)
+    o, final = impl(
         q, k, v, theta, alpha, eta,
-        scale=resolve_scale(scale, d.K),
+        scale=scale,
         initial_state=initial_state,
         output_final_state=output_final_state,
         chunk_size=chunk_size,
         mini_batch_size=mini_batch_size,
     )
+    return (o if o_head is None else torch.cat([o_head, o], dim=1)), final
 
 
 def titans_step(
-    q_t: torch.Tensor,
-    k_t: torch.Tensor,
-    v_t: torch.Tensor,
-    theta_t: torch.Tensor,
-    alpha_t: torch.Tensor,
-    eta_t: torch.Tensor,
-    state: tuple[torch.Tensor, torch.Tensor] | MiniBatchState | None = None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    theta: torch.Tensor,
+    alpha: torch.Tensor,
+    eta: torch.Tensor,
     *,
+    state: tuple[torch.Tensor, torch.Tensor] | MiniBatchState | None = None,
     scale: float | None = None,
     mini_batch_size: int = 16,
 ) -> tuple[torch.Tensor, MiniBatchState]:
-    """One decoding step of :func:`titans`: q_t, k_t [B, H, K], v_t [B, H, V], theta_t, alpha_t, eta_t
+    """One decoding step of :func:`titans`: one token's q, k [B, H, K], v [B, H, V], theta, alpha, eta
     [B, H]; ``state`` None (zeros), the op's (M, S) (a mini-batch boundary) or the
     :class:`MiniBatchState` a previous step returned. Returns (o_t [B, H, V], MiniBatchState)."""
-    d = check_step_qkv(q_t, k_t, v_t)
-    check_devices("q_t", q_t, theta_t=theta_t, alpha_t=alpha_t, eta_t=eta_t, state=state)
-    for name, x in (("theta_t", theta_t), ("alpha_t", alpha_t), ("eta_t", eta_t)):
+    d = check_step_qkv(q, k, v)
+    check_devices("q", q, theta=theta, alpha=alpha, eta=eta, state=state)
+    for name, x in (("theta", theta), ("alpha", alpha), ("eta", eta)):
         check_shape(name, x, (d.B, d.H), "[B, H]")
-    _check_gates(theta_t, alpha_t, eta_t)
+    _check_gates(theta, alpha, eta)
     check_mini_batch_size(mini_batch_size)
-    st = check_step_state(state, d, 2, mini_batch_size, q_t)
+    st = check_step_state(state, d, 2, mini_batch_size, q)
     dt = st.start.dtype
-    q, k, v, theta, alpha, eta = (x.to(dt) for x in (q_t, k_t, v_t, theta_t, alpha_t, eta_t))
-    o_t, st = titans_token(st, q * resolve_scale(scale, d.K), k, v, theta, alpha, eta, mini_batch_size)
-    return o_t.to(q_t.dtype), st
+    qc, kc, vc, thetac, alphac, etac = (x.to(dt) for x in (q, k, v, theta, alpha, eta))
+    o_t, st = titans_token(st, qc * resolve_scale(scale, d.K), kc, vc, thetac, alphac, etac, mini_batch_size)
+    return o_t.to(q.dtype), st
 
 
 def titans_example_inputs(
