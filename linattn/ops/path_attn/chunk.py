@@ -19,6 +19,8 @@ products of the chunks' K x K products.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..common.causal_softmax import causal_mask
@@ -37,6 +39,41 @@ def _heads_first(x: torch.Tensor, C: int) -> torch.Tensor:
     return x.permute(0, 3, 1, 2, *range(4, x.dim()))
 
 
+@dataclass
+class UTTransform:
+    """What :func:`ut_transform` gives, every tensor [B, H, N, C, *] (chunks of C tokens, heads first)."""
+
+    Qhat: torch.Tensor  # queries moved past the chunk's own Householder factors up to their row
+    intra: torch.Tensor  # [.., C, C] in-chunk logits (scaled, gate bias included), -inf above the diagonal
+    Khat: torch.Tensor  # keys moved to the chunk's end frame
+    E: torch.Tensor  # [.., K, K]: the chunk's product of factors is P = I - E (E = W^T T_w)
+    Vc: torch.Tensor  # values
+    Gl: torch.Tensor  # [B, H, N, C] log gates summed within the chunk
+
+
+def ut_transform(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, beta: torch.Tensor,
+                 g: torch.Tensor | None, scale: float, C: int) -> UTTransform:
+    """Everything of PaTH's chunk form that does not depend on earlier chunks, for all chunks at once (inputs
+    [B, T, H, *] in the compute dtype; padding to a multiple of C: w = b = 0, so its factors are I). With the UT
+    transform T = (I + tril(b W W^T, -1))^-1 b [W, tril(W K^T, -1)] = [T_w, T_k]:
+    Qhat = Q - tril(Q W^T) T_w, Khat = K - T_k^T W, intra = scale (tril(Q K^T) - tril(Q W^T) T_k + G_t - G_s)."""
+    K = q.shape[-1]
+    g = torch.zeros_like(beta) if g is None else g
+    Q, Kc, W, Vc = (_heads_first(x, C) for x in (q, k, w, v))
+    b = _heads_first(beta, C)[..., None]
+    Gl = chunk_local_cumsum(g, C).permute(0, 3, 1, 2)
+    M, Ms = causal_mask(C, C, device=q.device), causal_mask(C, C, strict=True, device=q.device)
+    tril = lambda x, m: x.masked_fill(~m, 0.0)
+    tr = lambda x: x.transpose(-1, -2)
+    X = solve_unit_lower(b * (W @ tr(W)), b * torch.cat([W, tril(W @ tr(Kc), Ms)], dim=-1))
+    Tw, Tk = X[..., :K], X[..., K:]
+    QW = tril(Q @ tr(W), M)
+    Qhat = Q - tril_matmul(QW, Tw)  # row t reads rows <= t only, whatever the later rows hold (masking.py)
+    intra = scale * (tril(Q @ tr(Kc), M) - tril_matmul(QW, Tk) + (Gl[..., :, None] - Gl[..., None, :]))
+    return UTTransform(Qhat=Qhat, intra=intra.masked_fill(~M, float("-inf")), Khat=Kc - tr(Tk) @ W,
+                       E=tr(W) @ Tw, Vc=Vc, Gl=Gl)
+
+
 def path_attn_chunk(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -53,26 +90,12 @@ def path_attn_chunk(
     """Chunkwise-parallel PaTH (see the module docstring); any T, any device."""
     dt, in_dtype = compute_dtype(q), q.dtype
     q, k, v, w, beta = (x.to(dt) for x in (q, k, v, w, beta))
-    g = torch.zeros_like(beta) if g is None else g.to(dt)
+    g = None if g is None else g.to(dt)
     k0, v0, d0 = _past(initial_state, k, v.shape[-1], dt)
-    B, T, H, K = q.shape
-    C = chunk_size
-    Q, Kc, W, Vc = (_heads_first(x, C) for x in (q, k, w, v))  # [B, H, N, C, *]; padding: w = b = 0, H = I
-    b = _heads_first(beta, C)[..., None]
-    Gl = chunk_local_cumsum(g, C).permute(0, 3, 1, 2)  # [B, H, N, C]
-    M, Ms = causal_mask(C, C, device=q.device), causal_mask(C, C, strict=True, device=q.device)
-    tril = lambda x, m: x.masked_fill(~m, 0.0)
-    tr = lambda x: x.transpose(-1, -2)
-
-    # Everything that does not depend on earlier chunks, for all chunks at once.
-    X = solve_unit_lower(b * (W @ tr(W)), b * torch.cat([W, tril(W @ tr(Kc), Ms)], dim=-1))
-    Tw, Tk = X[..., :K], X[..., K:]
-    QW = tril(Q @ tr(W), M)
-    Qhat = Q - tril_matmul(QW, Tw)  # row t reads rows <= t only, whatever the later rows hold (masking.py)
-    intra = scale * (tril(Q @ tr(Kc), M) - tril_matmul(QW, Tk) + (Gl[..., :, None] - Gl[..., None, :]))
-    intra = intra.masked_fill(~M, float("-inf"))
-    Pt = torch.eye(K, dtype=dt, device=q.device) - tr(Tw) @ W  # P^T = I - T_w^T W
-    Khat = Kc - tr(Tk) @ W
+    T, K, C = q.shape[1], q.shape[-1], chunk_size
+    ut = ut_transform(q, k, v, w, beta, g, scale, C)
+    Qhat, intra, Khat, Vc, Gl = ut.Qhat, ut.intra, ut.Khat, ut.Vc, ut.Gl
+    Pt = torch.eye(K, dtype=dt, device=q.device) - ut.E.transpose(-1, -2)  # P^T = I - T_w^T W
     total = Gl[..., -1]  # [B, H, N] log decay across each chunk
 
     S0, V0, D0 = (x.transpose(1, 2) for x in (k0, v0, d0))  # cache [B, H, T0, *]

@@ -16,12 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..common.causal_softmax import causal_mask
 from ..common.checks import compute_dtype
-from ..common.chunking import chunk_local_cumsum, to_chunks
 from ..common.kv_cache import KVCache
-from ..common.masking import tril_matmul
-from ..common.triangular import solve_unit_lower
 from ..common.triton_ops import eager_backward, eager_function, use_custom_op
 from ..common.triton_utils import (
     block,
@@ -34,7 +30,7 @@ from ..common.triton_utils import (
 )
 from ..forgetting_attn.triton import KERNEL_DTYPES, MAX_HEAD_DIM
 from ..forgetting_attn.triton_kernels import fox_delta_kernel
-from .chunk import _final_state
+from .chunk import _final_state, ut_transform
 from .reference import _past
 from .triton_kernels import path_bwd_kernel, path_fwd_kernel
 
@@ -132,12 +128,6 @@ _PathFunction = eager_function("PathAttnTriton", path_flash_forward, _setup_cont
                                non_differentiable=(1,))
 
 
-def _heads_first(x: torch.Tensor, C: int) -> torch.Tensor:
-    """[B, T, H, ...] -> [B, H, N, C, ...] (zero-padded to a multiple of C)."""
-    x = to_chunks(x, C)
-    return x.permute(0, 3, 1, 2, *range(4, x.dim()))
-
-
 def path_attn_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, beta: torch.Tensor,
                      g: torch.Tensor | None = None, *, scale: float, initial_state: KVCache | None = None,
                      output_final_state: bool = False, chunk_size: int = 64) -> tuple[torch.Tensor, KVCache | None]:
@@ -154,33 +144,22 @@ def path_attn_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch
     q, k, v, w, beta = (x.to(sdt) for x in (q, k, v, w, beta))
     g = torch.zeros_like(beta) if g is None else g.to(sdt)
     k0, v0, d0 = _past(initial_state, k, V, sdt)
-    Q, Kc, W, Vc = (_heads_first(x, C) for x in (q, k, w, v))  # [B, H, N, C, *]; padding: w = b = 0, H = I
-    N = Q.shape[2]
-    b = _heads_first(beta, C)[..., None]
-    Gl = chunk_local_cumsum(g, C).permute(0, 3, 1, 2)  # [B, H, N, C]
-    M, Ms = causal_mask(C, C, device=q.device), causal_mask(C, C, strict=True, device=q.device)
-    tril = lambda x, m: x.masked_fill(~m, 0.0)
-    tr = lambda x: x.transpose(-1, -2)
-    X = solve_unit_lower(b * (W @ tr(W)), b * torch.cat([W, tril(W @ tr(Kc), Ms)], dim=-1))
-    Tw, Tk = X[..., :K], X[..., K:]
-    QW = tril(Q @ tr(W), M)
-    Qhat = Q - tril_matmul(QW, Tw)  # row t reads rows <= t only, whatever the later rows hold (masking.py)
-    intra = scale * (tril(Q @ tr(Kc), M) - tril_matmul(QW, Tk) + (Gl[..., :, None] - Gl[..., None, :]))
-    intra = intra.masked_fill(~M, float("-inf")).float().contiguous()
-    E = tr(W) @ Tw  # the chunk's product is P = I - E; the chain is Q_{a,j-1} = Q_{a,j} - Q_{a,j} E_j
-    Khat = Kc - tr(Tk) @ W
+    ut = ut_transform(q, k, v, w, beta, g, scale, C)  # E: the chunk's product of factors is P = I - E
+    Qhat, Khat, Vc, Gl, E = ut.Qhat, ut.Khat, ut.Vc, ut.Gl, ut.E
+    intra = ut.intra.float().contiguous()
+    N = Qhat.shape[2]
     S0, V0, D0 = (x.transpose(1, 2) for x in (k0, v0, d0))  # cache [B, H, T0, *]
     G_new = torch.cumsum(F.pad(g, (0, 0, 0, N * C - T)).transpose(1, 2).to(torch.float64), dim=-1)
     G = torch.cat([-D0.to(torch.float64), G_new], dim=-1).contiguous()  # the cache's end at G = 0
     flat = lambda x: x.reshape(B, H, N * C, x.shape[-1]).to(dt).contiguous()
-    flash = _fwd_op if use_custom_op(Q) else _PathFunction.apply
+    flash = _fwd_op if use_custom_op(Qhat) else _PathFunction.apply
     o, _ = flash(flat(Qhat), intra, E.to(dt).contiguous(), flat(Khat), flat(Vc), S0.to(dt).contiguous(),
                  V0.to(dt).contiguous(), G, float(scale))
     o = o[:, :, :T].transpose(1, 2).to(in_dtype)
     state = None
     if output_final_state:
-        state = _final_state(S0, V0, D0, Khat, Vc, torch.eye(K, dtype=sdt, device=q.device) - tr(E), Gl[..., -1], Gl,
-                             T)
+        Pt = torch.eye(K, dtype=sdt, device=q.device) - E.transpose(-1, -2)  # the chunk's P^T
+        state = _final_state(S0, V0, D0, Khat, Vc, Pt, Gl[..., -1], Gl, T)
     return o, state
 
 
