@@ -1,0 +1,107 @@
+"""Packed sequences run natively by a backend: the offsets of the call in flight, and the chunk-aligned layout.
+
+:func:`linattn.ops.common.varlen.packable` runs a packed call (``cu_seqlens``) by splitting it into one call per
+sequence, unless the backend the call resolves to takes packed inputs itself (its implementation has the attribute
+``native_cu_seqlens = True``). Then the op's own function runs once on the packed inputs inside
+:func:`packed_call`: the checks accept one initial-state row per sequence (:func:`state_rows`) and the backend reads
+the offsets from :func:`current_packing`.
+
+The chunked Triton kernels take packed inputs in a chunk-aligned layout (:class:`ChunkLayout`): sequence n occupies
+the chunks [c_n, c_{n+1}) of a padded batch row, its tail filled with neutral tokens (q = k = v = 0, beta = 0, no
+decay), which leave the state as it is, so the state at the end of a sequence's last chunk is its final state. Each
+chunk then belongs to one sequence: the in-chunk kernels run unchanged and the kernels that carry the state across
+chunks start and end it at the sequence's own chunks (read from ``cu_chunks``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Packing:
+    """The offsets of a packed call: ``cu_seqlens`` as given (validated) and as Python ints."""
+
+    cu_seqlens: torch.Tensor
+    offsets: tuple[int, ...]
+
+    @property
+    def N(self) -> int:
+        return len(self.offsets) - 1
+
+
+_CURRENT: contextvars.ContextVar[Packing | None] = contextvars.ContextVar("linattn_packing", default=None)
+
+
+@contextlib.contextmanager
+def packed_call(packing: Packing) -> Iterator[None]:
+    """Run an op's function on packed inputs, the backend reading ``packing`` through :func:`current_packing`."""
+    token = _CURRENT.set(packing)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+
+
+def current_packing() -> Packing | None:
+    """The offsets of the packed call in flight (None outside one, and in the op's unpacked calls)."""
+    return _CURRENT.get()
+
+
+def state_rows(B: int) -> int:
+    """The rows a state has in the current call: one per sequence in a packed call, else the batch size ``B``."""
+    packing = _CURRENT.get()
+    return B if packing is None else packing.N
+
+
+@dataclass(frozen=True)
+class ChunkLayout:
+    """Packed tokens [1, T] re-laid so that every sequence starts a chunk of ``chunk_size`` tokens.
+
+    ``index`` [T] int64: the padded position of each packed token; ``cu_chunks`` [N + 1] int32: the first chunk of
+    each sequence and the chunk count at the end; ``padded``: the padded length (chunks * chunk_size)."""
+
+    index: torch.Tensor
+    cu_chunks: torch.Tensor
+    padded: int
+    chunk_size: int
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """x [1, T, ...] as [1, padded, ...] (contiguous), zeros at the padded positions; differentiable (the
+        gradients of the padded positions are dropped)."""
+        out = x.new_zeros(x.shape[0], self.padded, *x.shape[2:])
+        return out.index_copy(1, self.index, x)
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """x [1, padded, ...] back at the packed positions [1, T, ...] (padded positions dropped)."""
+        return x.index_select(1, self.index)
+
+
+def chunk_layout(packing: Packing, chunk_size: int, device: torch.device) -> ChunkLayout:
+    """The chunk-aligned layout of ``packing``. The index is built on ``device`` from the offsets tensor; only the
+    padded length comes from the offsets already read on the host. Kept on the offsets tensor per chunk size and
+    device, so the layers of a model that share one ``cu_seqlens`` build it once."""
+    cu = packing.cu_seqlens
+    cu_version = cu._version
+    key = (chunk_size, str(device), cu_version)
+    memo = cu.__dict__.setdefault("_linattn_layouts", {})
+    if key in memo:
+        return memo[key]
+    offsets, C = packing.offsets, chunk_size
+    N, T = packing.N, offsets[-1]
+    chunks = sum(-(-(e - s) // C) for s, e in zip(offsets[:-1], offsets[1:], strict=True))
+    cu = cu.to(device=device, dtype=torch.int64)
+    lengths = cu[1:] - cu[:-1]
+    cu_chunks = torch.nn.functional.pad(torch.cumsum((lengths + C - 1) // C, 0), (1, 0))
+    seq = torch.repeat_interleave(torch.arange(N, device=device), lengths, output_size=T)
+    index = torch.arange(T, device=device) + (cu_chunks[:-1] * C - cu[:-1])[seq]
+    layout = ChunkLayout(index=index, cu_chunks=cu_chunks.to(torch.int32), padded=chunks * C, chunk_size=C)
+    for stale in [k for k in memo if k[2] != cu_version]:
+        del memo[stale]
+    memo[key] = layout
+    return layout
