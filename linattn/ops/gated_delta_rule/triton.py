@@ -557,7 +557,8 @@ def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | No
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(o, final state, Tm [B, T, H, C] kept for the backward pass when ``keep_tm``, else an empty tensor).
     ``cu_chunks``: packed sequences in the chunk-aligned layout, [N + 1] int32 (states [N, H, K, V])."""
-    o, ht, tm = gated_delta_triton_forward(q, k, v, g, beta, scale, initial_state, chunk_size, p, keep_tm, cu_chunks)
+    o, ht, tm = gated_delta_triton_forward(q, k, v, g, beta, scale, initial_state, chunk_size, p, keep_tm,
+                                            cu_chunks=cu_chunks)
     return o, ht, (q.new_empty(0) if tm is None else tm)
 
 
@@ -586,7 +587,7 @@ def _bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | No
     forward pass's Tm (None or empty: recomputed)."""
     tm = None if tm is None or tm.numel() == 0 else tm
     dq, dk, dv, dg, dbeta, dh0, dp = gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, chunk_size,
-                                                                 do, dht, p, tm, cu_chunks)
+                                                                 do, dht, p, tm, cu_chunks=cu_chunks)
     return dq, dk, dv, dg, dbeta, dh0, (q.new_empty(0) if dp is None else dp)
 
 
