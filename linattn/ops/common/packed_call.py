@@ -36,26 +36,33 @@ class Packing:
 
 
 _CURRENT: contextvars.ContextVar[Packing | None] = contextvars.ContextVar("linattn_packing", default=None)
+# the same, as a plain list that Dynamo can read while it traces (it cannot trace ContextVar.get, and an unpacked
+# op must trace without a graph break); a context variable otherwise, so that threads do not see each other's calls
+_TRACED: list[Packing] = []
 
 
 @contextlib.contextmanager
 def packed_call(packing: Packing) -> Iterator[None]:
     """Run an op's function on packed inputs, the backend reading ``packing`` through :func:`current_packing`."""
     token = _CURRENT.set(packing)
+    _TRACED.append(packing)
     try:
         yield
     finally:
+        _TRACED.pop()
         _CURRENT.reset(token)
 
 
 def current_packing() -> Packing | None:
     """The offsets of the packed call in flight (None outside one, and in the op's unpacked calls)."""
+    if torch.compiler.is_compiling():
+        return _TRACED[-1] if _TRACED else None
     return _CURRENT.get()
 
 
 def state_rows(B: int) -> int:
     """The rows a state has in the current call: one per sequence in a packed call, else the batch size ``B``."""
-    packing = _CURRENT.get()
+    packing = current_packing()
     return B if packing is None else packing.N
 
 
