@@ -18,7 +18,7 @@ from linattn.testing import assert_close, assert_same_gradients
 
 pytestmark = [pytest.mark.triton, pytest.mark.skipif(not triton_available(), reason="triton not installed")]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-NATIVE = ["gated_delta_rule", "delta_rule", "comba", "simple_gla", "gla", "retention"]
+NATIVE = ["gated_delta_rule", "delta_rule", "comba", "gated_delta_product", "simple_gla", "gla", "retention"]
 H, K, V, CHUNK = 2, 16, 16, 16
 
 
@@ -51,7 +51,8 @@ def _packed_and_separate(name: str, lengths: tuple[int, ...], dtype: torch.dtype
     o, final = spec.fn(**inputs, initial_state=init, cu_seqlens=cu, **kw)
     outs, finals = [], []
     for i, (s, e) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)):
-        alone = {a: x[:, s:e] for a, x in inputs.items()}
+        # token arguments have time at dim 1 (m positions per token: gated_delta_product's keys, values, beta)
+        alone = {a: x[:, s * (x.shape[1] // T):e * (x.shape[1] // T)] for a, x in inputs.items()}
         o_i, f_i = spec.fn(**alone, initial_state=None if init is None else init[i:i + 1], **kw)
         outs.append(o_i)
         finals.append(f_i)

@@ -63,7 +63,7 @@ def _check_product_inputs(q: object, k: object, v: object, num_householder: obje
     return Dims(B, T, H, K, int(v.shape[-1])), n
 
 
-@packable("q", "k", "v", "g", "beta")
+@packable("q", "k", "v", "g", "beta", native=SPEC.packs_natively)
 def gated_delta_product(
     q: torch.Tensor,
     k: torch.Tensor,
