@@ -278,13 +278,13 @@ def make_packed_train_step(model: Callable, optimizer: torch.optim.Optimizer, id
                            packings: list[torch.Tensor], device: torch.device, dtype: torch.dtype
                            ) -> Callable[[], None]:
     """One training step on packed documents: ``ids`` [1, tokens + 1], ``packings`` a list of offsets tensors
-    (cu_seqlens on the device), one per step in turn. The forward sees the first ``tokens`` tokens with that
+    (cu_seqlens), one per step in turn. The forward sees the first ``tokens`` tokens with that
     step's offsets; the last token of each document predicts nothing (its target is ignored)."""
     inputs, targets = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
     masked = []
     for cu in packings:
         t = targets.clone()
-        t[0, cu[1:].long() - 1] = -100  # the next token belongs to the next document
+        t[0, cu[1:].long().to(t.device) - 1] = -100  # the next token belongs to the next document
         masked.append(t)
     turn = [0]
 
@@ -385,7 +385,8 @@ def _train_once(plan: ModelBenchPlan, row: TrainRow) -> None:
         ids = torch.randint(0, plan.vocab_size, (1, tokens + 1), generator=gen).to(plan.device)
         offsets = [packed_documents(tokens, *plan.doc_lengths, gen) for _ in range(plan.warmup + plan.steps + 1)]
         row.documents = sum(len(o) - 1 for o in offsets) / len(offsets)
-        packings = [torch.tensor(o, dtype=torch.int32, device=plan.device) for o in offsets]
+        # the offsets stay on the CPU, as the Trainer keeps them (the model reads them with no device sync)
+        packings = [torch.tensor(o, dtype=torch.int32) for o in offsets]
         step = make_packed_train_step(net, optimizer, ids, packings, plan.device, plan.dtype)
     else:
         ids = torch.randint(0, plan.vocab_size, (row.batch, row.seq_len + 1), generator=gen).to(plan.device)

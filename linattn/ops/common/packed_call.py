@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
+
+T_ = TypeVar("T_")
 
 
 @dataclass(frozen=True)
@@ -89,26 +92,48 @@ class ChunkLayout:
         return x.index_select(1, self.index)
 
 
+def kept(cu_seqlens: torch.Tensor, key: tuple, make: Callable[[], T_]) -> T_:
+    """``make()``, kept on the offsets tensor under ``key`` until the tensor is modified in place: what a packed call
+    derives from its offsets (indices on the device) is built once for all the layers of a model that share one
+    ``cu_seqlens``."""
+    store = cu_seqlens.__dict__.setdefault("_linattn_kept", {})
+    if store.get("version") != cu_seqlens._version:
+        store.clear()
+        store["version"] = cu_seqlens._version
+    if key not in store:
+        store[key] = make()
+    return store[key]
+
+
+def device_offsets(cu_seqlens: torch.Tensor, offsets: tuple[int, ...] | list[int], device: torch.device
+                   ) -> torch.Tensor:
+    """The offsets as an int64 tensor on ``device``: ``cu_seqlens`` itself where it is there, else a copy of the
+    offsets read on the host, through pinned memory without blocking (a plain host-to-device copy waits for the
+    GPU's queued work: a synchronisation per layer)."""
+    def make() -> torch.Tensor:
+        if cu_seqlens.device == device:
+            return cu_seqlens.to(torch.int64)
+        host = torch.tensor(list(offsets), dtype=torch.int64)
+        if device.type == "cuda":
+            return host.pin_memory().to(device, non_blocking=True)
+        return host.to(device)
+
+    return kept(cu_seqlens, ("offsets", str(device)), make)
+
+
 def chunk_layout(packing: Packing, chunk_size: int, device: torch.device) -> ChunkLayout:
-    """The chunk-aligned layout of ``packing``. The index is built on ``device`` from the offsets tensor; only the
-    padded length comes from the offsets already read on the host. Kept on the offsets tensor per chunk size and
-    device, so the layers of a model that share one ``cu_seqlens`` build it once."""
-    cu = packing.cu_seqlens
-    cu_version = cu._version
-    key = (chunk_size, str(device), cu_version)
-    memo = cu.__dict__.setdefault("_linattn_layouts", {})
-    if key in memo:
-        return memo[key]
-    offsets, C = packing.offsets, chunk_size
-    N, T = packing.N, offsets[-1]
-    chunks = sum(-(-(e - s) // C) for s, e in zip(offsets[:-1], offsets[1:], strict=True))
-    cu = cu.to(device=device, dtype=torch.int64)
-    lengths = cu[1:] - cu[:-1]
-    cu_chunks = torch.nn.functional.pad(torch.cumsum((lengths + C - 1) // C, 0), (1, 0))
-    seq = torch.repeat_interleave(torch.arange(N, device=device), lengths, output_size=T)
-    index = torch.arange(T, device=device) + (cu_chunks[:-1] * C - cu[:-1])[seq]
-    layout = ChunkLayout(index=index, cu_chunks=cu_chunks.to(torch.int32), padded=chunks * C, chunk_size=C)
-    for stale in [k for k in memo if k[2] != cu_version]:
-        del memo[stale]
-    memo[key] = layout
-    return layout
+    """The chunk-aligned layout of ``packing``. The index is built on ``device`` from the offsets; only the padded
+    length comes from the offsets already read on the host. Kept on the offsets tensor per chunk size and device
+    (:func:`kept`)."""
+    def make() -> ChunkLayout:
+        offsets, C = packing.offsets, chunk_size
+        N, T = packing.N, offsets[-1]
+        chunks = sum(-(-(e - s) // C) for s, e in zip(offsets[:-1], offsets[1:], strict=True))
+        cu = device_offsets(packing.cu_seqlens, offsets, device)
+        lengths = cu[1:] - cu[:-1]
+        cu_chunks = torch.nn.functional.pad(torch.cumsum((lengths + C - 1) // C, 0), (1, 0))
+        seq = torch.repeat_interleave(torch.arange(N, device=device), lengths, output_size=T)
+        index = torch.arange(T, device=device) + (cu_chunks[:-1] * C - cu[:-1])[seq]
+        return ChunkLayout(index=index, cu_chunks=cu_chunks.to(torch.int32), padded=chunks * C, chunk_size=C)
+
+    return kept(packing.cu_seqlens, ("chunk_layout", chunk_size, str(device)), make)

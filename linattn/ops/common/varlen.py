@@ -31,7 +31,7 @@ import torch
 
 from .checks import check_float_tensor
 from .kv_cache import KVCache
-from .packed_call import Packing, packed_call
+from .packed_call import Packing, device_offsets, kept, packed_call
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -69,12 +69,19 @@ def check_cu_seqlens(cu_seqlens: object, T: int, device: torch.device) -> list[i
     return offsets
 
 
-def sequence_positions(offsets: list[int], device: torch.device) -> torch.Tensor:
+def sequence_positions(offsets: list[int], device: torch.device, cu_seqlens: torch.Tensor | None = None
+                       ) -> torch.Tensor:
     """Each token's position inside its own sequence, [1, T] int64 (0 at every offset): positions restart per
-    packed sequence (RoPE, position-dependent gates)."""
-    starts = torch.tensor(offsets[:-1], device=device)
-    lengths = torch.tensor([e - s for s, e in zip(offsets[:-1], offsets[1:], strict=True)], device=device)
-    return (torch.arange(offsets[-1], device=device) - starts.repeat_interleave(lengths))[None]
+    packed sequence (RoPE, position-dependent gates). Given the offsets tensor ``cu_seqlens`` they are built once
+    per tensor and device (the layers of a model share them) with no host synchronisation."""
+    def make() -> torch.Tensor:
+        cu = torch.tensor(offsets, device=device) if cu_seqlens is None else device_offsets(cu_seqlens, offsets,
+                                                                                                 device)
+        lengths = cu[1:] - cu[:-1]
+        starts = torch.repeat_interleave(cu[:-1], lengths, output_size=offsets[-1])
+        return (torch.arange(offsets[-1], device=device) - starts)[None]
+
+    return make() if cu_seqlens is None else kept(cu_seqlens, ("positions", str(device)), make)
 
 
 def mask_to_cu_seqlens(attention_mask: object, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
