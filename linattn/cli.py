@@ -229,6 +229,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-tokens", type=int, help="generated tokens timed per row (cuda default 64)")
     p.add_argument("--decode-path", default="eager", help="how tokens are generated (eager: a cached "
                    "model(next_ids, cache) call per token; static: StaticDecoder, a CUDA graph replay per token)")
+    p.add_argument("--packed", action="store_true", help="also train each mixer and shape BxT on packed "
+                   "documents: B*T tokens per step as one row with cu_seqlens, lengths drawn from --doc-lengths, "
+                   "a new packing every step; its row shows tokens/s beside the fixed-length row and the ratio")
+    p.add_argument("--doc-lengths", help="MIN,MAX: packed document lengths, drawn uniformly (seeded; default "
+                   "64,4096)")
     p.add_argument("--no-train", action="store_true", help="decoding rows only")
     p.add_argument("--no-decode", action="store_true", help="training rows only")
     p.add_argument("--seed", type=int, default=0)

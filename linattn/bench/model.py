@@ -17,6 +17,11 @@ training, ``memory_ratio`` = peak memory over softmax_attn's (below 1: less). An
 (out of memory, a compiler failure, a mixer's bug) is recorded in that row's ``error`` and the run goes
 on. ``--profile`` adds, per training row, the top kernels of one profiled step and how much of the
 step's wall time the GPU spent in kernels.
+
+``--packed`` adds, after each fixed-length training row, a row of the same mixer, shape and mode that trains on
+packed documents: B * T tokens per step as one row [1, B * T] with ``cu_seqlens``, the documents' lengths drawn
+uniformly from ``--doc-lengths`` (64 to 4096 tokens by default; seeded; the last document of a step is cut to
+fill it exactly), a new packing every step. Its ``packed_ratio`` is its tokens/s over the fixed-length row's.
 """
 
 from __future__ import annotations
@@ -81,6 +86,8 @@ class ModelBenchPlan:
     decode_tokens: int
     decode_path: str
     seed: int = 0
+    packed: bool = False
+    doc_lengths: tuple[int, int] = (64, 4096)
 
     def model_config(self, mixer: str) -> ModelConfig:
         """The model config of ``mixer`` at this plan's size (ValueError on a bad size or layer argument)."""
@@ -93,13 +100,13 @@ class ModelBenchPlan:
                 "n_layers": self.n_layers, "n_heads": self.n_heads, "vocab_size": self.vocab_size,
                 "mixer_kwargs": self.mixer_kwargs, "steps": self.steps, "warmup": self.warmup,
                 "compile_backend": self.compile_backend, "compile_scope": self.compile_scope,
-                "decode_tokens": self.decode_tokens, "seed": self.seed}
+                "decode_tokens": self.decode_tokens, "seed": self.seed, "doc_lengths": list(self.doc_lengths)}
 
     def lists(self) -> dict:
         """What is measured: mixers, shapes, modes, decoding batches and contexts."""
         return {"mixers": self.mixers, "shapes": [f"{b}x{t}" for b, t in self.shapes], "modes": self.modes,
                 "decode_batch": self.decode_batches, "decode_context": self.decode_contexts,
-                "decode_path": self.decode_path, "profile": self.profile}
+                "decode_path": self.decode_path, "profile": self.profile, "packed": self.packed}
 
 
 @dataclass
@@ -111,6 +118,8 @@ class TrainRow:
     seq_len: int
     mode: str
     kind: str = "train"
+    layout: str = "fixed"  # "packed": documents packed along one row with cu_seqlens (``--packed``)
+    documents: float | None = None  # packed: documents per step (mean over the timed steps' packings)
     tokens_per_s: float | None = None
     ms_per_step: float | None = None
     peak_gib: float | None = None
@@ -119,6 +128,7 @@ class TrainRow:
     params_m: float | None = None
     speed_ratio: float | None = None
     memory_ratio: float | None = None
+    packed_ratio: float | None = None  # packed rows: tokens/s over the fixed-length row's (same mixer, shape, mode)
     error: str | None = None
     profile: dict | None = None
 
@@ -162,6 +172,16 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
     return shapes
 
 
+def parse_doc_lengths(text: str | None) -> tuple[int, int]:
+    """``"64,4096"`` -> (64, 4096): the shortest and longest packed document (None: those)."""
+    if text is None:
+        return (64, 4096)
+    values = parse_ints(text, "--doc-lengths")
+    if len(values) != 2 or values[0] > values[1]:
+        raise ValueError(f"--doc-lengths must be two lengths MIN,MAX with MIN <= MAX (e.g. 64,4096), got {text!r}")
+    return values[0], values[1]
+
+
 def _mixer_list(text: str) -> list[str]:
     names = [REFERENCE] + [m.strip() for m in text.split(",") if m.strip()]
     unknown = [m for m in names if m not in list_mixers()]
@@ -194,7 +214,8 @@ def plan_from_args(args: argparse.Namespace) -> ModelBenchPlan:
         compile_scope=args.compile_scope, profile=args.profile,
         decode_batches=[] if args.no_decode else parse_ints(pick("decode_batch"), "--decode-batch"),
         decode_contexts=parse_ints(pick("decode_context"), "--decode-context"),
-        decode_tokens=pick("decode_tokens"), decode_path=args.decode_path, seed=args.seed)
+        decode_tokens=pick("decode_tokens"), decode_path=args.decode_path, seed=args.seed,
+        packed=bool(getattr(args, "packed", False)), doc_lengths=parse_doc_lengths(getattr(args, "doc_lengths", None)))
     if plan.decode_path not in DECODE_PATHS:
         raise ValueError(f"--decode-path: choose from {', '.join(DECODE_PATHS)}, got {plan.decode_path!r}")
     if plan.steps < 1 or plan.warmup < 0 or plan.decode_tokens < 1:
@@ -236,6 +257,43 @@ def make_train_step(model: Callable, optimizer: torch.optim.Optimizer, ids: torc
         with autocast(device, dtype):
             logits, _ = model(inputs, use_cache=False)  # no decoding cache: training keeps none
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def packed_documents(tokens: int, low: int, high: int, gen: torch.Generator) -> list[int]:
+    """Offsets [0, L1, L1 + L2, ..., tokens] of documents with lengths drawn uniformly from [low, high] (the last
+    one cut so that the documents fill ``tokens`` exactly)."""
+    offsets = [0]
+    while offsets[-1] < tokens:
+        length = int(torch.randint(low, high + 1, (1,), generator=gen))
+        offsets.append(min(offsets[-1] + length, tokens))
+    return offsets
+
+
+def make_packed_train_step(model: Callable, optimizer: torch.optim.Optimizer, ids: torch.Tensor,
+                           packings: list[torch.Tensor], device: torch.device, dtype: torch.dtype
+                           ) -> Callable[[], None]:
+    """One training step on packed documents: ``ids`` [1, tokens + 1], ``packings`` a list of offsets tensors
+    (cu_seqlens), one per step in turn. The forward sees the first ``tokens`` tokens with that
+    step's offsets; the last token of each document predicts nothing (its target is ignored)."""
+    inputs, targets = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+    masked = []
+    for cu in packings:
+        t = targets.clone()
+        t[0, cu[1:].long().to(t.device) - 1] = -100  # the next token belongs to the next document
+        masked.append(t)
+    turn = [0]
+
+    def step() -> None:
+        i = turn[0] % len(packings)
+        turn[0] += 1
+        with autocast(device, dtype):
+            logits, _ = model(inputs, use_cache=False, cu_seqlens=packings[i])
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), masked[i].flatten(), ignore_index=-100)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -320,10 +378,19 @@ def _train_once(plan: ModelBenchPlan, row: TrainRow) -> None:
     row.params_m = sum(p.numel() for p in model.parameters()) / 1e6
     optimizer = make_optimizer(model, plan.device)
     gen = torch.Generator().manual_seed(plan.seed)
-    ids = torch.randint(0, plan.vocab_size, (row.batch, row.seq_len + 1), generator=gen).to(plan.device)
     compiled = row.mode == "compiled"
     net = compile_model(model, plan.compile_backend, plan.compile_scope) if compiled else model
-    step = make_train_step(net, optimizer, ids, plan.device, plan.dtype)
+    if row.layout == "packed":  # the same tokens per step, as documents along one row; a new packing each step
+        tokens = row.batch * row.seq_len
+        ids = torch.randint(0, plan.vocab_size, (1, tokens + 1), generator=gen).to(plan.device)
+        offsets = [packed_documents(tokens, *plan.doc_lengths, gen) for _ in range(plan.warmup + plan.steps + 1)]
+        row.documents = sum(len(o) - 1 for o in offsets) / len(offsets)
+        # the offsets stay on the CPU, as the Trainer keeps them (the model reads them with no device sync)
+        packings = [torch.tensor(o, dtype=torch.int32) for o in offsets]
+        step = make_packed_train_step(net, optimizer, ids, packings, plan.device, plan.dtype)
+    else:
+        ids = torch.randint(0, plan.vocab_size, (row.batch, row.seq_len + 1), generator=gen).to(plan.device)
+        step = make_train_step(net, optimizer, ids, plan.device, plan.dtype)
     if compiled:  # compile time apart, and out of the timing
         row.compile_s, row.graph_breaks = first_compiled_step(step, plan.device)
     row.ms_per_step, row.peak_gib = time_steps(step, plan)
@@ -353,9 +420,11 @@ def free_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def measure_training(plan: ModelBenchPlan, mixer: str, batch: int, seq_len: int, mode: str) -> TrainRow:
-    """One training row; an exception is recorded in it. Memory is freed before returning."""
-    row = TrainRow(mixer, batch, seq_len, mode)
+def measure_training(plan: ModelBenchPlan, mixer: str, batch: int, seq_len: int, mode: str, layout: str = "fixed"
+                     ) -> TrainRow:
+    """One training row (``layout`` "fixed" or "packed"); an exception is recorded in it. Memory is freed before
+    returning."""
+    row = TrainRow(mixer, batch, seq_len, mode, layout=layout)
     with recorded_errors(row):
         _train_once(plan, row)
     if mode == "compiled":
@@ -411,7 +480,9 @@ def measure_decoding(plan: ModelBenchPlan, rows: list[DecodeRow]) -> Iterator[De
 def row_key(row: dict) -> tuple:
     """What identifies a row across runs (for --resume and to find its reference row)."""
     if row["kind"] == "train":
-        return ("train", row["mixer"], row["batch"], row["seq_len"], row["mode"])
+        layout = row.get("layout", "fixed")
+        return ("train", row["mixer"], row["batch"], row["seq_len"], row["mode"]) + (() if layout == "fixed" else
+                                                                                      (layout,))
     return ("decode", row["mixer"], row["batch"], row["context"], row["path"])
 
 
@@ -428,20 +499,29 @@ def attach_ratios(row: dict, rows: list[dict]) -> dict:
         row["speed_ratio"] = _ratio(row["tokens_per_s"], ref["tokens_per_s"])
         if row["kind"] == "train":
             row["memory_ratio"] = _ratio(row["peak_gib"], ref["peak_gib"])
+    if row["kind"] == "train" and row.get("layout", "fixed") == "packed":
+        fixed_key = row_key({**row, "layout": "fixed"})
+        fixed = [r for r in rows if row_key(r) == fixed_key and r.get("run", 0) == row.get("run", 0)]
+        if fixed:
+            row["packed_ratio"] = _ratio(row["tokens_per_s"], fixed[-1]["tokens_per_s"])
     return row
 
 
-def training_todo(plan: ModelBenchPlan, skip: Container[tuple] = ()) -> list[tuple[str, int, int, str]]:
-    """(mixer, batch, seq_len, mode) of the training rows to measure, in order: per shape and mode the
+def training_todo(plan: ModelBenchPlan, skip: Container[tuple] = ()) -> list[tuple[str, int, int, str, str]]:
+    """(mixer, batch, seq_len, mode, layout) of the training rows to measure, in order: per shape and mode the
     reference first, measured again whenever another mixer's row is (ratios are taken within one process);
+    with ``plan.packed`` each mixer's packed row right after its fixed-length one (measured again with it);
     rows whose :func:`row_key` is in ``skip`` are left out."""
     todo = []
     for batch, seq_len in plan.shapes:
         for mode in plan.modes:
-            group = [m for m in plan.mixers if ("train", m, batch, seq_len, mode) not in skip]
+            layouts = ["fixed", "packed"] if plan.packed else ["fixed"]
+            keys = {(m, lay): row_key({"kind": "train", "mixer": m, "batch": batch, "seq_len": seq_len, "mode": mode,
+                                       "layout": lay}) for m in plan.mixers for lay in layouts}
+            group = [m for m in plan.mixers if any(keys[m, lay] not in skip for lay in layouts)]
             if group and group[0] != REFERENCE:
                 group.insert(0, REFERENCE)
-            todo += [(m, batch, seq_len, mode) for m in group]
+            todo += [(m, batch, seq_len, mode, lay) for m in group for lay in layouts]
     return todo
 
 
@@ -474,9 +554,9 @@ def run_model_bench(plan: ModelBenchPlan, done: list[dict] | None = None, run: i
         if on_row is not None:
             on_row(rows)
 
-    for mixer, batch, seq_len, mode in training_todo(plan, skip):
-        start(f"train {mixer} {batch}x{seq_len} {mode}")
-        add(measure_training(plan, mixer, batch, seq_len, mode))
+    for mixer, batch, seq_len, mode, layout in training_todo(plan, skip):
+        start(f"train {mixer} {batch}x{seq_len} {mode}" + (" packed" if layout == "packed" else ""))
+        add(measure_training(plan, mixer, batch, seq_len, mode, layout))
     for mixer, todo in decoding_todo(plan, skip).items():
         start(f"decode {mixer} ({plan.decode_path})")
         for row in measure_decoding(plan, todo):
@@ -494,6 +574,8 @@ def _note(row: dict) -> str:
 
 
 def _shape(r: dict) -> str:
+    if r.get("layout", "fixed") == "packed":
+        return f"1x{r['batch'] * r['seq_len']} packed"
     return f"{r['batch']}x{r['seq_len']}"
 
 
@@ -510,6 +592,7 @@ TRAIN_COLUMNS: list[Column] = [
     (f"x {REFERENCE}", True, lambda r: _cell(r["speed_ratio"])),
     ("ms/step", True, lambda r: _cell(r["ms_per_step"], ".1f")), ("peak GiB", True, lambda r: _cell(r["peak_gib"])),
     (f"memory x {REFERENCE}", True, lambda r: _cell(r["memory_ratio"])),
+    ("x fixed", True, lambda r: _cell(r.get("packed_ratio"))),
     ("compile s", True, lambda r: _cell(r["compile_s"], ".1f")),
     ("graph breaks", True, lambda r: _cell(r["graph_breaks"], "d")), ("error", False, _note)]
 DECODE_COLUMNS: list[Column] = [
@@ -548,7 +631,9 @@ def format_tables(rows: list[dict]) -> dict[str, str]:
 
 def _progress_line(row: dict) -> str:
     if row["kind"] == "train":
-        what, extra = f"{row['batch']}x{row['seq_len']} {row['mode']}", f"peak {_cell(row['peak_gib'])} GiB"
+        what, extra = f"{_shape(row)} {row['mode']}", f"peak {_cell(row['peak_gib'])} GiB"
+        if row.get("packed_ratio") is not None:
+            extra += f", x{row['packed_ratio']:.2f} the fixed-length row"
     else:
         what, extra = f"B={row['batch']} context={row['context']}", f"{_cell(row['ms_per_token'], '.3f')} ms/token"
     if row["error"]:

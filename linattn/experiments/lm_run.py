@@ -7,7 +7,7 @@ checks of :func:`linattn.train.build.check_run_config` apply unchanged)::
     kind:  lm
     task:  {name: text, root: null, include: null, exclude: null, val_fraction: 0.05, test_fraction: 0.05,
             tokenizer: bytes, vocab_size: null, seq_len: 128, eval_windows: 64, test_windows: 256,
-            cache_dir: null}
+            cache_dir: null, pack_documents: false}
     model: {mixer: gated_delta_rule, d_model: 64, n_layers: 2, n_heads: 2}   # vocab_size from the tokenizer
     train: {max_steps: 300, batch_size: 16, lr: 0.003, target_metric: loss}
     seed: 0
@@ -17,7 +17,10 @@ checks of :func:`linattn.train.build.check_run_config` apply unchanged)::
 ``bytes`` or ``bpe`` (``vocab_size`` ids, trained on the train split). The token shards are built once into
 ``cache_dir`` (null: ``<study folder>/data``, or ``<out>/data`` for a lone run) and shared by every run
 that asks for the same corpus and tokenizer. Training windows of ``seq_len`` tokens are drawn at random
-from the packed train split; validation is ``eval_windows`` fixed windows of the validation split (the
+from the packed train split (they cross document boundaries); with ``pack_documents: true`` each step instead
+trains on whole documents, ``train.batch_size * seq_len`` tokens packed along one row with ``cu_seqlens``, the
+model's state restarting at every document (:mod:`linattn.data.packed`; a document longer than what is left
+of a step continues in the next one). Validation is ``eval_windows`` fixed windows of the validation split (the
 Trainer's eval, every ``train.eval_every`` steps), test ``test_windows`` windows of the test split once at
 the end. ``result.json`` holds ``val_bpb``, ``test_bpb``, ``unigram_bpb`` (the entropy baseline of the train
 split) and ``val_bpb_per_nat`` (a logged eval loss times it is the validation bits per byte).
@@ -32,6 +35,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from linattn.data.packed import PackedDocuments
 from linattn.data.text import build_shards, eval_windows, make_corpus, unigram_entropy_bpb
 from linattn.data.text.score import mean_loss_to_bpb
 from linattn.data.text.tokenizer import TOKENIZERS
@@ -45,7 +49,7 @@ from linattn.validation import check_choice, check_float, check_int, check_str
 KIND = "lm"
 TASK_DEFAULTS = {"name": "text", "root": None, "include": None, "exclude": None, "val_fraction": 0.05,
                  "test_fraction": 0.05, "tokenizer": "bytes", "vocab_size": None, "seq_len": 128,
-                 "eval_windows": 64, "test_windows": 256, "cache_dir": None}
+                 "eval_windows": 64, "test_windows": 256, "cache_dir": None, "pack_documents": False}
 
 
 def check_lm_config(config: dict) -> dict:
@@ -75,6 +79,8 @@ def check_lm_config(config: dict) -> dict:
         check_float(f"task.{key}", t[key], 0, 1, low_open=True, high_open=True)
     for key in ("seq_len", "eval_windows", "test_windows"):
         check_int(f"task.{key}", t[key], 1)
+    if not isinstance(t["pack_documents"], bool):
+        raise bad_value("task.pack_documents", t["pack_documents"], "true or false")
     return cfg
 
 
@@ -118,7 +124,11 @@ def train_lm_from_config(config: dict, out_dir: str | Path | None = None, device
         raise ConfigError(f"{model_cfg.vocab_size} < the tokenizer's {shards.vocab_size} ids", field="model.vocab_size")
     torch.manual_seed(cfg["seed"])
     model = CausalLM(model_cfg)
-    stream = TokenWindows(shards.tokens("train"), t["seq_len"], train_cfg.batch_size, cfg["seed"])
+    if t["pack_documents"]:
+        stream = PackedDocuments(shards.tokens("train"), shards.offsets("train"), t["seq_len"], train_cfg.batch_size,
+                                 cfg["seed"])
+    else:
+        stream = TokenWindows(shards.tokens("train"), t["seq_len"], train_cfg.batch_size, cfg["seed"])
     trainer = Trainer(model, stream, train_cfg, eval_data=(val.inputs, val.targets), out_dir=out, run_config=cfg,
                       override_config=override_config)
     res = trainer.fit(deadline=deadline)

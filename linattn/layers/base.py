@@ -322,4 +322,4 @@ def packed_positions(x: torch.Tensor, cache: object, cu_seqlens: object) -> torc
         raise ValueError("cache must be None with cu_seqlens: a packed call starts every sequence from zero "
                          f"states, got {type(cache).__name__}")
     check_packed_batch("x", x)
-    return sequence_positions(check_cu_seqlens(cu_seqlens, x.shape[1], x.device), x.device)
+    return sequence_positions(check_cu_seqlens(cu_seqlens, x.shape[1], x.device), x.device, cu_seqlens)

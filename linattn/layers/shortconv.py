@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from linattn import switches
+from linattn.ops.common.packed_call import device_offsets, kept
 from linattn.ops.common.triton_compat import triton_importable
 from linattn.ops.common.varlen import check_cu_seqlens, check_packed_batch
 
@@ -147,11 +148,35 @@ class ShortConv(nn.Module):
         if cache is not None and tuple(cache.shape) != (N, W - 1, self.dim):
             raise ValueError(f"cache with cu_seqlens must have shape [N, W-1, D] = [{N}, {W - 1}, {self.dim}] "
                              f"(one row per sequence), got {list(cache.shape)}")
-        if self._resolved_backend(x) == "muladd":
+        backend = self._resolved_backend(x)
+        if backend == "muladd":
             return self._packed_muladd(x, cache, offsets)
-        pieces = [self.forward(x[:, s:e], None if cache is None else cache[i:i + 1])
-                  for i, (s, e) in enumerate(zip(offsets[:-1], offsets[1:], strict=True))]
-        return torch.cat([y for y, _ in pieces], dim=1), torch.cat([c for _, c in pieces], dim=0)
+        return self._packed_gapped(x, cache, offsets, backend, cu_seqlens)
+
+    def _packed_gapped(self, x: torch.Tensor, cache: torch.Tensor | None, offsets: list[int], backend: str,
+                       cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One call of the conv1d or Triton backend over all packed sequences: each sequence is laid out after a
+        gap of W-1 positions holding its cache row (zeros without a cache), so no tap reads the previous sequence;
+        the outputs are read back at the tokens (index_select: gradients flow to x and the cache)."""
+        N, W, T, D = len(offsets) - 1, self.kernel_size, x.shape[1], self.dim
+        dev = x.device
+
+        def indices() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            cu = device_offsets(cu_seqlens, offsets, dev)
+            starts, lengths = cu[:-1], cu[1:] - cu[:-1]
+            seq = torch.repeat_interleave(torch.arange(N, device=dev), lengths, output_size=T)
+            pos = torch.arange(T, device=dev) + (seq + 1) * (W - 1)  # token t of sequence n, after n + 1 gaps
+            gap = (starts + torch.arange(N, device=dev) * (W - 1))[:, None] + torch.arange(W - 1, device=dev)[None]
+            # each sequence's last W-1 positions (reaching into its gap when it is shorter than W-1)
+            last = (gap[:, -1:] + 1 + lengths[:, None]) - (W - 1) + torch.arange(W - 1, device=dev)[None]
+            return pos, gap.flatten(), last.flatten()
+
+        pos, gap, last = kept(cu_seqlens, ("shortconv_gaps", W, str(dev)), indices)
+        xp = x.new_zeros(1, T + N * (W - 1), D).index_copy(1, pos, x)
+        if cache is not None:
+            xp = xp.index_copy(1, gap, cache.to(x.dtype).reshape(1, N * (W - 1), D))
+        y, _ = self._forward_backend(xp, None, backend)
+        return y.index_select(1, pos), xp[0].index_select(0, last).view(N, W - 1, D)
 
     def _packed_muladd(self, x: torch.Tensor, cache: torch.Tensor | None, offsets: list[int]
                        ) -> tuple[torch.Tensor, torch.Tensor]:

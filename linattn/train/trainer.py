@@ -2,7 +2,9 @@
 
 Data: ``train_data.batch(index, rank, world) -> (inputs, targets)`` returns this rank's share of global
 batch ``index`` (:class:`linattn.data.TaskStream` does), so the data position is the step counter and a
-resumed or data-parallel run sees exactly the batches of an uninterrupted single-process run. Loss:
+resumed or data-parallel run sees exactly the batches of an uninterrupted single-process run. Inputs may be
+:class:`linattn.data.packed.PackedInputs` (documents packed along one row): the model is then called with their
+``cu_seqlens``. Loss:
 mean token cross-entropy over the labelled positions of the global batch (targets != -100).
 
 Several processes (torchrun): DDP or FSDP2 (``TrainConfig.parallel``). Checkpoints hold the full model and
@@ -25,6 +27,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from linattn.data.packed import PackedInputs
 from linattn.errors import UserError
 from linattn.ops.common.values import value_checks
 from linattn.train.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
@@ -197,7 +200,11 @@ class Trainer:
         self.ddp.train()
         # range checks of CUDA inputs (host synchronisations) run on the first step of a fit only
         with value_checks(self._check_values), self._autocast():
-            ce, count, _ = token_stats(logits_of(self.ddp(x)), y)
+            if isinstance(x, PackedInputs):  # documents packed along one row: the model restarts at each offset
+                out = self.ddp(x.input_ids, cu_seqlens=x.cu_seqlens)
+            else:
+                out = self.ddp(x)
+            ce, count, _ = token_stats(logits_of(out), y)
         self._check_values = "auto"
         totals = all_reduce_sum(torch.stack([ce.detach(), count.to(ce.dtype)]), self.dist)
         total_count = totals[1].clamp_min(1.0)
@@ -353,9 +360,12 @@ class Trainer:
         return status
 
 
-def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+def to_device(x: torch.Tensor | PackedInputs, device: torch.device) -> torch.Tensor | PackedInputs:
     """``x`` on ``device``; a CPU tensor goes to CUDA through pinned memory without blocking, so the
-    copy does not wait for the GPU work queued before it."""
+    copy does not wait for the GPU work queued before it (packed inputs: their ids; the offsets stay on the CPU,
+    where the model reads them without a device synchronisation)."""
+    if isinstance(x, PackedInputs):
+        return PackedInputs(to_device(x.input_ids, device), x.cu_seqlens)
     if device.type == "cuda" and x.device.type == "cpu":
         return (x if x.is_pinned() else x.pin_memory()).to(device, non_blocking=True)
     return x.to(device)

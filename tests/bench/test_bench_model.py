@@ -117,3 +117,33 @@ def test_decode_paths_plug_in(monkeypatch):
     assert bench_model.time_decoding(None, 2, 16, 4, path="fake") == 0.5 and calls == [(2, 16, 4)]
     with pytest.raises(ValueError, match="unknown decode path 'warp'; available: eager"):
         bench_model.time_decoding(None, 1, 8, 2, path="warp")
+
+
+def test_packed_rows_beside_the_fixed_ones(tmp_path, capsys):
+    """--packed: per mixer a row on packed documents (B*T tokens as one row with cu_seqlens) right after its
+    fixed-length row, with its ratio to it; the packings hold exactly B*T tokens."""
+    data = run(tmp_path, "--mixers", "gated_delta_rule", "--packed", "--doc-lengths", "5,24", "--no-decode")
+    rows = [r for r in data["rows"] if r["kind"] == "train"]
+    assert [(r["mixer"], r["layout"]) for r in rows] == [("softmax_attn", "fixed"), ("softmax_attn", "packed"),
+                                                         ("gated_delta_rule", "fixed"), ("gated_delta_rule", "packed")]
+    for fixed, packed in (rows[:2], rows[2:]):
+        assert packed["error"] is None and packed["tokens_per_s"] > 0 and packed["documents"] >= 64 / 24
+        assert packed["packed_ratio"] == pytest.approx(packed["tokens_per_s"] / fixed["tokens_per_s"])
+        assert fixed["packed_ratio"] is None
+    assert data["header"]["settings"]["doc_lengths"] == [5, 24] and data["header"]["measured"]["packed"]
+    assert "| gated_delta_rule | 1x64 packed | eager |" in capsys.readouterr().out
+
+
+def test_packed_documents_fill_the_step_exactly():
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        offsets = bench_model.packed_documents(4096, 64, 4096, gen)
+        lengths = [b - a for a, b in zip(offsets[:-1], offsets[1:])]
+        assert offsets[0] == 0 and offsets[-1] == 4096 and all(0 < n <= 4096 for n in lengths)
+        assert all(n >= 64 for n in lengths[:-1])
+
+
+@pytest.mark.parametrize("argv", [["--doc-lengths", "64"], ["--doc-lengths", "100,50"], ["--doc-lengths", "0,5"]])
+def test_bad_doc_lengths_exit_2(argv, capsys):
+    assert main(["bench", "model", *TINY, "--packed", *argv]) == 2
+    assert "--doc-lengths" in capsys.readouterr().err

@@ -41,6 +41,7 @@ def _config(root: Path, cache: Path, **task) -> dict:
     ({"seq_len": 0}, "task.seq_len"),
     ({"include": "*.txt"}, "task.include"),
     ({"colour": 1}, "unknown lm task key"),
+    ({"pack_documents": "yes"}, "task.pack_documents"),
 ])
 def test_bad_lm_configs(change, match, tmp_path):
     cfg = _config(tmp_path, tmp_path)
@@ -82,6 +83,26 @@ def test_one_run_scores_bits_per_byte(tmp_path):
     assert len([p for p in (tmp_path / "cache").iterdir() if p.is_dir()]) == 1
     again = train_run(_config(root, tmp_path / "cache"), tmp_path / "run")
     assert again.metrics["test_bpb"] == pytest.approx(m["test_bpb"])
+
+
+def test_a_run_on_packed_documents(tmp_path, monkeypatch):
+    """task.pack_documents: the trainer's batches are whole documents packed with cu_seqlens, batch_size * seq_len
+    tokens each, and the model sees the offsets."""
+    from linattn.models import CausalLM
+
+    seen = []
+    forward = CausalLM.forward
+
+    def spy(self, input_ids, *args, **kwargs):
+        if self.training:
+            seen.append((tuple(input_ids.shape), kwargs.get("cu_seqlens")))
+        return forward(self, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(CausalLM, "forward", spy)
+    root = write_corpus(tmp_path / "corpus")
+    result = train_run(_config(root, tmp_path / "cache", pack_documents=True), tmp_path / "run")
+    assert result.status == "completed" and result.step == 4 and math.isfinite(result.metrics["test_bpb"])
+    assert len(seen) == 4 and all(shape == (1, 4 * 16) and cu is not None and int(cu[-1]) == 64 for shape, cu in seen)
 
 
 def test_tiny_study_end_to_end(tmp_path):

@@ -75,3 +75,28 @@ def test_bad_packed_calls_are_named() -> None:
     assert isinstance(cache, LayerCache)
     with pytest.raises(ValueError, match=r"cache must be None with cu_seqlens"):
         layer(torch.randn(1, 27, D), cache, cu_seqlens=CU)
+
+
+TRITON_NATIVE = ["gated_delta_rule", "gla", "mamba2", "comba"]
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("conv", ["conv1d", "triton"])
+@pytest.mark.parametrize("name", TRITON_NATIVE)
+def test_packed_layer_on_the_triton_kernels_equals_separate(name: str, conv: str) -> None:
+    """The ops' Triton kernels run the packed sequences in one call (the chunk-aligned layout), the ShortConvs in
+    one conv1d or Triton call (a gap before every sequence): the outputs and gradients of separate calls."""
+    import linattn
+    from linattn.ops.common.triton_compat import triton_available
+
+    if not triton_available():
+        pytest.skip("triton not installed")
+    layer = _layer(name)
+    x = torch.randn(1, sum(LENGTHS), D, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    with linattn.settings(op_backend="triton", shortconv_backend=conv):
+        y, _ = layer(x, cu_seqlens=CU)
+        y_ref = torch.cat([layer(x[:, s:e], use_cache=False)[0]
+                           for s, e in zip(CU[:-1].tolist(), CU[1:].tolist(), strict=True)], dim=1)
+        torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+        w = torch.linspace(-1, 1, y.numel()).reshape(y.shape)
+        assert_same_gradients((y * w).sum(), (y_ref * w).sum(), [x, *layer.parameters()], rtol=1e-5, atol=1e-5)

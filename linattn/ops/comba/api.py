@@ -44,6 +44,7 @@ def _with_read_key(impl: Callable) -> Callable:
 
     run.__name__ = run.__qualname__ = impl.__name__.replace("gated_delta", "comba")
     run.__doc__ = f"comba through {impl.__name__} with read key p."
+    run.native_cu_seqlens = getattr(impl, "native_cu_seqlens", False)
     return run
 
 
@@ -61,7 +62,7 @@ SPEC = register_op(
 )
 
 
-@packable("q", "k", "v", "p", "g", "beta")
+@packable("q", "k", "v", "p", "g", "beta", native=SPEC.packs_natively)
 def comba(
     q: torch.Tensor,
     k: torch.Tensor,

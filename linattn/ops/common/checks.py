@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .packed_call import state_rows
+
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 CHUNK_SIZES = (16, 32, 64, 128)
 # the chunk backends build [C, C] tiles per batch and head (memory C^2, and padding short inputs up to C):
@@ -92,10 +94,11 @@ def check_vector_gate(name: str, g: object, d: Dims, T: int | None = None) -> to
 
 
 def check_initial_state(initial_state: object, d: Dims, V: int | None = None) -> torch.Tensor | None:
-    """``None`` or a state ``[B, H, K, V]``."""
+    """``None`` or a state ``[B, H, K, V]`` (``[N, H, K, V]`` in a natively packed call: one row per sequence)."""
     if initial_state is None:
         return None
-    return check_shape("initial_state", initial_state, (d.B, d.H, d.K, d.V if V is None else V), "[B, H, K, V]")
+    return check_shape("initial_state", initial_state, (state_rows(d.B), d.H, d.K, d.V if V is None else V),
+                       "[B, H, K, V]")
 
 
 def check_choice(name: str, value: object, choices: Iterable[object]) -> object:

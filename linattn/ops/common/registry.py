@@ -84,6 +84,19 @@ class OpSpec:
             )
         return self.implementations[backend]
 
+    def packs_natively(self, arguments: dict) -> bool:
+        """Whether a packed call with these arguments (by name) resolves to a backend that runs packed inputs itself
+        (its implementation has ``native_cu_seqlens = True``); False where the arguments cannot be resolved (the
+        op's own checks then name what is wrong)."""
+        q = arguments.get("q")
+        if not isinstance(q, torch.Tensor):
+            return False
+        try:
+            impl = self.resolve(arguments.get("backend", "auto"), q.device, arguments.get("chunk_size"))
+        except (TypeError, ValueError):
+            return False
+        return bool(getattr(impl, "native_cu_seqlens", False))
+
     def info(self) -> dict:
         """Plain-data description of the op (for ``linattn list`` and docs)."""
         return {

@@ -1,9 +1,10 @@
 """Turning a gated linear RNN's Triton forward and backward into a differentiable backend.
 
-simple_gla and gla share the calling convention ``forward(q, k, v, g, scale, initial_state, C, keep) ->
-(o, final_state, *saved)`` and ``backward(q, k, v, g, scale, initial_state, C, do, d_final_state, saved) ->
-(dq, dk, dv, dg, d_initial_state)``: with ``keep`` (a backward pass will follow) the forward may return up to two
-intermediate tensors (``saved``; e.g. gla's chunk states and intra-chunk scores) that the backward then reads
+simple_gla and gla share the calling convention ``forward(q, k, v, g, scale, initial_state, C, keep, cu_chunks)
+-> (o, final_state, *saved)`` and ``backward(q, k, v, g, scale, initial_state, C, do, d_final_state, saved,
+cu_chunks) -> (dq, dk, dv, dg, d_initial_state)`` (``cu_chunks``: packed sequences, see
+:func:`gated_rnn_backend`): with ``keep`` (a backward pass will follow) the forward may return up to two intermediate
+tensors (``saved``; e.g. gla's chunk states and intra-chunk scores) that the backward then reads
 instead of recomputing them; ``saved`` holds None where nothing was kept. :func:`gated_rnn_backend` registers the
 two as ``torch.library`` custom ops (so ``torch.compile`` graphs do not break on them), wires autograd, and
 returns the ``backend="triton"`` implementation with the op's keyword signature.
@@ -21,6 +22,7 @@ from collections.abc import Callable
 import torch
 
 from .checks import CHUNK_SIZES
+from .packed_call import chunk_layout, current_packing
 
 
 def eager_function(name: str, forward: Callable, setup_context: Callable, backward: Callable,
@@ -68,50 +70,55 @@ def gated_rnn_backend(name: str, forward: Callable, backward: Callable, saved_li
                       ) -> Callable:
     """Register ``linattn::<name>_fwd`` / ``_bwd`` and return the implementation
     ``impl(q, k, v, g, *, scale, initial_state=None, output_final_state=False, chunk_size=64)``.
-    ``saved_like(q, k, v, g, chunk_size)``: empty tensors shaped like what the forward keeps (for tracing)."""
+    ``saved_like(q, k, v, g, chunk_size)``: empty tensors shaped like what the forward keeps (for tracing).
+    ``forward`` and ``backward`` take a last argument ``cu_chunks``: None, or for packed sequences (the call runs
+    inside :func:`linattn.ops.common.packed_call.packed_call`) the first chunk of each sequence in the chunk-aligned
+    layout the implementation builds, [N + 1] int32 (states then [N, H, K, V])."""
 
     def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, initial_state: torch.Tensor | None,
-            scale: float, chunk_size: int, keep: bool = False
+            scale: float, chunk_size: int, keep: bool = False, cu_chunks: torch.Tensor | None = None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        o, ht, *saved = forward(q, k, v, g, scale, initial_state, chunk_size, keep)
+        o, ht, *saved = forward(q, k, v, g, scale, initial_state, chunk_size, keep, cu_chunks=cu_chunks)
         return o, ht, *_pad_saved(q, saved)
 
     def bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, initial_state: torch.Tensor | None,
             scale: float, chunk_size: int, do: torch.Tensor, dht: torch.Tensor | None,
-            saved0: torch.Tensor | None = None, saved1: torch.Tensor | None = None
+            saved0: torch.Tensor | None = None, saved1: torch.Tensor | None = None,
+            cu_chunks: torch.Tensor | None = None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         saved = tuple(None if x is None or x.numel() == 0 else x for x in (saved0, saved1))
-        return backward(q, k, v, g, scale, initial_state, chunk_size, do, dht, saved)
+        return backward(q, k, v, g, scale, initial_state, chunk_size, do, dht, saved, cu_chunks=cu_chunks)
 
     fwd_op = torch.library.custom_op(f"linattn::{name}_fwd", fwd, mutates_args=())
     bwd_op = torch.library.custom_op(f"linattn::{name}_bwd", bwd, mutates_args=())
 
-    def final_state_like(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def final_state_like(q: torch.Tensor, v: torch.Tensor, cu_chunks: torch.Tensor | None) -> torch.Tensor:
         B, T, H, K = q.shape
-        return q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32)
+        rows = B if cu_chunks is None else cu_chunks.shape[0] - 1
+        return q.new_empty(rows, H, K, v.shape[-1], dtype=torch.float32)
 
     @fwd_op.register_fake
-    def _(q, k, v, g, initial_state, scale, chunk_size, keep=False):
+    def _(q, k, v, g, initial_state, scale, chunk_size, keep=False, cu_chunks=None):
         saved = saved_like(q, k, v, g, chunk_size) if keep else ()
-        return torch.empty_like(v), final_state_like(q, v), *_pad_saved(q, saved)
+        return torch.empty_like(v), final_state_like(q, v, cu_chunks), *_pad_saved(q, saved)
 
     @bwd_op.register_fake
-    def _(q, k, v, g, initial_state, scale, chunk_size, do, dht, saved0=None, saved1=None):
+    def _(q, k, v, g, initial_state, scale, chunk_size, do, dht, saved0=None, saved1=None, cu_chunks=None):
         return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g),
-                final_state_like(q, v))
+                final_state_like(q, v, cu_chunks))
 
     def setup_context(ctx, inputs, output):
-        q, k, v, g, initial_state, scale, chunk_size, keep = inputs
-        ctx.save_for_backward(q, k, v, g, initial_state, output[2], output[3])
+        q, k, v, g, initial_state, scale, chunk_size, keep, cu_chunks = inputs
+        ctx.save_for_backward(q, k, v, g, initial_state, output[2], output[3], cu_chunks)
         ctx.scale, ctx.chunk_size = scale, chunk_size
 
     def backward_rule(ctx, do, dht, d_saved0, d_saved1):
-        q, k, v, g, initial_state, saved0, saved1 = ctx.saved_tensors
+        q, k, v, g, initial_state, saved0, saved1, cu_chunks = ctx.saved_tensors
         run_bwd = bwd if eager_backward(ctx) else bwd_op
         do = torch.zeros_like(v) if do is None else do.contiguous()
         dq, dk, dv, dg, dh0 = run_bwd(q, k, v, g, initial_state, ctx.scale, ctx.chunk_size, do,
-                                      None if dht is None else dht.contiguous(), saved0, saved1)
-        return dq, dk, dv, dg, (dh0 if initial_state is not None else None), None, None, None
+                                      None if dht is None else dht.contiguous(), saved0, saved1, cu_chunks)
+        return dq, dk, dv, dg, (dh0 if initial_state is not None else None), None, None, None, None
 
     fwd_op.register_autograd(backward_rule, setup_context=setup_context)
     eager = eager_function(f"{name}_function", fwd, setup_context, backward_rule, non_differentiable=(2, 3))
@@ -126,10 +133,18 @@ def gated_rnn_backend(name: str, forward: Callable, backward: Callable, saved_li
         s0 = None if initial_state is None else initial_state.float().contiguous()
         # the kernels read g in its own dtype (bf16 gates: half the bytes of float32) and compute in float32
         g = g.contiguous() if g.dtype in (torch.bfloat16, torch.float16, torch.float32) else g.float().contiguous()
+        packing, cu_chunks = current_packing(), None
+        if packing is not None:  # packed sequences: run in the chunk-aligned layout, outputs read back at the tokens
+            layout = chunk_layout(packing, chunk_size, q.device)
+            q, k, v, g = (layout.pack(x) for x in (q, k, v, g))
+            cu_chunks = layout.cu_chunks
         run = fwd_op if use_custom_op(q) else eager.apply
-        o, ht, _, _ = run(q, k, v, g, s0, float(scale), chunk_size, needs_backward(q, k, v, g, s0))
+        o, ht, _, _ = run(q, k, v, g, s0, float(scale), chunk_size, needs_backward(q, k, v, g, s0), cu_chunks)
+        if packing is not None:
+            o = layout.unpack(o)
         return o, (ht if output_final_state else None)
 
+    implementation.native_cu_seqlens = True  # packed sequences run in the chunk-aligned layout
     implementation.__name__ = implementation.__qualname__ = name
     implementation.__doc__ = (f"backend='triton' ({name}): Triton kernels forward and backward, inputs validated by "
                               "the public op; chunk_size 16, 32, 64 or 128.")

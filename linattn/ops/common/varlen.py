@@ -13,8 +13,10 @@ cache has its own length) is a list of N caches with batch 1.
 :func:`packable` adds ``cu_seqlens`` to an op. Its path here splits the packed inputs at the offsets,
 runs the op on each sequence (any backend, the same code as an unpacked call) and concatenates the
 outputs along time and the final states along dim 0; autograd flows through the slices and the
-concatenation. The offsets are read on the host (one synchronisation on CUDA), so a packed call
-does not trace under ``torch.compile(fullgraph=True)``.
+concatenation. Where the backend a call resolves to takes packed inputs itself (its implementation has
+``native_cu_seqlens = True``: the chunked Triton kernels of the delta and GLA families), the op instead runs once
+on the packed inputs (linattn/ops/common/packed_call.py). The offsets are read on the host (one synchronisation on
+CUDA per offsets tensor), so a packed call does not trace under ``torch.compile(fullgraph=True)``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch
 
 from .checks import check_float_tensor
 from .kv_cache import KVCache
+from .packed_call import Packing, device_offsets, kept, packed_call
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -46,7 +49,14 @@ def check_cu_seqlens(cu_seqlens: object, T: int, device: torch.device) -> list[i
     if cu_seqlens.device.type not in ("cpu", device.type) or (
             cu_seqlens.device.type == device.type and cu_seqlens.device != device):
         raise ValueError(f"cu_seqlens must be on the CPU or on q's device {device}, got {cu_seqlens.device}")
-    offsets = [int(x) for x in cu_seqlens.tolist()]
+    # the offsets are read once per offsets tensor (kept on it until it is modified in place): the embedding, every
+    # ShortConv and every op of a packed model call check the same tensor, and each read is a host sync on CUDA
+    seen = cu_seqlens.__dict__.get("_linattn_offsets")
+    if seen is not None and seen[0] == cu_seqlens._version:
+        offsets = list(seen[1])
+    else:
+        offsets = [int(x) for x in cu_seqlens.tolist()]
+        cu_seqlens.__dict__["_linattn_offsets"] = (cu_seqlens._version, tuple(offsets))
     if offsets[0] != 0:
         raise ValueError(f"cu_seqlens must start at 0, got {offsets[0]} (offsets {_short(offsets)})")
     if offsets[-1] != T:
@@ -59,12 +69,19 @@ def check_cu_seqlens(cu_seqlens: object, T: int, device: torch.device) -> list[i
     return offsets
 
 
-def sequence_positions(offsets: list[int], device: torch.device) -> torch.Tensor:
+def sequence_positions(offsets: list[int], device: torch.device, cu_seqlens: torch.Tensor | None = None
+                       ) -> torch.Tensor:
     """Each token's position inside its own sequence, [1, T] int64 (0 at every offset): positions restart per
-    packed sequence (RoPE, position-dependent gates)."""
-    starts = torch.tensor(offsets[:-1], device=device)
-    lengths = torch.tensor([e - s for s, e in zip(offsets[:-1], offsets[1:], strict=True)], device=device)
-    return (torch.arange(offsets[-1], device=device) - starts.repeat_interleave(lengths))[None]
+    packed sequence (RoPE, position-dependent gates). Given the offsets tensor ``cu_seqlens`` they are built once
+    per tensor and device (the layers of a model share them) with no host synchronisation."""
+    def make() -> torch.Tensor:
+        cu = torch.tensor(offsets, device=device) if cu_seqlens is None else device_offsets(cu_seqlens, offsets,
+                                                                                                 device)
+        lengths = cu[1:] - cu[:-1]
+        starts = torch.repeat_interleave(cu[:-1], lengths, output_size=offsets[-1])
+        return (torch.arange(offsets[-1], device=device) - starts)[None]
+
+    return make() if cu_seqlens is None else kept(cu_seqlens, ("positions", str(device)), make)
 
 
 def mask_to_cu_seqlens(attention_mask: object, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,10 +174,13 @@ def concat_states(states: list[Any]) -> Any:
     raise TypeError(f"cannot pack final states of type {type(first).__name__}")
 
 
-def packable(*token_args: str) -> Callable[[Callable], Callable]:
+def packable(*token_args: str, native: Callable[[dict[str, Any]], bool] | None = None
+             ) -> Callable[[Callable], Callable]:
     """Give an op a ``cu_seqlens=None`` keyword. ``token_args`` name the op's arguments with time at dim 1
     (q first; an argument of length m T, e.g. gated_delta_product's interleaved keys, is cut at m times the
-    offsets); every other argument is passed to each sequence's call unchanged."""
+    offsets); every other argument is passed to each sequence's call unchanged. ``native(arguments)`` (the call's
+    arguments by name) says whether the call's backend runs packed inputs itself: the op then runs once, inside
+    :func:`packed_call`, instead of once per sequence."""
 
     def wrap(fn: Callable) -> Callable:
         signature = inspect.signature(fn)
@@ -171,7 +191,10 @@ def packable(*token_args: str) -> Callable[[Callable], Callable]:
                 return fn(*args, **kwargs)
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
-            return run_packed(fn, dict(bound.arguments), cu_seqlens, token_args)
+            arguments = dict(bound.arguments)
+            if native is not None and native(arguments):
+                return run_native(fn, arguments, cu_seqlens, token_args)
+            return run_packed(fn, arguments, cu_seqlens, token_args)
 
         params = [*signature.parameters.values(),
                   inspect.Parameter("cu_seqlens", inspect.Parameter.KEYWORD_ONLY, default=None,
@@ -182,8 +205,8 @@ def packable(*token_args: str) -> Callable[[Callable], Callable]:
     return wrap
 
 
-def run_packed(fn: Callable, arguments: dict[str, Any], cu_seqlens: object, token_args: tuple[str, ...]) -> tuple:
-    """Run ``fn`` on each sequence of a packed call and assemble (o [1, T, H, V], packed final state or None)."""
+def check_packed_arguments(arguments: dict[str, Any], cu_seqlens: object, token_args: tuple[str, ...]) -> list[int]:
+    """Check a packed call's offsets and token arguments (batch 1, a multiple of T positions); return the offsets."""
     q = check_float_tensor(token_args[0], arguments[token_args[0]], 4, "[B, T, H, K]")
     check_packed_batch(token_args[0], q)
     T = int(q.shape[1])
@@ -196,6 +219,22 @@ def run_packed(fn: Callable, arguments: dict[str, Any], cu_seqlens: object, toke
         if x.shape[1] % T:
             raise ValueError(f"{name} must have a multiple of T = {T} positions along dim 1 with cu_seqlens, "
                              f"got shape {list(x.shape)}")
+    return offsets
+
+
+def run_native(fn: Callable, arguments: dict[str, Any], cu_seqlens: torch.Tensor, token_args: tuple[str, ...]
+               ) -> tuple:
+    """Run ``fn`` once on the packed inputs, its backend reading the offsets (:func:`packed_call`)."""
+    offsets = check_packed_arguments(arguments, cu_seqlens, token_args)
+    per_sequence_state(arguments.get("initial_state"), len(offsets) - 1)  # one row per sequence, named if not
+    with packed_call(Packing(cu_seqlens=cu_seqlens, offsets=tuple(offsets))):
+        return fn(**arguments)
+
+
+def run_packed(fn: Callable, arguments: dict[str, Any], cu_seqlens: object, token_args: tuple[str, ...]) -> tuple:
+    """Run ``fn`` on each sequence of a packed call and assemble (o [1, T, H, V], packed final state or None)."""
+    offsets = check_packed_arguments(arguments, cu_seqlens, token_args)
+    T = offsets[-1]
     N = len(offsets) - 1
     states = per_sequence_state(arguments.get("initial_state"), N)
     outputs, finals = [], []

@@ -42,6 +42,7 @@ def _without_gate(impl: Callable) -> Callable:
 
     run.__name__ = run.__qualname__ = impl.__name__.replace("gated_delta", "delta_rule")
     run.__doc__ = f"delta_rule through {impl.__name__} with no decay (g = None)."
+    run.native_cu_seqlens = getattr(impl, "native_cu_seqlens", False)
     return run
 
 
@@ -59,7 +60,7 @@ SPEC = register_op(
 )
 
 
-@packable("q", "k", "v", "beta")
+@packable("q", "k", "v", "beta", native=SPEC.packs_natively)
 def delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -69,7 +69,7 @@ def _require_beta(fn: str, beta: object) -> None:
         raise TypeError(f"{fn}() missing required argument 'beta'")
 
 
-@packable("q", "k", "v", "g", "beta")
+@packable("q", "k", "v", "g", "beta", native=SPEC.packs_natively)
 def gated_delta_product(
     q: torch.Tensor,
     k: torch.Tensor,

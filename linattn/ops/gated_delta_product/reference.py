@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 
 from ..common.checks import compute_dtype
+from ..common.packed_call import Packing, current_packing, packed_call
 from ..gated_delta_rule.reference import delta_update, read
 
 
@@ -81,9 +82,16 @@ def via_substeps(gdn_impl: Callable) -> Callable:
             num_householder: int, **kw) -> tuple[torch.Tensor, torch.Tensor | None]:
         n = num_householder
         q_sub, g_sub = to_substeps(q, g, n)
-        o_sub, S = gdn_impl(q_sub, k, v, g_sub, beta, **kw)
+        packing = current_packing()
+        if packing is None:
+            o_sub, S = gdn_impl(q_sub, k, v, g_sub, beta, **kw)
+        else:  # packed sequences (a backend that runs them natively): sequence i holds n times its tokens' sub-steps
+            sub = Packing(cu_seqlens=packing.cu_seqlens * n, offsets=tuple(o * n for o in packing.offsets))
+            with packed_call(sub):
+                o_sub, S = gdn_impl(q_sub, k, v, g_sub, beta, **kw)
         return o_sub[:, n - 1::n], S
 
     run.__name__ = run.__qualname__ = gdn_impl.__name__.replace("gated_delta", "gated_delta_product")
     run.__doc__ = f"gated_delta_product through {gdn_impl.__name__} on the interleaved sub-steps."
+    run.native_cu_seqlens = getattr(gdn_impl, "native_cu_seqlens", False)
     return run

@@ -65,7 +65,7 @@ def check_step_state(state: object, d: Dims) -> None:
         check_shape("state", state, (d.B, d.H, d.K, d.V), "[B, H, K, V]")
 
 
-@packable("q", "k", "v", "g", "beta")
+@packable("q", "k", "v", "g", "beta", native=SPEC.packs_natively)
 def gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,

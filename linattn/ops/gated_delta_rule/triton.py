@@ -47,6 +47,7 @@ import triton
 import triton.language as tl
 
 from ..common.checks import DELTA_TRITON_CHUNK_SIZES
+from ..common.packed_call import chunk_layout, current_packing
 from ..common.triton_launch import fast_launch
 from ..common.triton_masking import causal_dot_rest, is_finite
 from ..common.triton_ops import eager_backward, eager_function, needs_backward, use_custom_op
@@ -139,13 +140,21 @@ def _prepare_kernel(k, p, v, beta, g, tm, w, u, T, H: tl.constexpr, K: tl.conste
 
 @fast_launch
 @triton.jit(do_not_specialize=["T"])
-def _state_fwd_kernel(k, w, u, g, h, dlt, h0, ht, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+def _state_fwd_kernel(k, w, u, g, h, dlt, h0, ht, cu, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
-                      HAS_H0: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
-    """Grid (cdiv(V, BV), B*H): h[b, h, n] = state entering chunk n, delta = U - W S; ht = final state."""
+                      HAS_H0: tl.constexpr, PACKED: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+    """Grid (cdiv(V, BV), B*H; packed: N*H): h[b, h, n] = state entering chunk n, delta = U - W S; ht = final
+    state. PACKED (inputs in the chunk-aligned layout of common/packed_call.py): program n*H + h scans sequence n's
+    chunks [cu[n], cu[n + 1]), from its initial state h0[n, h] to its final state ht[n, h]."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
+    i_h = i_bh % H
     N = tl.cdiv(T, C)
+    if PACKED:  # sequence i_bh // H: its chunks of the one batch row, its states at row i_h of h
+        c0 = tl.load(cu + i_bh // H).to(tl.int64)
+        c1 = tl.load(cu + i_bh // H + 1).to(tl.int64)
+        i_b, i_hb = i_bh * 0, i_h
+    else:
+        c0, c1, i_b, i_hb = 0, N, i_bh // H, i_bh
     o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
     o_v = i_v * BV + tl.arange(0, BV)
     kv = o_k[:, None] * V + o_v[None, :]
@@ -153,8 +162,8 @@ def _state_fwd_kernel(k, w, u, g, h, dlt, h0, ht, T, H: tl.constexpr, K: tl.cons
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_H0:
         S += tl.load(h0 + i_bh.to(tl.int64) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
-    for n in range(N):
-        tl.store(h + (i_bh.to(tl.int64) * N + n) * K * V + kv, S.to(h.dtype.element_ty), mask=m_kv)
+    for n in range(c0, c1):
+        tl.store(h + (i_hb.to(tl.int64) * N + n) * K * V + kv, S.to(h.dtype.element_ty), mask=m_kv)
         t = n * C + o_c
         m_t = t < T
         r0 = (i_b.to(tl.int64) * T + n * C) * H + i_h  # row of the chunk's first token
@@ -199,15 +208,23 @@ def _dv_local_kernel(q, k, g, do, dd, scale, T, H: tl.constexpr, K: tl.constexpr
 
 @fast_launch
 @triton.jit(do_not_specialize=["T"])
-def _state_bwd_kernel(q, k, w, g, do, dd, dh, dht, dh0, scale, T, H: tl.constexpr, K: tl.constexpr,
+def _state_bwd_kernel(q, k, w, g, do, dd, dh, dht, dh0, cu, scale, T, H: tl.constexpr, K: tl.constexpr,
                       V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
-                      HAS_DHT: tl.constexpr, TLOAD: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
-    """Grid (cdiv(V, BV), B*H): dh[b, h, n] = gradient of the state leaving chunk n, dd += Khat dh (= ddelta);
-    dh0 = gradient of the initial state. TLOAD: Q^T and W^T are read transposed from memory (strided loads)
+                      HAS_DHT: tl.constexpr, PACKED: tl.constexpr, TLOAD: tl.constexpr, PREC: tl.constexpr,
+                      UP: tl.constexpr):
+    """Grid (cdiv(V, BV), B*H; packed: N*H): dh[b, h, n] = gradient of the state leaving chunk n,
+    dd += Khat dh (= ddelta); dh0 = gradient of the initial state (PACKED: program n*H + h runs sequence n's chunks
+    in reverse, from dht[n, h] to dh0[n, h]). TLOAD: Q^T and W^T are read transposed from memory (strided loads)
     instead of being transposed in registers."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
+    i_h = i_bh % H
     N = tl.cdiv(T, C)
+    if PACKED:  # sequence i_bh // H: its chunks of the one batch row, its states at row i_h of h
+        c0 = tl.load(cu + i_bh // H).to(tl.int64)
+        c1 = tl.load(cu + i_bh // H + 1).to(tl.int64)
+        i_b, i_hb = i_bh * 0, i_h
+    else:
+        c0, c1, i_b, i_hb = 0, N, i_bh // H, i_bh
     o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
     o_v = i_v * BV + tl.arange(0, BV)
     kv = o_k[:, None] * V + o_v[None, :]
@@ -215,9 +232,9 @@ def _state_bwd_kernel(q, k, w, g, do, dd, dh, dht, dh0, scale, T, H: tl.constexp
     dS = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_DHT:
         dS += tl.load(dht + i_bh.to(tl.int64) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
-    for i in range(N):
-        n = N - 1 - i
-        tl.store(dh + (i_bh.to(tl.int64) * N + n) * K * V + kv, dS.to(dh.dtype.element_ty), mask=m_kv)
+    for i in range(c1 - c0):
+        n = c1 - 1 - i
+        tl.store(dh + (i_hb.to(tl.int64) * N + n) * K * V + kv, dS.to(dh.dtype.element_ty), mask=m_kv)
         t = n * C + o_c
         m_t = t < T
         r0 = (i_b.to(tl.int64) * T + n * C) * H + i_h  # row of the chunk's first token
@@ -448,19 +465,23 @@ def _prepare(k, v, beta, g, C, p=None, tm=None, keep_tm=False):
     return w, u, (tm if keep_tm else None)
 
 
-def _states(k, w, u, g, initial_state, C):
-    """(h [B, H, N, K, V]: states entering the chunks, delta [B, T, H, V], final state float32)."""
+def _states(k, w, u, g, initial_state, C, cu_chunks=None):
+    """(h [B, H, N, K, V]: states entering the chunks, delta [B, T, H, V], final state float32). ``cu_chunks``
+    (packed inputs in the chunk-aligned layout): each sequence's first chunk, [S + 1] int32; the initial and final
+    states then have a row per sequence [S, H, K, V]."""
     B, T, H, K = k.shape
     V = u.shape[-1]
     N = cdiv(T, C)
+    rows = B if cu_chunks is None else cu_chunks.shape[0] - 1
     h = torch.empty(B, H, N, K, V, device=k.device, dtype=_state_dtype(k))
     dlt = torch.empty_like(u)
-    ht = torch.empty(B, H, K, V, device=k.device, dtype=torch.float32)
+    ht = torch.empty(rows, H, K, V, device=k.device, dtype=torch.float32)
     BV = min(LAUNCH["scan_BV"], _block(V))
-    _state_fwd_kernel[(cdiv(V, BV), B * H)](
-        k=k, w=w, u=u, g=ht if g is None else g, h=h, dlt=dlt, h0=ht if initial_state is None else initial_state, ht=ht,
-        T=T, H=H, K=K, V=V, C=C, BK=_block(K), BV=BV, USE_G=g is not None, HAS_H0=initial_state is not None,
-        **_launch_args(k), **_options(k, "scan"))
+    _state_fwd_kernel[(cdiv(V, BV), rows * H)](
+        k=k, w=w, u=u, g=ht if g is None else g, h=h, dlt=dlt, h0=ht if initial_state is None else initial_state,
+        ht=ht, cu=ht if cu_chunks is None else cu_chunks, T=T, H=H, K=K, V=V, C=C, BK=_block(K), BV=BV,
+        USE_G=g is not None, HAS_H0=initial_state is not None, PACKED=cu_chunks is not None, **_launch_args(k),
+        **_options(k, "scan"))
     return h, dlt, ht
 
 
@@ -476,17 +497,19 @@ def _output(q, k, dlt, g, h, scale, C):
     return o
 
 
-def gated_delta_triton_forward(q, k, v, g, beta, scale, initial_state, C, p=None, keep_tm=False):
+def gated_delta_triton_forward(q, k, v, g, beta, scale, initial_state, C, p=None, keep_tm=False, cu_chunks=None):
     """Forward pass: (o, final state float32, Tm [B, T, H, C] for the backward pass, or None unless ``keep_tm``).
-    Inputs contiguous [B, T, H, *]; g (or None), beta [B, T, H] (bf16, fp16 or float32); p (or None: p = k) like k."""
+    Inputs contiguous [B, T, H, *]; g (or None), beta [B, T, H] (bf16, fp16 or float32); p (or None: p = k) like k.
+    ``cu_chunks``: packed sequences in the chunk-aligned layout (see :func:`_states`)."""
     w, u, tm = _prepare(k, v, beta, g, C, p, keep_tm=keep_tm)
-    h, dlt, ht = _states(k, w, u, g, initial_state, C)
+    h, dlt, ht = _states(k, w, u, g, initial_state, C, cu_chunks)
     return _output(q, k, dlt, g, h, scale, C), ht, tm
 
 
-def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, dht, p=None, tm=None):
+def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, dht, p=None, tm=None, cu_chunks=None):
     """Backward pass: (dq, dk, dv, dg (zeros when g is None), dbeta, d_initial_state, dp (None when p is None:
-    the read key's gradient is then part of dk)). ``tm``: the forward pass's Tm (recomputed when None)."""
+    the read key's gradient is then part of dk)). ``tm``: the forward pass's Tm (recomputed when None);
+    ``cu_chunks``: as in :func:`gated_delta_triton_forward`."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     N = cdiv(T, C)
@@ -496,19 +519,21 @@ def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, d
         w, u, tm = _prepare(k, v, beta, g, C, p, keep_tm=True)
     else:
         w, u, _ = _prepare(k, v, beta, g, C, p, tm=tm)
-    h, dlt, _ = _states(k, w, u, g, initial_state, C)
+    h, dlt, _ = _states(k, w, u, g, initial_state, C, cu_chunks)
     dd = torch.empty_like(dlt)
     BV = min(LAUNCH["dv_BV"], _block(V))
     _dv_local_kernel[(cdiv(V, BV), N, B * H)](
         q=q, k=k, g=gp, do=do, dd=dd, scale=scale, T=T, H=H, K=K, V=V, C=C, BK=BK, BV=BV, USE_G=g is not None,
         **_launch_args(q), **_options(q, "dv"))
     dh = torch.empty_like(h)
-    dh0 = torch.empty(B, H, K, V, device=q.device, dtype=torch.float32)
+    rows = B if cu_chunks is None else cu_chunks.shape[0] - 1
+    dh0 = torch.empty(rows, H, K, V, device=q.device, dtype=torch.float32)
     BV = min(LAUNCH["bscan_BV"], _block(V))
-    _state_bwd_kernel[(cdiv(V, BV), B * H)](
-        q=q, k=k, w=w, g=gp, do=do, dd=dd, dh=dh, dht=dh0 if dht is None else dht, dh0=dh0, scale=scale, T=T, H=H, K=K,
-        V=V, C=C, BK=BK, BV=BV, USE_G=g is not None, HAS_DHT=dht is not None, TLOAD=bool(LAUNCH["bscan_tload"]),
-        **_launch_args(q), **_options(q, "bscan"))
+    _state_bwd_kernel[(cdiv(V, BV), rows * H)](
+        q=q, k=k, w=w, g=gp, do=do, dd=dd, dh=dh, dht=dh0 if dht is None else dht, dh0=dh0,
+        cu=dh0 if cu_chunks is None else cu_chunks, scale=scale, T=T, H=H, K=K, V=V, C=C, BK=BK, BV=BV,
+        USE_G=g is not None, HAS_DHT=dht is not None, PACKED=cu_chunks is not None,
+        TLOAD=bool(LAUNCH["bscan_tload"]), **_launch_args(q), **_options(q, "bscan"))
     dq, dk, dv, dw = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(w)
     dbeta = torch.empty_like(beta)
     dg = torch.zeros_like(beta) if g is None else torch.empty_like(g)
@@ -531,32 +556,41 @@ def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, d
 
 def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, beta: torch.Tensor,
             initial_state: torch.Tensor | None, scale: float, chunk_size: int, p: torch.Tensor | None = None,
-            keep_tm: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(o, final state, Tm [B, T, H, C] kept for the backward pass when ``keep_tm``, else an empty tensor)."""
-    o, ht, tm = gated_delta_triton_forward(q, k, v, g, beta, scale, initial_state, chunk_size, p, keep_tm)
+            keep_tm: bool = False, cu_chunks: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(o, final state, Tm [B, T, H, C] kept for the backward pass when ``keep_tm``, else an empty tensor).
+    ``cu_chunks``: packed sequences in the chunk-aligned layout, [N + 1] int32 (states [N, H, K, V])."""
+    o, ht, tm = gated_delta_triton_forward(q, k, v, g, beta, scale, initial_state, chunk_size, p, keep_tm,
+                                            cu_chunks=cu_chunks)
     return o, ht, (q.new_empty(0) if tm is None else tm)
 
 
 _fwd_op = torch.library.custom_op("linattn::gated_delta_rule_triton_fwd", _fwd, mutates_args=())
 
 
+def _state_rows(q: torch.Tensor, cu_chunks: torch.Tensor | None) -> int:
+    return q.shape[0] if cu_chunks is None else cu_chunks.shape[0] - 1
+
+
 @_fwd_op.register_fake
-def _(q, k, v, g, beta, initial_state, scale, chunk_size, p=None, keep_tm=False):
+def _(q, k, v, g, beta, initial_state, scale, chunk_size, p=None, keep_tm=False, cu_chunks=None):
     B, T, H, K = q.shape
     tm = q.new_empty(B, T, H, chunk_size) if keep_tm else q.new_empty(0)
-    return torch.empty_like(v), q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32), tm
+    return (torch.empty_like(v), q.new_empty(_state_rows(q, cu_chunks), H, K, v.shape[-1], dtype=torch.float32),
+            tm)
 
 
 def _bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, beta: torch.Tensor,
             initial_state: torch.Tensor | None, scale: float, chunk_size: int, do: torch.Tensor,
-            dht: torch.Tensor | None, p: torch.Tensor | None = None, tm: torch.Tensor | None = None
+            dht: torch.Tensor | None, p: torch.Tensor | None = None, tm: torch.Tensor | None = None,
+            cu_chunks: torch.Tensor | None = None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                        torch.Tensor]:
     """The gradients of _fwd_op's tensors; dp is an empty tensor when p is None (its part is in dk). ``tm``: the
     forward pass's Tm (None or empty: recomputed)."""
     tm = None if tm is None or tm.numel() == 0 else tm
     dq, dk, dv, dg, dbeta, dh0, dp = gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, chunk_size,
-                                                                 do, dht, p, tm)
+                                                                 do, dht, p, tm, cu_chunks=cu_chunks)
     return dq, dk, dv, dg, dbeta, dh0, (q.new_empty(0) if dp is None else dp)
 
 
@@ -564,28 +598,28 @@ _bwd_op = torch.library.custom_op("linattn::gated_delta_rule_triton_bwd", _bwd, 
 
 
 @_bwd_op.register_fake
-def _(q, k, v, g, beta, initial_state, scale, chunk_size, do, dht, p=None, tm=None):
+def _(q, k, v, g, beta, initial_state, scale, chunk_size, do, dht, p=None, tm=None, cu_chunks=None):
     B, T, H, K = q.shape
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
             torch.empty_like(beta) if g is None else torch.empty_like(g), torch.empty_like(beta),
-            q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32),
+            q.new_empty(_state_rows(q, cu_chunks), H, K, v.shape[-1], dtype=torch.float32),
             q.new_empty(0) if p is None else torch.empty_like(p))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, g, beta, initial_state, scale, chunk_size, p, keep_tm = inputs
-    ctx.save_for_backward(q, k, v, g, beta, initial_state, p, output[2])
+    q, k, v, g, beta, initial_state, scale, chunk_size, p, keep_tm, cu_chunks = inputs
+    ctx.save_for_backward(q, k, v, g, beta, initial_state, p, output[2], cu_chunks)
     ctx.scale, ctx.chunk_size = scale, chunk_size
 
 
 def _backward(ctx, do, dht, dtm):
-    q, k, v, g, beta, initial_state, p, tm = ctx.saved_tensors
+    q, k, v, g, beta, initial_state, p, tm, cu_chunks = ctx.saved_tensors
     run_bwd = _bwd if eager_backward(ctx) else _bwd_op
     do = torch.zeros_like(v) if do is None else do.contiguous()
     dq, dk, dv, dg, dbeta, dh0, dp = run_bwd(q, k, v, g, beta, initial_state, ctx.scale, ctx.chunk_size, do,
-                                             None if dht is None else dht.contiguous(), p, tm)
+                                             None if dht is None else dht.contiguous(), p, tm, cu_chunks)
     return (dq, dk, dv, (dg if g is not None else None), dbeta, (dh0 if initial_state is not None else None),
-            None, None, (dp if p is not None else None), None)
+            None, None, (dp if p is not None else None), None, None)
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -629,11 +663,20 @@ def gated_delta_triton(
     g = None if g is None else _own_dtype(g)
     beta = _own_dtype(beta)
     s0 = None if initial_state is None else initial_state.float().contiguous()
+    packing, cu_chunks = current_packing(), None
+    if packing is not None:  # packed sequences: run in the chunk-aligned layout, outputs read back at the tokens
+        layout = chunk_layout(packing, chunk_size, q.device)
+        q, k, v, g, beta, p = (None if x is None else layout.pack(x) for x in (q, k, v, g, beta, p))
+        cu_chunks = layout.cu_chunks
     # Tm (a [C]-row per token, the input dtype) is kept for the backward pass only when one will follow
     run = _fwd_op if use_custom_op(q) else _Eager.apply
-    o, ht, _ = run(q, k, v, g, beta, s0, float(scale), chunk_size, p, needs_backward(q, k, v, g, beta, s0, p))
+    o, ht, _ = run(q, k, v, g, beta, s0, float(scale), chunk_size, p, needs_backward(q, k, v, g, beta, s0, p),
+                   cu_chunks)
+    if packing is not None:
+        o = layout.unpack(o)
     state_dtype = torch.float64 if in_dtype == torch.float64 else torch.float32
     return o.to(in_dtype), (ht.to(state_dtype) if output_final_state else None)
 
 
+gated_delta_triton.native_cu_seqlens = True  # packed sequences run in the chunk-aligned layout
 TRITON_BACKENDS = {"gated_delta_rule": gated_delta_triton}

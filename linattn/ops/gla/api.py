@@ -34,7 +34,7 @@ SPEC = register_op(
 )
 
 
-@packable("q", "k", "v", "g")
+@packable("q", "k", "v", "g", native=SPEC.packs_natively)
 def gla(
     q: torch.Tensor,
     k: torch.Tensor,

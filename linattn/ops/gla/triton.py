@@ -126,13 +126,21 @@ def _suffix(x):
 
 @fast_launch
 @triton.jit(do_not_specialize=["T"])
-def _state_fwd_kernel(k, v, g, h, h0, ht, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
-                      BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, PREC: tl.constexpr,
-                      UP: tl.constexpr):
-    """Grid (cdiv(V, BV), cdiv(K, BK), B*H): h[b, h, n] = state entering chunk n; ht = the final state."""
+def _state_fwd_kernel(k, v, g, h, h0, ht, cu, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, PACKED: tl.constexpr,
+                      PREC: tl.constexpr, UP: tl.constexpr):
+    """Grid (cdiv(V, BV), cdiv(K, BK), B*H; packed: N*H): h[b, h, n] = state entering chunk n; ht = the final state.
+    PACKED (inputs in the chunk-aligned layout of common/packed_call.py): program n*H + h scans sequence n's
+    chunks [cu[n], cu[n + 1]), from its initial state h0[n, h] to its final state ht[n, h]."""
     i_v, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
+    i_h = i_bh % H
     N = tl.cdiv(T, C)
+    if PACKED:  # sequence i_bh // H: its chunks of the one batch row, its states at row i_h of h
+        c0 = tl.load(cu + i_bh // H).to(tl.int64)
+        c1 = tl.load(cu + i_bh // H + 1).to(tl.int64)
+        i_b, i_hb = i_bh * 0, i_h
+    else:
+        c0, c1, i_b, i_hb = 0, N, i_bh // H, i_bh
     o_c = tl.arange(0, C)
     o_k, o_v = i_k * BK + tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
     kv = o_k[:, None] * V + o_v[None, :]
@@ -140,8 +148,8 @@ def _state_fwd_kernel(k, v, g, h, h0, ht, T, H: tl.constexpr, K: tl.constexpr, V
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_H0:
         S += tl.load(h0 + i_bh * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
-    for n in range(N):
-        tl.store(h + (i_bh * N + n) * K * V + kv, S.to(h.dtype.element_ty), mask=m_kv)
+    for n in range(c0, c1):
+        tl.store(h + (i_hb * N + n) * K * V + kv, S.to(h.dtype.element_ty), mask=m_kv)
         row, m_t = _rows(i_b, i_h, n * C + o_c, T, H)
         gc = _load_rows(g, row, m_t, o_k, K)
         kc = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_t[:, None] & (o_k[None, :] < K), other=0.0)
@@ -224,13 +232,20 @@ def _output_kernel(q, v, g, h, A, o, scale, T, H: tl.constexpr, K: tl.constexpr,
 
 @fast_launch
 @triton.jit(do_not_specialize=["T"])
-def _state_bwd_kernel(q, g, do, dh, dht, dh0, scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+def _state_bwd_kernel(q, g, do, dh, dht, dh0, cu, scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
-                      PREC: tl.constexpr, UP: tl.constexpr):
-    """Grid (cdiv(V, BV), cdiv(K, BK), B*H): dh[b, h, n] = gradient of the state leaving chunk n; dh0."""
+                      PACKED: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+    """Grid (cdiv(V, BV), cdiv(K, BK), B*H; packed: N*H): dh[b, h, n] = gradient of the state leaving chunk n; dh0
+    (PACKED: program n*H + h runs sequence n's chunks in reverse, from dht[n, h] to dh0[n, h])."""
     i_v, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
+    i_h = i_bh % H
     N = tl.cdiv(T, C)
+    if PACKED:  # sequence i_bh // H: its chunks of the one batch row, its states at row i_h of h
+        c0 = tl.load(cu + i_bh // H).to(tl.int64)
+        c1 = tl.load(cu + i_bh // H + 1).to(tl.int64)
+        i_b, i_hb = i_bh * 0, i_h
+    else:
+        c0, c1, i_b, i_hb = 0, N, i_bh // H, i_bh
     o_c = tl.arange(0, C)
     o_k, o_v = i_k * BK + tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
     kv = o_k[:, None] * V + o_v[None, :]
@@ -238,9 +253,9 @@ def _state_bwd_kernel(q, g, do, dh, dht, dh0, scale, T, H: tl.constexpr, K: tl.c
     dS = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_DHT:
         dS += tl.load(dht + i_bh * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
-    for i in range(N):
-        n = N - 1 - i
-        tl.store(dh + (i_bh * N + n) * K * V + kv, dS.to(dh.dtype.element_ty), mask=m_kv)
+    for i in range(c1 - c0):
+        n = c1 - 1 - i
+        tl.store(dh + (i_hb * N + n) * K * V + kv, dS.to(dh.dtype.element_ty), mask=m_kv)
         row, m_t = _rows(i_b, i_h, n * C + o_c, T, H)
         gc = _load_rows(g, row, m_t, o_k, K)
         qc = tl.load(q + row[:, None] * K + o_k[None, :], mask=m_t[:, None] & (o_k[None, :] < K), other=0.0)
@@ -390,17 +405,19 @@ def _prec(x: torch.Tensor) -> dict[str, str | bool]:
     return {"PREC": dot_precision(x.dtype), "UP": upcast_dots(x.dtype)}
 
 
-def _states(k, v, g, initial_state, C):
+def _states(k, v, g, initial_state, C, cu_chunks=None):
     B, T, H, K = k.shape
     V = v.shape[-1]
     N = cdiv(T, C)
+    rows = B if cu_chunks is None else cu_chunks.shape[0] - 1
     BK, BV = min(LAUNCH["scan_BK"], _block(K)), min(LAUNCH["BV"], _block(V))
     h = torch.empty(B, H, N, K, V, device=k.device, dtype=_state_dtype(k))
-    ht = torch.empty(B, H, K, V, device=k.device, dtype=torch.float32)
+    ht = torch.empty(rows, H, K, V, device=k.device, dtype=torch.float32)
     h0 = initial_state if initial_state is not None else ht  # unused pointer when HAS_H0 is False
-    _state_fwd_kernel[(cdiv(V, BV), cdiv(K, BK), B * H)](
-        k=k, v=v, g=g, h=h, h0=h0, ht=ht, T=T, H=H, K=K, V=V, C=C, BK=BK, BV=BV, HAS_H0=initial_state is not None,
-        **_prec(k), **_options(k, "scan"))
+    _state_fwd_kernel[(cdiv(V, BV), cdiv(K, BK), rows * H)](
+        k=k, v=v, g=g, h=h, h0=h0, ht=ht, cu=ht if cu_chunks is None else cu_chunks, T=T, H=H, K=K, V=V, C=C, BK=BK,
+        BV=BV, HAS_H0=initial_state is not None, PACKED=cu_chunks is not None, **_prec(k),
+        **_options(k, "scan"))
     return h, ht
 
 
@@ -414,13 +431,15 @@ def _scores(q, k, g, scale, C):
     return A
 
 
-def gla_triton_forward(q, k, v, g, scale, initial_state, C, keep=False):
+def gla_triton_forward(q, k, v, g, scale, initial_state, C, keep=False, cu_chunks=None):
     """Forward pass: (o, final state float32), and with ``keep`` also the chunk states h and the intra-chunk scores A
     for the backward pass (input dtype; h is B*H*N*K*V, A B*T*H*C: reading them back is cheaper than the two kernels
-    that recompute them). Inputs contiguous [B, T, H, *]; g [B, T, H, K] float32, bf16 or fp16."""
+    that recompute them). Inputs contiguous [B, T, H, *]; g [B, T, H, K] float32, bf16 or fp16. ``cu_chunks``:
+    packed sequences in the chunk-aligned layout (common/packed_call.py); only the state scans read it, every
+    other kernel works chunk by chunk (the chunk-local gate gradient needs no change)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    h, ht = _states(k, v, g, initial_state, C)
+    h, ht = _states(k, v, g, initial_state, C, cu_chunks)
     A = _scores(q, k, g, scale, C)
     o = torch.empty_like(v)
     BV = min(LAUNCH["BV"], _block(V))
@@ -430,20 +449,22 @@ def gla_triton_forward(q, k, v, g, scale, initial_state, C, keep=False):
     return (o, ht, h, A) if keep else (o, ht)
 
 
-def gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, saved=(None, None)):
+def gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, saved=(None, None), cu_chunks=None):
     """Backward pass: (dq, dk, dv, dg, d_initial_state). ``saved``: the forward's (h, A), recomputed where None."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     N = cdiv(T, C)
+    rows = B if cu_chunks is None else cu_chunks.shape[0] - 1
     h, A = saved
-    h = _states(k, v, g, initial_state, C)[0] if h is None else h
+    h = _states(k, v, g, initial_state, C, cu_chunks)[0] if h is None else h
     A = _scores(q, k, g, scale, C) if A is None else A
     BK, BV = min(LAUNCH["bscan_BK"], _block(K)), min(LAUNCH["BV"], _block(V))
     dh = torch.empty_like(h)
-    dh0 = torch.empty(B, H, K, V, device=q.device, dtype=torch.float32)
-    _state_bwd_kernel[(cdiv(V, BV), cdiv(K, BK), B * H)](
-        q=q, g=g, do=do, dh=dh, dht=dht if dht is not None else dh0, dh0=dh0, scale=scale, T=T, H=H, K=K, V=V, C=C,
-        BK=BK, BV=BV, HAS_DHT=dht is not None, **_prec(q), **_options(q, "bscan"))
+    dh0 = torch.empty(rows, H, K, V, device=q.device, dtype=torch.float32)
+    _state_bwd_kernel[(cdiv(V, BV), cdiv(K, BK), rows * H)](
+        q=q, g=g, do=do, dh=dh, dht=dht if dht is not None else dh0, dh0=dh0,
+        cu=dh0 if cu_chunks is None else cu_chunks, scale=scale, T=T, H=H, K=K, V=V, C=C, BK=BK, BV=BV,
+        HAS_DHT=dht is not None, PACKED=cu_chunks is not None, **_prec(q), **_options(q, "bscan"))
     dv = torch.empty_like(v)
     dA = torch.empty(B, T, H, C, device=q.device, dtype=torch.float32)
     dq_inter = torch.empty(B, T, H, K, device=q.device, dtype=torch.float32)

@@ -47,6 +47,7 @@ def _on_simple_gla(impl: Callable) -> Callable:
         return impl(q, k, v, g, **kwargs)
 
     retention_impl.__name__ = retention_impl.__qualname__ = f"retention_{impl.__name__.removeprefix('simple_gla_')}"
+    retention_impl.native_cu_seqlens = getattr(impl, "native_cu_seqlens", False)
     return retention_impl
 
 
@@ -63,7 +64,7 @@ SPEC = register_op(
 )
 
 
-@packable("q", "k", "v")
+@packable("q", "k", "v", native=SPEC.packs_natively)
 def retention(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -37,7 +37,7 @@ SPEC = register_op(
 )
 
 
-@packable("q", "k", "v", "g")
+@packable("q", "k", "v", "g", native=SPEC.packs_natively)
 def simple_gla(
     q: torch.Tensor,
     k: torch.Tensor,

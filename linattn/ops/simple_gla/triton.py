@@ -48,13 +48,21 @@ from ..common.triton_utils import (
 
 @fast_launch
 @triton.jit(do_not_specialize=["T"])
-def _state_fwd_kernel(k, v, g, h, h0, ht, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+def _state_fwd_kernel(k, v, g, h, h0, ht, cu, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
-                      PREC: tl.constexpr, UP: tl.constexpr):
-    """Grid (cdiv(V, BV), B*H): h[b, h, n] = state entering chunk n; ht = state after the last chunk."""
+                      PACKED: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+    """Grid (cdiv(V, BV), B*H; packed: N*H): h[b, h, n] = state entering chunk n; ht = state after the last chunk.
+    PACKED (inputs in the chunk-aligned layout of common/packed_call.py): program n*H + h scans sequence n's
+    chunks [cu[n], cu[n + 1]), from its initial state h0[n, h] to its final state ht[n, h]."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
+    i_h = i_bh % H
     N = tl.cdiv(T, C)
+    if PACKED:  # sequence i_bh // H: its chunks of the one batch row, its states at row i_h of h
+        c0 = tl.load(cu + i_bh // H).to(tl.int64)
+        c1 = tl.load(cu + i_bh // H + 1).to(tl.int64)
+        i_b, i_hb = i_bh * 0, i_h
+    else:
+        c0, c1, i_b, i_hb = 0, N, i_bh // H, i_bh
     o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
     o_v = i_v * BV + tl.arange(0, BV)
     kv = o_k[:, None] * V + o_v[None, :]
@@ -62,8 +70,8 @@ def _state_fwd_kernel(k, v, g, h, h0, ht, T, H: tl.constexpr, K: tl.constexpr, V
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_H0:
         S += tl.load(h0 + i_bh * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
-    for n in range(N):
-        tl.store(h + (i_bh * N + n) * K * V + kv, S.to(h.dtype.element_ty), mask=m_kv)
+    for n in range(c0, c1):
+        tl.store(h + (i_hb * N + n) * K * V + kv, S.to(h.dtype.element_ty), mask=m_kv)
         t = n * C + o_c
         m_t = t < T
         row = (i_b * T + t) * H + i_h
@@ -109,13 +117,20 @@ def _output_fwd_kernel(q, k, v, g, h, o, scale, T, H: tl.constexpr, K: tl.conste
 
 @fast_launch
 @triton.jit(do_not_specialize=["T"])
-def _state_bwd_kernel(q, g, do, dh, dht, dh0, scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+def _state_bwd_kernel(q, g, do, dh, dht, dh0, cu, scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
-                      PREC: tl.constexpr, UP: tl.constexpr):
-    """Grid (cdiv(V, BV), B*H): dh[b, h, n] = gradient of the state leaving chunk n; dh0 = of the initial one."""
+                      PACKED: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+    """Grid (cdiv(V, BV), B*H; packed: N*H): dh[b, h, n] = gradient of the state leaving chunk n; dh0 = of the
+    initial one (PACKED: program n*H + h runs sequence n's chunks in reverse, from dht[n, h] to dh0[n, h])."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
+    i_h = i_bh % H
     N = tl.cdiv(T, C)
+    if PACKED:  # sequence i_bh // H: its chunks of the one batch row, its states at row i_h of h
+        c0 = tl.load(cu + i_bh // H).to(tl.int64)
+        c1 = tl.load(cu + i_bh // H + 1).to(tl.int64)
+        i_b, i_hb = i_bh * 0, i_h
+    else:
+        c0, c1, i_b, i_hb = 0, N, i_bh // H, i_bh
     o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
     o_v = i_v * BV + tl.arange(0, BV)
     kv = o_k[:, None] * V + o_v[None, :]
@@ -123,9 +138,9 @@ def _state_bwd_kernel(q, g, do, dh, dht, dh0, scale, T, H: tl.constexpr, K: tl.c
     dS = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_DHT:
         dS += tl.load(dht + i_bh * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
-    for i in range(N):
-        n = N - 1 - i
-        tl.store(dh + (i_bh * N + n) * K * V + kv, dS.to(dh.dtype.element_ty), mask=m_kv)
+    for i in range(c1 - c0):
+        n = c1 - 1 - i
+        tl.store(dh + (i_hb * N + n) * K * V + kv, dS.to(dh.dtype.element_ty), mask=m_kv)
         t = n * C + o_c
         m_t = t < T
         row = (i_b * T + t) * H + i_h
@@ -231,27 +246,37 @@ def _state_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float32 if x.dtype == torch.float32 else x.dtype
 
 
-def _states(k, v, g, initial_state, C, launch, f32_stages):
+def _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks=None):
     B, T, H, K = k.shape
     V = v.shape[-1]
     N = cdiv(T, C)
+    rows = B if cu_chunks is None else cu_chunks.shape[0] - 1
     BK, BV = _block(K), min(launch["BV"], _block(V))
     h = torch.empty(B, H, N, K, V, device=k.device, dtype=_state_dtype(k))
-    ht = torch.empty(B, H, K, V, device=k.device, dtype=torch.float32)
+    ht = torch.empty(rows, H, K, V, device=k.device, dtype=torch.float32)
     h0 = initial_state if initial_state is not None else ht  # unused pointer when HAS_H0 is False
-    _state_fwd_kernel[(cdiv(V, BV), B * H)](
-        k=k, v=v, g=g, h=h, h0=h0, ht=ht, T=T, H=H, K=K, V=V, C=C, BK=BK, BV=BV, HAS_H0=initial_state is not None,
-        PREC=dot_precision(k.dtype), UP=upcast_dots(k.dtype), **_options(launch, "scan", k.dtype, f32_stages))
+    _state_fwd_kernel[(cdiv(V, BV), rows * H)](
+        k=k, v=v, g=g, h=h, h0=h0, ht=ht, cu=ht if cu_chunks is None else cu_chunks, T=T, H=H, K=K, V=V, C=C, BK=BK,
+        BV=BV, HAS_H0=initial_state is not None, PACKED=cu_chunks is not None, PREC=dot_precision(k.dtype),
+        UP=upcast_dots(k.dtype), **_options(launch, "scan", k.dtype, f32_stages))
     return h, ht
 
 
-def simple_gla_triton_forward(q, k, v, g, scale, initial_state, C, keep=False):
+def _fitted_chunks(cu_chunks, chunk_size, C):
+    """``cu_chunks`` counted in the kernels' chunks of C tokens (C divides the layout's chunk size)."""
+    return cu_chunks if cu_chunks is None or C == chunk_size else cu_chunks * (chunk_size // C)
+
+
+def simple_gla_triton_forward(q, k, v, g, scale, initial_state, C, keep=False, cu_chunks=None):
     """Forward pass: (o, final state float32). Inputs contiguous [B, T, H, *]; g [B, T, H] float32, bf16 or fp16.
-    Nothing is kept for the backward pass (``keep`` is ignored): its states cost one cheap scan to recompute."""
+    Nothing is kept for the backward pass (``keep`` is ignored): its states cost one cheap scan to recompute.
+    ``cu_chunks``: packed sequences in the chunk-aligned layout of C-token chunks (common/packed_call.py)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
+    C0 = C
     C, launch, f32_stages = _fitted(K, q.dtype, C)
-    h, ht = _states(k, v, g, initial_state, C, launch, f32_stages)
+    cu_chunks = _fitted_chunks(cu_chunks, C0, C)
+    h, ht = _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks)
     o = torch.empty_like(v)
     BK, BV = _block(K), min(launch["BV"], _block(V))
     _output_fwd_kernel[(cdiv(V, BV), cdiv(T, C), B * H)](
@@ -260,19 +285,44 @@ def simple_gla_triton_forward(q, k, v, g, scale, initial_state, C, keep=False):
     return o, ht
 
 
-def simple_gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, saved=(None, None)):
+def _reverse_cumsum(dG, C, cu_chunks):
+    """dg from dG [B, T, H] float32: the reverse cumulative sum over time, restarted at every packed sequence's end
+    when ``cu_chunks`` is given (T a whole number of C-token chunks)."""
+    if cu_chunks is None:
+        # run along the innermost dimension ([B, H, T]): torch's scan over an outer dimension took 2.8 ms at B=4,
+        # T=16384, H=16 on an H100 (40% of the backward pass), this well under 0.1 ms
+        return dG.transpose(1, 2).contiguous().flip(-1).cumsum(-1).flip(-1).transpose(1, 2).contiguous()
+    B, T, H = dG.shape
+    NC = T // C
+    x = dG.view(NC, C, H)
+    local = x.flip(1).cumsum(1).flip(1)  # within each chunk
+    # plus the sums of the later chunks of the same sequence: a reverse scan over chunks (in float64, so that the
+    # difference of two scans, one past the sequence's end, keeps the float32 sums' precision)
+    tot = x.sum(1, dtype=torch.float64)
+    after = torch.cat([tot.flip(0).cumsum(0).flip(0), tot.new_zeros(1, H)])  # after[c]: the sum over chunks >= c
+    counts = (cu_chunks[1:] - cu_chunks[:-1]).long()
+    end = torch.repeat_interleave(cu_chunks[1:].long(), counts, output_size=NC)  # each chunk's sequence end
+    carry = (after[1:] - after[end]).float()  # chunks after c up to the sequence's end
+    return (local + carry[:, None, :]).view(B, T, H)
+
+
+def simple_gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, saved=(None, None), cu_chunks=None):
     """Backward pass: (dq, dk, dv, dg, d_initial_state); the chunk states are recomputed (nothing is kept)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
+    C0 = C
     C, launch, f32_stages = _fitted(K, q.dtype, C)
+    cu_chunks = _fitted_chunks(cu_chunks, C0, C)
     N = cdiv(T, C)
+    rows = B if cu_chunks is None else cu_chunks.shape[0] - 1
     BK, BV = _block(K), min(launch["BV"], _block(V))
-    h, ht = _states(k, v, g, initial_state, C, launch, f32_stages)
+    h, ht = _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks)
     dh = torch.empty_like(h)
-    dh0 = torch.empty(B, H, K, V, device=q.device, dtype=torch.float32)
-    _state_bwd_kernel[(cdiv(V, BV), B * H)](
-        q=q, g=g, do=do, dh=dh, dht=dht if dht is not None else dh0, dh0=dh0, scale=scale, T=T, H=H, K=K, V=V, C=C,
-        BK=BK, BV=BV, HAS_DHT=dht is not None, PREC=dot_precision(q.dtype), UP=upcast_dots(q.dtype),
+    dh0 = torch.empty(rows, H, K, V, device=q.device, dtype=torch.float32)
+    _state_bwd_kernel[(cdiv(V, BV), rows * H)](
+        q=q, g=g, do=do, dh=dh, dht=dht if dht is not None else dh0, dh0=dh0,
+        cu=dh0 if cu_chunks is None else cu_chunks, scale=scale, T=T, H=H, K=K, V=V, C=C, BK=BK, BV=BV,
+        HAS_DHT=dht is not None, PACKED=cu_chunks is not None, PREC=dot_precision(q.dtype), UP=upcast_dots(q.dtype),
         **_options(launch, "bscan", q.dtype, f32_stages))
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dG = torch.empty(B, T, H, device=q.device, dtype=torch.float32)
@@ -280,11 +330,13 @@ def simple_gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, sav
         q=q, k=k, v=v, g=g, h=h, do=do, dh=dh, dq=dq, dk=dk, dv=dv, dG=dG, scale=scale, T=T, H=H, K=K, V=V, C=C,
         BK=BK, BV=min(launch["grads_BV"], _block(V)), PREC=dot_precision(q.dtype), UP=upcast_dots(q.dtype),
         **_options(launch, "grads", q.dtype, f32_stages))
-    if dht is not None:
-        dG[:, -1] += (dht.float() * ht).sum((-2, -1))
-    # reverse cumulative sum over time, run along the innermost dimension ([B, H, T]): torch's scan over an outer
-    # dimension took 2.8 ms at B=4, T=16384, H=16 on an H100 (40% of the backward pass), this well under 0.1 ms
-    dg = dG.transpose(1, 2).contiguous().flip(-1).cumsum(-1).flip(-1).transpose(1, 2).contiguous()
+    if dht is not None:  # the final state's gate term, at the last position (of each packed sequence)
+        term = (dht.float() * ht).sum((-2, -1))
+        if cu_chunks is None:
+            dG[:, -1] += term
+        else:
+            dG[0].index_add_(0, cu_chunks[1:].long() * C - 1, term)
+    dg = _reverse_cumsum(dG, C, cu_chunks)
     return dq, dk, dv, dg.to(g.dtype), dh0
 
 

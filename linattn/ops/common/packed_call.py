@@ -1,0 +1,139 @@
+"""Packed sequences run natively by a backend: the offsets of the call in flight, and the chunk-aligned layout.
+
+:func:`linattn.ops.common.varlen.packable` runs a packed call (``cu_seqlens``) by splitting it into one call per
+sequence, unless the backend the call resolves to takes packed inputs itself (its implementation has the attribute
+``native_cu_seqlens = True``). Then the op's own function runs once on the packed inputs inside
+:func:`packed_call`: the checks accept one initial-state row per sequence (:func:`state_rows`) and the backend reads
+the offsets from :func:`current_packing`.
+
+The chunked Triton kernels take packed inputs in a chunk-aligned layout (:class:`ChunkLayout`): sequence n occupies
+the chunks [c_n, c_{n+1}) of a padded batch row, its tail filled with neutral tokens (q = k = v = 0, beta = 0, no
+decay), which leave the state as it is, so the state at the end of a sequence's last chunk is its final state. Each
+chunk then belongs to one sequence: the in-chunk kernels run unchanged and the kernels that carry the state across
+chunks start and end it at the sequence's own chunks (read from ``cu_chunks``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch
+
+T_ = TypeVar("T_")
+
+
+@dataclass(frozen=True)
+class Packing:
+    """The offsets of a packed call: ``cu_seqlens`` as given (validated) and as Python ints."""
+
+    cu_seqlens: torch.Tensor
+    offsets: tuple[int, ...]
+
+    @property
+    def N(self) -> int:
+        return len(self.offsets) - 1
+
+
+_CURRENT: contextvars.ContextVar[Packing | None] = contextvars.ContextVar("linattn_packing", default=None)
+# the same, as a plain list that Dynamo can read while it traces (it cannot trace ContextVar.get, and an unpacked
+# op must trace without a graph break); a context variable otherwise, so that threads do not see each other's calls
+_TRACED: list[Packing] = []
+
+
+@contextlib.contextmanager
+def packed_call(packing: Packing) -> Iterator[None]:
+    """Run an op's function on packed inputs, the backend reading ``packing`` through :func:`current_packing`."""
+    token = _CURRENT.set(packing)
+    _TRACED.append(packing)
+    try:
+        yield
+    finally:
+        _TRACED.pop()
+        _CURRENT.reset(token)
+
+
+def current_packing() -> Packing | None:
+    """The offsets of the packed call in flight (None outside one, and in the op's unpacked calls)."""
+    if torch.compiler.is_compiling():
+        return _TRACED[-1] if _TRACED else None
+    return _CURRENT.get()
+
+
+def state_rows(B: int) -> int:
+    """The rows a state has in the current call: one per sequence in a packed call, else the batch size ``B``."""
+    packing = current_packing()
+    return B if packing is None else packing.N
+
+
+@dataclass(frozen=True)
+class ChunkLayout:
+    """Packed tokens [1, T] re-laid so that every sequence starts a chunk of ``chunk_size`` tokens.
+
+    ``index`` [T] int64: the padded position of each packed token; ``cu_chunks`` [N + 1] int32: the first chunk of
+    each sequence and the chunk count at the end; ``padded``: the padded length (chunks * chunk_size)."""
+
+    index: torch.Tensor
+    cu_chunks: torch.Tensor
+    padded: int
+    chunk_size: int
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """x [1, T, ...] as [1, padded, ...] (contiguous), zeros at the padded positions; differentiable (the
+        gradients of the padded positions are dropped)."""
+        out = x.new_zeros(x.shape[0], self.padded, *x.shape[2:])
+        return out.index_copy(1, self.index, x)
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """x [1, padded, ...] back at the packed positions [1, T, ...] (padded positions dropped)."""
+        return x.index_select(1, self.index)
+
+
+def kept(cu_seqlens: torch.Tensor, key: tuple, make: Callable[[], T_]) -> T_:
+    """``make()``, kept on the offsets tensor under ``key`` until the tensor is modified in place: what a packed call
+    derives from its offsets (indices on the device) is built once for all the layers of a model that share one
+    ``cu_seqlens``."""
+    store = cu_seqlens.__dict__.setdefault("_linattn_kept", {})
+    if store.get("version") != cu_seqlens._version:
+        store.clear()
+        store["version"] = cu_seqlens._version
+    if key not in store:
+        store[key] = make()
+    return store[key]
+
+
+def device_offsets(cu_seqlens: torch.Tensor, offsets: tuple[int, ...] | list[int], device: torch.device
+                   ) -> torch.Tensor:
+    """The offsets as an int64 tensor on ``device``: ``cu_seqlens`` itself where it is there, else a copy of the
+    offsets read on the host, through pinned memory without blocking (a plain host-to-device copy waits for the
+    GPU's queued work: a synchronisation per layer)."""
+    def make() -> torch.Tensor:
+        if cu_seqlens.device == device:
+            return cu_seqlens.to(torch.int64)
+        host = torch.tensor(list(offsets), dtype=torch.int64)
+        if device.type == "cuda":
+            return host.pin_memory().to(device, non_blocking=True)
+        return host.to(device)
+
+    return kept(cu_seqlens, ("offsets", str(device)), make)
+
+
+def chunk_layout(packing: Packing, chunk_size: int, device: torch.device) -> ChunkLayout:
+    """The chunk-aligned layout of ``packing``. The index is built on ``device`` from the offsets; only the padded
+    length comes from the offsets already read on the host. Kept on the offsets tensor per chunk size and device
+    (:func:`kept`)."""
+    def make() -> ChunkLayout:
+        offsets, C = packing.offsets, chunk_size
+        N, T = packing.N, offsets[-1]
+        chunks = sum(-(-(e - s) // C) for s, e in zip(offsets[:-1], offsets[1:], strict=True))
+        cu = device_offsets(packing.cu_seqlens, offsets, device)
+        lengths = cu[1:] - cu[:-1]
+        cu_chunks = torch.nn.functional.pad(torch.cumsum((lengths + C - 1) // C, 0), (1, 0))
+        seq = torch.repeat_interleave(torch.arange(N, device=device), lengths, output_size=T)
+        index = torch.arange(T, device=device) + (cu_chunks[:-1] * C - cu[:-1])[seq]
+        return ChunkLayout(index=index, cu_chunks=cu_chunks.to(torch.int32), padded=chunks * C, chunk_size=C)
+
+    return kept(packing.cu_seqlens, ("chunk_layout", chunk_size, str(device)), make)
