@@ -91,12 +91,13 @@ def test_packed_layer_on_the_triton_kernels_equals_separate(name: str, conv: str
 
     if not triton_available():
         pytest.skip("triton not installed")
-    layer = _layer(name)
-    x = torch.randn(1, sum(LENGTHS), D, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU: under the interpreter (tests/conftest.py)
+    layer = _layer(name).to(device)
+    x = torch.randn(1, sum(LENGTHS), D, generator=torch.Generator().manual_seed(1)).to(device).requires_grad_()
     with linattn.settings(op_backend="triton", shortconv_backend=conv):
         y, _ = layer(x, cu_seqlens=CU)
         y_ref = torch.cat([layer(x[:, s:e], use_cache=False)[0]
                            for s, e in zip(CU[:-1].tolist(), CU[1:].tolist(), strict=True)], dim=1)
         torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
-        w = torch.linspace(-1, 1, y.numel()).reshape(y.shape)
+        w = torch.linspace(-1, 1, y.numel(), device=device).reshape(y.shape)
         assert_same_gradients((y * w).sum(), (y_ref * w).sum(), [x, *layer.parameters()], rtol=1e-5, atol=1e-5)
