@@ -5,13 +5,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from linattn.ops.common.positions import apply_rope
 from linattn.ops.gla import gla, gla_step
 from linattn.ops.linear_attn import linear_attn, linear_attn_step
 from linattn.ops.retention import retention, retention_step
 
 from .base import MixerLayer, MixOut, Streams
 from .gates import LowRankLogSigmoidGate
-from .rope import apply_rope
 
 
 class LinearAttentionLayer(MixerLayer):
@@ -48,7 +48,7 @@ class LinearAttentionLayer(MixerLayer):
 class RetNetLayer(MixerLayer):
     """Multi-scale retention (RetNet, arXiv 2307.08621) on :func:`linattn.ops.retention.retention`.
 
-    q, k rotated by RoPE (the texts' complex decay; ``rope=False`` drops it), fixed per-head decay
+    q, k rotated by RoPE (the texts' complex decay; ``rope_theta`` its base, None drops it), fixed per-head decay
     gamma_h = 1 - 2^(-5-h): S_t = gamma_h S_{t-1} + k_t v_t^T, o_t = S_t^T (q_t / sqrt(K));
     output GroupNorm per head (an RMSNorm here) times SiLU(W_g x); value heads twice as wide
     (``head_dim_v`` = 2 head_dim by default); no ShortConv by default.
@@ -59,17 +59,17 @@ class RetNetLayer(MixerLayer):
     step_inplace = True
     default_output_gate = True
 
-    def __init__(self, d_model: int, n_heads: int, *, rope: bool = True, head_dim: int | None = None,
-                 head_dim_v: int | None = None, **kwargs) -> None:
+    def __init__(self, d_model: int, n_heads: int, *, rope_theta: float | None = 10000.0,
+                 head_dim: int | None = None, head_dim_v: int | None = None, **kwargs) -> None:
         if head_dim_v is None and not kwargs.get("tie_kv", False):
             head_dim_v = 2 * (head_dim or max(d_model // n_heads, 1))
         super().__init__(d_model, n_heads, head_dim=head_dim, head_dim_v=head_dim_v, **kwargs)
-        self.rope = bool(rope)
+        self.rope = None if rope_theta is None else {"theta": float(rope_theta)}
 
     def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int | Tensor,
                    streams: Streams) -> MixOut:
-        if self.rope:
-            q, k = apply_rope(q, offset), apply_rope(k, offset)
+        if self.rope is not None:
+            q, k = apply_rope(q, offset, **self.rope), apply_rope(k, offset, **self.rope)
         return q, k, v, {}, {}
 
 

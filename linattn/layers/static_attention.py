@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from linattn.ops.common.kv_cache import KVCache
-from linattn.ops.common.positions import rope_inv_freq
+from linattn.ops.common.positions import apply_rope
 
 from .static_cache import StaticKV
 
@@ -77,13 +77,6 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Ten
     return o.reshape(B, H, V)
 
 
-def rope_at(x: torch.Tensor, pos: torch.Tensor, *, theta: float = 10000.0, interpolation_factor: float = 1.0,
-            ntk_factor: float = 1.0) -> torch.Tensor:
-    """RoPE of one token per row: x [B, H, D] at positions pos [B], as positions.apply_rope does for a sequence
-    ("rotate half"; angles in float64, applied in x's dtype)."""
-    D = x.shape[-1]
-    inv_freq = rope_inv_freq(D, theta=theta, ntk_factor=ntk_factor, device=x.device)
-    angle = (pos.to(torch.float64) / interpolation_factor)[:, None] * inv_freq[None]  # [B, D/2]
-    cos, sin = torch.cos(angle).to(x.dtype)[:, None], torch.sin(angle).to(x.dtype)[:, None]
-    x1, x2 = x[..., : D // 2], x[..., D // 2:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+def rope_at(x: torch.Tensor, pos: torch.Tensor, **rope: float) -> torch.Tensor:
+    """RoPE of one token per row: x [B, H, D] at positions pos [B] (:func:`positions.apply_rope`)."""
+    return apply_rope(x[:, None], pos, **rope)[:, 0]

@@ -9,7 +9,7 @@ import torch
 from linattn.layers import build_mixer, list_mixers, mixer_class
 from linattn.layers.base import MixerLayer
 from linattn.layers.cache import LayerCache
-from linattn.layers.rope import apply_rope
+from linattn.ops.common.positions import apply_rope
 from linattn.testing import assert_same_gradients
 
 D, H = 16, 2
@@ -40,7 +40,7 @@ def test_packed_layer_equals_separate(name: str) -> None:
 
 def test_positions_restart_in_every_sequence(monkeypatch: pytest.MonkeyPatch) -> None:
     """mix_inputs (where RoPE is applied) sees every token's position inside its own sequence."""
-    layer = _layer("retention", rope=True)
+    layer = _layer("retention")
     seen = []
     original = type(layer).mix_inputs
 

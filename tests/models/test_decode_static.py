@@ -24,7 +24,7 @@ CONFIGS = [(name, {}) for name in list_mixers()] + [
     ("ttt_linear", {"mini_batch_size": 4}),
     ("titans", {"mini_batch_size": 3}),
     ("linear_attn", {"normalize": False, "feature_map": "relu"}),
-    ("retention", {"rope": False}),
+    ("retention", {"rope_theta": None}),
     ("gated_delta_product", {"use_gate": False, "num_householder": 3}),
     ("mesa_net", {"solver": "cg", "cg_steps": 4}),
     ("mamba2", {"conv_mode": "shift"}),
@@ -146,11 +146,11 @@ def test_static_step_reads_nothing_on_the_host(config):
 def test_host_read_detector_catches_a_sync_and_a_host_tensor(monkeypatch):
     from linattn.layers import decay
 
-    model = model_of("retention", {"rope": False})
+    model = model_of("retention", {"rope_theta": None})
     monkeypatch.setattr(decay.RetNetLayer, "skip", lambda self, o, v: o + torch.ones(1).to(o.device))
     assert any("CPU" in f for f in _static_step_on_meta(model))
     monkeypatch.setattr(decay.RetNetLayer, "skip", lambda self, o, v: o * float(o.sum() > 0))
-    assert _static_step_on_meta(model_of("retention", {"rope": False}))
+    assert _static_step_on_meta(model_of("retention", {"rope_theta": None}))
 
 
 def test_decoder_checks():

@@ -82,3 +82,17 @@ def test_alibi_bias_and_visibility_mask():
     assert window.tolist() == [[0, 1, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 1, 1]]
     both = visibility_mask(q_pos, k_pos, causal=False, window_size=2)
     assert both.tolist() == [[0, 1, 1, 1, 0], [0, 0, 1, 1, 1], [0, 0, 0, 1, 1]]
+
+
+def test_apply_rope_takes_a_start_per_row_and_a_position_per_token() -> None:
+    from linattn.ops.common.positions import apply_rope
+
+    x = torch.randn(3, 5, 2, 8, dtype=torch.float64)
+    starts = torch.tensor([0, 7, 300])
+    per_row = apply_rope(x, starts, theta=500.0, interpolation_factor=2.0)
+    for b, s in enumerate(starts.tolist()):
+        torch.testing.assert_close(per_row[b:b + 1], apply_rope(x[b:b + 1], s, theta=500.0, interpolation_factor=2.0),
+                                   rtol=0, atol=0)
+    positions = starts[:, None] + torch.arange(5)[None]
+    torch.testing.assert_close(apply_rope(x, positions, theta=500.0, interpolation_factor=2.0), per_row,
+                               rtol=0, atol=0)

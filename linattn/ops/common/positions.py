@@ -56,18 +56,28 @@ def rope_inv_freq(dim: int, *, theta: float = 10000.0, ntk_factor: float = 1.0,
     return base ** -exponents
 
 
-def apply_rope(x: torch.Tensor, start: int = 0, *, theta: float = 10000.0, interpolation_factor: float = 1.0,
-               ntk_factor: float = 1.0) -> torch.Tensor:
-    """Rotate ``x`` [B, T, H, D] (D even) for positions start .. start + T - 1 ("rotate half" layout).
+def apply_rope(x: torch.Tensor, start: int | torch.Tensor = 0, *, theta: float = 10000.0,
+               interpolation_factor: float = 1.0, ntk_factor: float = 1.0) -> torch.Tensor:
+    """Rotate ``x`` [B, T, ..., D] (D even; ``...`` the heads) for its tokens' positions ("rotate half" layout).
 
-    Angles are formed in float64 (exact for long positions) and applied in ``x``'s dtype.
+    ``start``: the position of the first token (an int: positions start .. start + T - 1); per row a [B] integer
+    tensor (rows at different positions: static decoding); or every token's position, a [B, T] integer tensor
+    (packed sequences, whose positions restart at each sequence). The tensor forms are read on the device (no
+    host synchronisation). Angles are formed in float64 (exact for long positions) and applied in ``x``'s dtype.
     """
     T, D = x.shape[1], x.shape[-1]
     inv_freq = rope_inv_freq(D, theta=theta, ntk_factor=ntk_factor, device=x.device)
-    pos = torch.arange(start, start + T, dtype=torch.float64, device=x.device) / interpolation_factor
-    angle = pos[:, None] * inv_freq[None, :]  # [T, D/2]
-    cos = torch.cos(angle).to(x.dtype)[None, :, None, :]
-    sin = torch.sin(angle).to(x.dtype)[None, :, None, :]
+    if isinstance(start, torch.Tensor):
+        pos = start.to(device=x.device, dtype=torch.float64)
+        if pos.dim() == 1:
+            pos = pos[:, None] + torch.arange(T, dtype=torch.float64, device=x.device)[None]
+        angle = (pos / interpolation_factor)[..., None] * inv_freq  # [B, T, D/2]
+    else:
+        pos = torch.arange(start, start + T, dtype=torch.float64, device=x.device) / interpolation_factor
+        angle = (pos[:, None] * inv_freq[None, :])[None]  # [1, T, D/2]
+    shape = (*angle.shape[:2], *([1] * (x.dim() - 3)), D // 2)  # broadcast over the heads
+    cos = torch.cos(angle).to(x.dtype).reshape(shape)
+    sin = torch.sin(angle).to(x.dtype).reshape(shape)
     x1, x2 = x[..., : D // 2], x[..., D // 2:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
