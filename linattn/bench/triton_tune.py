@@ -30,12 +30,12 @@ from linattn.ops import get_op
 
 # which LAUNCH group (prefix) each kernel of a family reads
 KERNEL_GROUPS = {
-    "gated_delta_rule": {"_prepare_kernel": "prep", "_state_fwd_kernel": "scan", "_output_fwd_kernel": "out",
+    "gated_delta_rule": {"_prepare_kernel": "prep", "_state_fwd_kernel": "scan", "chunk_output_kernel": "out",
                          "_dv_local_kernel": "dv", "_state_bwd_kernel": "bscan", "_grads_qk_kernel": "grads",
                          "_grads_wy_kernel": "wy"},
     "gla": {"_state_fwd_kernel": "scan", "_scores_kernel": "scores", "_output_kernel": "out",
             "_state_bwd_kernel": "bscan", "_inter_bwd_kernel": "inter", "_intra_bwd_kernel": "intra"},
-    "simple_gla": {"_state_fwd_kernel": "scan", "_output_fwd_kernel": "out", "_state_bwd_kernel": "bscan",
+    "simple_gla": {"_state_fwd_kernel": "scan", "chunk_output_kernel": "out", "_state_bwd_kernel": "bscan",
                    "_grads_bwd_kernel": "grads"},
 }
 

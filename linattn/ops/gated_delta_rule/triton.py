@@ -48,6 +48,7 @@ import triton.language as tl
 
 from ..common.checks import DELTA_TRITON_CHUNK_SIZES
 from ..common.packed_call import chunk_layout, current_packing
+from ..common.triton_chunk_output import chunk_output_kernel, chunk_state_dtype
 from ..common.triton_launch import fast_launch
 from ..common.triton_masking import causal_dot_rest, is_finite
 from ..common.triton_ops import eager_backward, eager_function, needs_backward, use_custom_op
@@ -61,7 +62,6 @@ from ..common.triton_utils import (
     mm,
     upcast_dots,
 )
-from ..simple_gla.triton import _output_fwd_kernel, _state_dtype
 
 
 @triton.jit
@@ -473,7 +473,7 @@ def _states(k, w, u, g, initial_state, C, cu_chunks=None):
     V = u.shape[-1]
     N = cdiv(T, C)
     rows = B if cu_chunks is None else cu_chunks.shape[0] - 1
-    h = torch.empty(B, H, N, K, V, device=k.device, dtype=_state_dtype(k))
+    h = torch.empty(B, H, N, K, V, device=k.device, dtype=chunk_state_dtype(k))
     dlt = torch.empty_like(u)
     ht = torch.empty(rows, H, K, V, device=k.device, dtype=torch.float32)
     BV = min(LAUNCH["scan_BV"], _block(V))
@@ -491,7 +491,7 @@ def _output(q, k, dlt, g, h, scale, C):
     g = torch.zeros(B, T, H, device=q.device, dtype=torch.float32) if g is None else g
     o = torch.empty_like(dlt)
     BV = min(LAUNCH["out_BV"], _block(V))
-    _output_fwd_kernel[(cdiv(V, BV), cdiv(T, C), B * H)](
+    chunk_output_kernel[(cdiv(V, BV), cdiv(T, C), B * H)](
         q=q, k=k, v=dlt, g=g, h=h, o=o, scale=scale, T=T, H=H, K=K, V=V, C=C, BK=_block(K), BV=BV, **_launch_args(q),
         **_options(q, "out"))
     return o

@@ -69,6 +69,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.triton_chunk_output import chunk_state_dtype
 from ..common.triton_launch import fast_launch
 from ..common.triton_masking import causal_dot_rest
 from ..common.triton_ops import gated_rnn_backend
@@ -81,7 +82,6 @@ from ..common.triton_utils import (
     mm,
     upcast_dots,
 )
-from ..simple_gla.triton import _state_dtype
 
 SUB = 16  # sub-chunk length of the intra-chunk scores
 FACTOR_LIMIT = 30.0  # largest in-sub-chunk gate spread for which the diagonal blocks are factored
@@ -411,7 +411,7 @@ def _states(k, v, g, initial_state, C, cu_chunks=None):
     N = cdiv(T, C)
     rows = B if cu_chunks is None else cu_chunks.shape[0] - 1
     BK, BV = min(LAUNCH["scan_BK"], _block(K)), min(LAUNCH["BV"], _block(V))
-    h = torch.empty(B, H, N, K, V, device=k.device, dtype=_state_dtype(k))
+    h = torch.empty(B, H, N, K, V, device=k.device, dtype=chunk_state_dtype(k))
     ht = torch.empty(rows, H, K, V, device=k.device, dtype=torch.float32)
     h0 = initial_state if initial_state is not None else ht  # unused pointer when HAS_H0 is False
     _state_fwd_kernel[(cdiv(V, BV), cdiv(K, BK), rows * H)](
@@ -486,7 +486,7 @@ def _saved_like(q, k, v, g, C):
     """Empty tensors shaped like the forward's kept (h, A), for tracing."""
     B, T, H, K = q.shape
     N = cdiv(T, C)
-    return (q.new_empty(B, H, N, K, v.shape[-1], dtype=_state_dtype(k)), q.new_empty(B, T, H, C))
+    return (q.new_empty(B, H, N, K, v.shape[-1], dtype=chunk_state_dtype(k)), q.new_empty(B, T, H, C))
 
 
 gla_triton = gated_rnn_backend("gla_triton", gla_triton_forward, gla_triton_backward, _saved_like)

@@ -38,7 +38,7 @@ def retention_log_decay(
     return torch.log1p(-torch.pow(2.0, -5.0 - h)).to(dtype)
 
 
-def _on_simple_gla(impl: Callable) -> Callable:
+def on_simple_gla(impl: Callable) -> Callable:
     """Turn a simple_gla implementation into a retention one (g = log gamma_h at every token)."""
 
     def retention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> tuple:
@@ -58,7 +58,7 @@ SPEC = register_op(
         equation="S_t = gamma_h S_{t-1} + k_t v_t^T, gamma_h = 1 - 2^(-5-h);  o_t = S_t^T q_t",
         op_args=(),
         state_shape="[B, H, K, V]",
-        implementations={name: _on_simple_gla(fn) for name, fn in SIMPLE_GLA_SPEC.implementations.items()},
+        implementations={name: on_simple_gla(fn) for name, fn in SIMPLE_GLA_SPEC.implementations.items()},
         notes="simple_gla with the constant log gate log(1 - 2^(-5-h)) per head h",
     )
 )

@@ -32,8 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.triton_chunk_output import chunk_output_kernel, chunk_state_dtype
 from ..common.triton_launch import fast_launch
-from ..common.triton_masking import causal_dot_rest
 from ..common.triton_ops import gated_rnn_backend
 from ..common.triton_utils import block as _block
 from ..common.triton_utils import (
@@ -82,37 +82,6 @@ def _state_fwd_kernel(k, v, g, h, h0, ht, cu, T, H: tl.constexpr, K: tl.constexp
         vw = (vc.to(tl.float32) * tl.exp(b_last - b)[:, None]).to(vc.dtype)
         S = S * tl.exp(b_last) + mm(kt, vw, PREC, UP)
     tl.store(ht + i_bh * K * V + kv, S, mask=m_kv)
-
-
-@fast_launch
-@triton.jit(do_not_specialize=["T"])
-def _output_fwd_kernel(q, k, v, g, h, o, scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                       C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
-    """Grid (cdiv(V, BV), N, B*H): o for one chunk and value block."""
-    i_v, n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
-    N = tl.cdiv(T, C)
-    o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
-    o_v = i_v * BV + tl.arange(0, BV)
-    t = n * C + o_c
-    m_t = t < T
-    row = (i_b * T + t) * H + i_h
-    m_ck = m_t[:, None] & (o_k[None, :] < K)
-    m_cv = m_t[:, None] & (o_v[None, :] < V)
-    b = tl.cumsum(tl.load(g + row, mask=m_t, other=0.0).to(tl.float32), axis=0)
-    qc = tl.load(q + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
-    kt = tl.load(k + row[None, :] * K + o_k[:, None], mask=(o_k[:, None] < K) & m_t[None, :], other=0.0)
-    vc = tl.load(v + row[:, None] * V + o_v[None, :], mask=m_cv, other=0.0)
-    S = tl.load(h + (i_bh * N + n) * K * V + o_k[:, None] * V + o_v[None, :],
-                mask=(o_k[:, None] < K) & (o_v[None, :] < V), other=0.0)
-    q_dec = (qc.to(tl.float32) * (scale * tl.exp(b))[:, None]).to(S.dtype)
-    acc = mm(q_dec, S, PREC, UP)
-    causal = o_c[:, None] >= o_c[None, :]
-    D = tl.where(causal, tl.exp(tl.where(causal, b[:, None] - b[None, :], 0.0)), 0.0)
-    A = tl.where(causal, mm(qc, kt, PREC, UP) * D * scale, 0.0)  # selected: a later NaN key must not leak
-    v_fin, v_rest = causal_dot_rest(vc)  # row t reads v rows <= t only (triton_masking.py)
-    acc += mm(A.to(vc.dtype), v_fin, PREC, UP) + v_rest
-    tl.store(o + row[:, None] * V + o_v[None, :], acc.to(o.dtype.element_ty), mask=m_cv)
 
 
 @fast_launch
@@ -241,18 +210,13 @@ def _options(launch: dict, kernel: str, dtype: torch.dtype, f32_stages: int | No
     return launch_options(launch, kernel, dtype, float32_stages=f32_stages)
 
 
-def _state_dtype(x: torch.Tensor) -> torch.dtype:
-    """Chunk-entry states are kept in the input dtype for bf16/fp16 (half the memory, as FLA does)."""
-    return torch.float32 if x.dtype == torch.float32 else x.dtype
-
-
 def _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks=None):
     B, T, H, K = k.shape
     V = v.shape[-1]
     N = cdiv(T, C)
     rows = B if cu_chunks is None else cu_chunks.shape[0] - 1
     BK, BV = _block(K), min(launch["BV"], _block(V))
-    h = torch.empty(B, H, N, K, V, device=k.device, dtype=_state_dtype(k))
+    h = torch.empty(B, H, N, K, V, device=k.device, dtype=chunk_state_dtype(k))
     ht = torch.empty(rows, H, K, V, device=k.device, dtype=torch.float32)
     h0 = initial_state if initial_state is not None else ht  # unused pointer when HAS_H0 is False
     _state_fwd_kernel[(cdiv(V, BV), rows * H)](
@@ -279,7 +243,7 @@ def simple_gla_triton_forward(q, k, v, g, scale, initial_state, C, keep=False, c
     h, ht = _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks)
     o = torch.empty_like(v)
     BK, BV = _block(K), min(launch["BV"], _block(V))
-    _output_fwd_kernel[(cdiv(V, BV), cdiv(T, C), B * H)](
+    chunk_output_kernel[(cdiv(V, BV), cdiv(T, C), B * H)](
         q=q, k=k, v=v, g=g, h=h, o=o, scale=scale, T=T, H=H, K=K, V=V, C=C, BK=BK, BV=BV,
         PREC=dot_precision(q.dtype), UP=upcast_dots(q.dtype), **_options(launch, "out", q.dtype, f32_stages))
     return o, ht
@@ -343,12 +307,4 @@ def simple_gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, sav
 simple_gla_triton = gated_rnn_backend("simple_gla_triton", simple_gla_triton_forward, simple_gla_triton_backward)
 
 
-def _derived_backends() -> dict:
-    """retention runs on simple_gla's implementation (a constant gate); linear_attn has its own module on these
-    kernels (``linear_attn/triton.py``: features in the input dtype, a float32 normaliser)."""
-    from ..retention.api import _on_simple_gla as retention_on
-
-    return {"retention": retention_on(simple_gla_triton)}
-
-
-TRITON_BACKENDS = {"simple_gla": simple_gla_triton, **_derived_backends()}
+TRITON_BACKENDS = {"simple_gla": simple_gla_triton}

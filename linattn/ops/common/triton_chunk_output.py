@@ -1,0 +1,50 @@
+"""The output pass of a chunked scalar-decay scan, shared by simple_gla (and its derived ops) and the delta family
+(which runs it on its pseudo-values), and the dtype in which these scans keep chunk-entry states."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .triton_launch import fast_launch
+from .triton_masking import causal_dot_rest
+from .triton_utils import mm
+
+
+def chunk_state_dtype(x: torch.Tensor) -> torch.dtype:
+    """Chunk-entry states are kept in the input dtype for bf16/fp16 (half the memory, as FLA does)."""
+    return torch.float32 if x.dtype == torch.float32 else x.dtype
+
+
+@fast_launch
+@triton.jit(do_not_specialize=["T"])
+def chunk_output_kernel(q, k, v, g, h, o, scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                       C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+    """Grid (cdiv(V, BV), N, B*H): o for one chunk and value block, from the state h[b, h, n] entering the chunk
+    and the per-head log gates g (cumulated within the chunk as b):
+        o_t = (scale exp(b_t) q_t)^T S_n + sum_{s <= t in the chunk} scale (q_t . k_s) exp(b_t - b_s) v_s."""
+    i_v, n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    N = tl.cdiv(T, C)
+    o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
+    o_v = i_v * BV + tl.arange(0, BV)
+    t = n * C + o_c
+    m_t = t < T
+    row = (i_b * T + t) * H + i_h
+    m_ck = m_t[:, None] & (o_k[None, :] < K)
+    m_cv = m_t[:, None] & (o_v[None, :] < V)
+    b = tl.cumsum(tl.load(g + row, mask=m_t, other=0.0).to(tl.float32), axis=0)
+    qc = tl.load(q + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
+    kt = tl.load(k + row[None, :] * K + o_k[:, None], mask=(o_k[:, None] < K) & m_t[None, :], other=0.0)
+    vc = tl.load(v + row[:, None] * V + o_v[None, :], mask=m_cv, other=0.0)
+    S = tl.load(h + (i_bh * N + n) * K * V + o_k[:, None] * V + o_v[None, :],
+                mask=(o_k[:, None] < K) & (o_v[None, :] < V), other=0.0)
+    q_dec = (qc.to(tl.float32) * (scale * tl.exp(b))[:, None]).to(S.dtype)
+    acc = mm(q_dec, S, PREC, UP)
+    causal = o_c[:, None] >= o_c[None, :]
+    D = tl.where(causal, tl.exp(tl.where(causal, b[:, None] - b[None, :], 0.0)), 0.0)
+    A = tl.where(causal, mm(qc, kt, PREC, UP) * D * scale, 0.0)  # selected: a later NaN key must not leak
+    v_fin, v_rest = causal_dot_rest(vc)  # row t reads v rows <= t only (triton_masking.py)
+    acc += mm(A.to(vc.dtype), v_fin, PREC, UP) + v_rest
+    tl.store(o + row[:, None] * V + o_v[None, :], acc.to(o.dtype.element_ty), mask=m_cv)
