@@ -85,7 +85,9 @@ def spd_solve(A: torch.Tensor, b: torch.Tensor, solver: str, cg_steps: int | Non
     """
     if solver == "exact":
         L, info = torch.linalg.cholesky_ex(A)
-        if value_checks_enabled(info) and bool((info != 0).any()):
+        # cuSOLVER factorises a NaN matrix without reporting it (info 0, NaN factor): read the factor too (detached,
+        # so that the check saves nothing for backward: a checkpointed block's recompute must save what its forward did)
+        if value_checks_enabled(info) and (bool((info != 0).any()) or not bool(torch.isfinite(L.detach()).all())):
             raise _not_positive_definite("its Cholesky factorisation failed", A.dtype)
         return torch.cholesky_solve(b[..., None], L).squeeze(-1)
     # CG has no factorisation to fail: it would carry NaN or inf in A silently into the output

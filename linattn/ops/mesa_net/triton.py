@@ -5,10 +5,12 @@
 
 No kernel of its own: solver "cg" runs every product with G_t (and the read-out with H_t) as one call of simple_gla's
 Triton forward, its backward by implicit differentiation through simple_gla's Triton backward; solver "exact" runs
-the chunk backend's code in checkpointed blocks (``composed.py`` has the algorithm). The scans compute in float32
-(float32 ``tl.dot``s, as simple_gla's float32 inputs do) whatever the input dtype: CG needs the products more
-accurately than bf16 holds them. float64 inputs take simple_gla's PyTorch chunk form instead (Triton has no float64
-dots), the same algorithm.
+the chunk backend's code in checkpointed blocks (``composed.py`` has the algorithm). The scans take float32 tensors
+whatever the input dtype: CG needs its vectors more accurately than bf16 holds them. Their products carry the inputs'
+precision: IEEE float32 dots for float32 inputs, tf32 tensor-core dots (10 mantissa bits, three more than bf16's)
+for bf16/fp16 inputs. IEEE float32 dots run on the CUDA cores: on an H100 they made a bf16 MesaNet layer's cg16
+forward and backward 25x slower (1.5 s at B=8, T=2048, H=8, K=128, where their tiles spill registers). float64
+inputs take simple_gla's PyTorch chunk form instead (Triton has no float64 dots), the same algorithm.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ class TritonScan:
     are called directly; under torch.compile (or for tensor subclasses) simple_gla's registered custom ops, which
     graphs see as opaque ops with fake kernels."""
 
-    def __init__(self, chunk_size: int) -> None:
+    def __init__(self, chunk_size: int, precision: str | None = None) -> None:
         self.chunk_size = chunk_size
+        self.precision = precision  # of the dots (None: simple_gla's for float32 inputs)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                 s0: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,7 +40,7 @@ class TritonScan:
         if use_custom_op(q):
             y, sT, _, _ = torch.ops.linattn.simple_gla_triton_fwd(q, k, v, g, s0, 1.0, self.chunk_size, False)
             return y, sT
-        y, sT = simple_gla_triton_forward(q, k, v, g, 1.0, s0, self.chunk_size)
+        y, sT = simple_gla_triton_forward(q, k, v, g, 1.0, s0, self.chunk_size, precision=self.precision)
         return y, sT
 
     def backward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, s0: torch.Tensor | None,
@@ -46,7 +49,7 @@ class TritonScan:
         s0, dST = (None if x is None else x.contiguous() for x in (s0, dST))
         if use_custom_op(q):
             return torch.ops.linattn.simple_gla_triton_bwd(q, k, v, g, s0, 1.0, self.chunk_size, dy, dST, None, None)
-        return simple_gla_triton_backward(q, k, v, g, 1.0, s0, self.chunk_size, dy, dST)
+        return simple_gla_triton_backward(q, k, v, g, 1.0, s0, self.chunk_size, dy, dST, precision=self.precision)
 
 
 def mesa_net_triton(
@@ -69,7 +72,10 @@ def mesa_net_triton(
     validated by the public op; chunk_size 16, 32, 64 or 128."""
     if chunk_size not in CHUNK_SIZES:
         raise ValueError(f"chunk_size must be 16, 32, 64 or 128 for backend='triton', got {chunk_size}")
-    scan = TorchScan(chunk_size) if compute_dtype(q) == torch.float64 else TritonScan(chunk_size)
+    if compute_dtype(q) == torch.float64:
+        scan: TorchScan | TritonScan = TorchScan(chunk_size)
+    else:
+        scan = TritonScan(chunk_size, precision=None if q.dtype == torch.float32 else "tf32")
     return mesa_net_composed(q, k, v, g, beta, lamb, scale=scale, initial_state=initial_state,
                              output_final_state=output_final_state, chunk_size=chunk_size, solver=solver,
                              cg_steps=cg_steps, scan=scan)

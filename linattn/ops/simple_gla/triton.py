@@ -210,7 +210,7 @@ def _options(launch: dict, kernel: str, dtype: torch.dtype, f32_stages: int | No
     return launch_options(launch, kernel, dtype, float32_stages=f32_stages)
 
 
-def _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks=None):
+def _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks=None, precision=None):
     B, T, H, K = k.shape
     V = v.shape[-1]
     N = cdiv(T, C)
@@ -221,7 +221,7 @@ def _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks=None):
     h0 = initial_state if initial_state is not None else ht  # unused pointer when HAS_H0 is False
     _state_fwd_kernel[(cdiv(V, BV), rows * H)](
         k=k, v=v, g=g, h=h, h0=h0, ht=ht, cu=ht if cu_chunks is None else cu_chunks, T=T, H=H, K=K, V=V, C=C, BK=BK,
-        BV=BV, HAS_H0=initial_state is not None, PACKED=cu_chunks is not None, PREC=dot_precision(k.dtype),
+        BV=BV, HAS_H0=initial_state is not None, PACKED=cu_chunks is not None, PREC=precision or dot_precision(k.dtype),
         UP=upcast_dots(k.dtype), **_options(launch, "scan", k.dtype, f32_stages))
     return h, ht
 
@@ -231,21 +231,23 @@ def _fitted_chunks(cu_chunks, chunk_size, C):
     return cu_chunks if cu_chunks is None or C == chunk_size else cu_chunks * (chunk_size // C)
 
 
-def simple_gla_triton_forward(q, k, v, g, scale, initial_state, C, keep=False, cu_chunks=None):
+def simple_gla_triton_forward(q, k, v, g, scale, initial_state, C, keep=False, cu_chunks=None, precision=None):
     """Forward pass: (o, final state float32). Inputs contiguous [B, T, H, *]; g [B, T, H] float32, bf16 or fp16.
     Nothing is kept for the backward pass (``keep`` is ignored): its states cost one cheap scan to recompute.
-    ``cu_chunks``: packed sequences in the chunk-aligned layout of C-token chunks (common/packed_call.py)."""
+    ``cu_chunks``: packed sequences in the chunk-aligned layout of C-token chunks (common/packed_call.py).
+    ``precision``: the dots' input precision instead of :func:`dot_precision`'s (float32 inputs only)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     C0 = C
     C, launch, f32_stages = _fitted(K, q.dtype, C)
     cu_chunks = _fitted_chunks(cu_chunks, C0, C)
-    h, ht = _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks)
+    h, ht = _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks, precision)
     o = torch.empty_like(v)
     BK, BV = _block(K), min(launch["BV"], _block(V))
     chunk_output_kernel[(cdiv(V, BV), cdiv(T, C), B * H)](
         q=q, k=k, v=v, g=g, h=h, o=o, scale=scale, T=T, H=H, K=K, V=V, C=C, BK=BK, BV=BV,
-        PREC=dot_precision(q.dtype), UP=upcast_dots(q.dtype), **_options(launch, "out", q.dtype, f32_stages))
+        PREC=precision or dot_precision(q.dtype), UP=upcast_dots(q.dtype),
+        **_options(launch, "out", q.dtype, f32_stages))
     return o, ht
 
 
@@ -270,7 +272,8 @@ def _reverse_cumsum(dG, C, cu_chunks):
     return (local + carry[:, None, :]).view(B, T, H)
 
 
-def simple_gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, saved=(None, None), cu_chunks=None):
+def simple_gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, saved=(None, None), cu_chunks=None,
+                               precision=None):
     """Backward pass: (dq, dk, dv, dg, d_initial_state); the chunk states are recomputed (nothing is kept)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -280,19 +283,19 @@ def simple_gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, sav
     N = cdiv(T, C)
     rows = B if cu_chunks is None else cu_chunks.shape[0] - 1
     BK, BV = _block(K), min(launch["BV"], _block(V))
-    h, ht = _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks)
+    h, ht = _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks, precision)
     dh = torch.empty_like(h)
     dh0 = torch.empty(rows, H, K, V, device=q.device, dtype=torch.float32)
     _state_bwd_kernel[(cdiv(V, BV), rows * H)](
         q=q, g=g, do=do, dh=dh, dht=dht if dht is not None else dh0, dh0=dh0,
         cu=dh0 if cu_chunks is None else cu_chunks, scale=scale, T=T, H=H, K=K, V=V, C=C, BK=BK, BV=BV,
-        HAS_DHT=dht is not None, PACKED=cu_chunks is not None, PREC=dot_precision(q.dtype), UP=upcast_dots(q.dtype),
-        **_options(launch, "bscan", q.dtype, f32_stages))
+        HAS_DHT=dht is not None, PACKED=cu_chunks is not None, PREC=precision or dot_precision(q.dtype),
+        UP=upcast_dots(q.dtype), **_options(launch, "bscan", q.dtype, f32_stages))
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dG = torch.empty(B, T, H, device=q.device, dtype=torch.float32)
     _grads_bwd_kernel[(N, B * H)](
         q=q, k=k, v=v, g=g, h=h, do=do, dh=dh, dq=dq, dk=dk, dv=dv, dG=dG, scale=scale, T=T, H=H, K=K, V=V, C=C,
-        BK=BK, BV=min(launch["grads_BV"], _block(V)), PREC=dot_precision(q.dtype), UP=upcast_dots(q.dtype),
+        BK=BK, BV=min(launch["grads_BV"], _block(V)), PREC=precision or dot_precision(q.dtype), UP=upcast_dots(q.dtype),
         **_options(launch, "grads", q.dtype, f32_stages))
     if dht is not None:  # the final state's gate term, at the last position (of each packed sequence)
         term = (dht.float() * ht).sum((-2, -1))
