@@ -250,3 +250,31 @@ def test_layer_on_the_triton_backend():
     for key in (("triton", "cg"), ("triton", "exact")):
         for what, a, e in zip(("output", "dx", "dlamb_raw", "da_proj"), results[key], results["chunk", "exact"]):
             assert_close(a, e, 1e-5, f"{key}: {what}")
+
+
+@pytest.mark.parametrize("steps", [1, 3, 12])
+def test_fused_cg_steps_equal_cg_solve(steps):
+    """The fused CG kernel's iterates == cg_solve's on the same product, freezing rule included: a zero right-hand
+    side stays zero and a diagonal system (solved in one step) stops moving."""
+    from linattn.ops.mesa_net.solve import cg_solve
+    from linattn.ops.mesa_net.triton_cg import fused_cg_solve
+
+    B, T, H, K = 2, 5, 3, 12
+    gen = torch.Generator().manual_seed(0)
+    M = torch.randn(B, T, H, K, K, generator=gen) / K ** 0.5
+    A = (M @ M.transpose(-1, -2)).to(DEVICE)
+    A[0, 1, 2] = torch.eye(K) * 2.0  # solved exactly in one step: later steps must be exactly zero
+    b = torch.randn(B, T, H, K, generator=gen).to(DEVICE)
+    b[1, 3] = 0.0
+    lamb = torch.rand(H, K, generator=gen) + 0.5
+    lamb[2] = 0.75  # head 2's A + diag(lamb) at [0, 1] is a multiple of the identity
+    lamb = lamb.to(DEVICE)
+
+    def product(p):
+        return (A @ p[..., None]).squeeze(-1)
+
+    fused = fused_cg_solve(product, lamb, b.contiguous(), steps)
+    plain = cg_solve(lambda p: product(p) + lamb * p, b, steps)
+    assert_close(fused, plain, 1e-5, f"fused vs cg_solve after {steps} steps")
+    assert torch.equal(fused[1, 3], torch.zeros_like(fused[1, 3]))
+    assert_close(fused[0, 1, 2], b[0, 1, 2] / 2.75, 1e-6, "a multiple of the identity")

@@ -27,6 +27,7 @@ so y_t = G_t p_t: one scan is one matrix-vector product with every G_t, and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -54,6 +55,17 @@ class Scan(Protocol):
     def backward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, s0: torch.Tensor | None,
                  dy: torch.Tensor, dST: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
         """(dq, dk, dv, dg, dS_0) for the cotangents dy of y and dST of S_T (None: zero)."""
+        ...
+
+    def reader(self, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+               s0: torch.Tensor | None) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+        """q -> forward(q, k, v, g, s0), for many q: CG reads one scan with a new query at every step, so a scan
+        that can keep its states across queries does."""
+        ...
+
+    def solve(self, product: Callable[[torch.Tensor], torch.Tensor], lamb: torch.Tensor, b: torch.Tensor,
+              steps: int) -> torch.Tensor:
+        """``steps`` CG steps on (G_t + diag(lamb)) x_t = b_t, ``product(p)`` giving G_t p_t (:func:`cg_solve`)."""
         ...
 
 
@@ -84,6 +96,14 @@ class TorchScan:
                 cotangents.append(dST)
             return torch.autograd.grad(outputs, leaves, cotangents, allow_unused=True, materialize_grads=True)
 
+    def reader(self, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+               s0: torch.Tensor | None) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+        return lambda q: self.forward(q, k, v, g, s0)
+
+    def solve(self, product: Callable[[torch.Tensor], torch.Tensor], lamb: torch.Tensor, b: torch.Tensor,
+              steps: int) -> torch.Tensor:
+        return cg_solve(lambda p: product(p) + lamb * p, b, steps)
+
 
 def _transpose(x: torch.Tensor | None) -> torch.Tensor | None:
     return None if x is None else x.transpose(-1, -2).contiguous()
@@ -96,17 +116,17 @@ class _MesaCG(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, lamb, G0, H0, scale: float, steps: int, scan: Scan):
         kb, vb = beta[..., None] * k, beta[..., None] * v
-        G0T = _transpose(G0)  # S_0 = G_0^T, so that S_t = G_t^T and the scan reads G_t p
+        read_G = scan.reader(k, kb, g, _transpose(G0))  # S_0 = G_0^T, so that S_t = G_t^T and the scan reads G_t p
         final: list[torch.Tensor] = []
 
-        def matvec(p: torch.Tensor) -> torch.Tensor:
-            y, sT = scan.forward(p, k, kb, g, G0T)
+        def product(p: torch.Tensor) -> torch.Tensor:
+            y, sT = read_G(p)
             if not final:
                 final.append(sT.transpose(-1, -2))  # G_T, from the first product
-            return y + lamb * p
+            return y
 
         b = q * scale
-        x = cg_solve(matvec, b, steps)
+        x = scan.solve(product, lamb, b, steps)
         # CG's step sizes turn a NaN or inf right-hand side into zero steps: make it show in x (b * 0 is 0 if finite)
         x = x + b * 0
         o, HT = scan.forward(x, k, vb, g, H0)
@@ -126,7 +146,8 @@ class _MesaCG(torch.autograd.Function):
         # o_t = H_t^T x_t: the query gradient is dx_t = H_t do_t; H's inputs get theirs from the same call
         dx, dk, dvb, dg, dH0 = scan.backward(x, k, vb, g, H0, do.contiguous(), _contiguous(dHT))
         # u_t = A_t^-T dx_t; A_t^T p = G_t^T p + lamb p is the scan with S_0 = G_0 (S_t = G_t)
-        u = cg_solve(lambda p: scan.forward(p, k, kb, g, G0)[0] + lamb * p, dx, ctx.steps)
+        read_GT = scan.reader(k, kb, g, G0)
+        u = scan.solve(lambda p: read_GT(p)[0], lamb, dx.contiguous(), ctx.steps)
         # the solve's gradient to G_t is -u_t x_t^T: back through y_t = G_t x_t read with -u_t (and G_T's gradient)
         _, dk2, dkb, dg2, dG0T = scan.backward(x, k, kb, g, _transpose(G0), -u, _transpose(dGT))
         dk = dk + dk2 + beta[..., None] * dkb

@@ -15,13 +15,22 @@ inputs take simple_gla's PyTorch chunk form instead (Triton has no float64 dots)
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ..common.checks import CHUNK_SIZES, compute_dtype
 from ..common.triton_ops import use_custom_op
-from ..simple_gla.triton import simple_gla_triton_backward, simple_gla_triton_forward
+from ..simple_gla.triton import (
+    simple_gla_triton_backward,
+    simple_gla_triton_forward,
+    simple_gla_triton_read,
+    simple_gla_triton_states,
+)
 from .composed import TorchScan, mesa_net_composed
 from .reference import MesaState
+from .solve import cg_solve
+from .triton_cg import fused_cg_solve
 
 
 class TritonScan:
@@ -42,6 +51,23 @@ class TritonScan:
             return y, sT
         y, sT = simple_gla_triton_forward(q, k, v, g, 1.0, s0, self.chunk_size, precision=self.precision)
         return y, sT
+
+    def reader(self, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+               s0: torch.Tensor | None) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+        """The chunk states of k, v, g scanned once; each query then costs one launch of the output kernel."""
+        k, v, g = (x.contiguous() for x in (k, v, g))
+        s0 = None if s0 is None else s0.contiguous()
+        if use_custom_op(k):
+            return lambda q: self.forward(q, k, v, g, s0)
+        states = simple_gla_triton_states(k, v, g, s0, self.chunk_size, precision=self.precision)
+        return lambda q: (simple_gla_triton_read(q.contiguous(), k, v, g, 1.0, states), states.final)
+
+    def solve(self, product: Callable[[torch.Tensor], torch.Tensor], lamb: torch.Tensor, b: torch.Tensor,
+              steps: int) -> torch.Tensor:
+        """One fused kernel per CG step (triton_cg.py); under torch.compile cg_solve's traceable steps."""
+        if use_custom_op(b):
+            return cg_solve(lambda p: product(p) + lamb * p, b, steps)
+        return fused_cg_solve(product, lamb, b.contiguous(), steps)
 
     def backward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, s0: torch.Tensor | None,
                  dy: torch.Tensor, dST: torch.Tensor | None) -> tuple[torch.Tensor, ...]:

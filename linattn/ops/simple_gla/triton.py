@@ -28,6 +28,8 @@ a new sequence length reuses the compiled kernels (T is not specialised on).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -231,24 +233,50 @@ def _fitted_chunks(cu_chunks, chunk_size, C):
     return cu_chunks if cu_chunks is None or C == chunk_size else cu_chunks * (chunk_size // C)
 
 
+class ChunkStates(NamedTuple):
+    """The chunk-entry states of one scan (``h`` [B, H, N, K, V], the final state float32) and the launch they
+    were made with: enough to read the scan with any number of queries (:func:`simple_gla_triton_read`)."""
+
+    h: torch.Tensor
+    final: torch.Tensor
+    C: int
+    launch: dict
+    f32_stages: int | None
+    precision: str | None
+
+
+def simple_gla_triton_states(k, v, g, initial_state, C, cu_chunks=None, precision=None) -> ChunkStates:
+    """The state scan S_n = exp(sum of g over chunk n) S_{n-1} + sum_s exp(b_last - b_s) k_s v_s^T at every chunk
+    entry. ``cu_chunks``: packed sequences in the chunk-aligned layout of C-token chunks (common/packed_call.py);
+    ``precision``: the dots' input precision instead of :func:`dot_precision`'s (float32 inputs only)."""
+    C0 = C
+    C, launch, f32_stages = _fitted(k.shape[-1], k.dtype, C)
+    h, ht = _states(k, v, g, initial_state, C, launch, f32_stages, _fitted_chunks(cu_chunks, C0, C), precision)
+    return ChunkStates(h, ht, C, launch, f32_stages, precision)
+
+
+def simple_gla_triton_read(q, k, v, g, scale, states: ChunkStates):
+    """o_t = (scale exp(b_t) q_t)^T S_n + the chunk's causal part, for the states of the same k, v, g: one launch of
+    the output kernel (a scan read with another query costs no second state scan)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    C, launch = states.C, states.launch
+    o = torch.empty_like(v)
+    BK, BV = _block(K), min(launch["BV"], _block(V))
+    chunk_output_kernel[(cdiv(V, BV), cdiv(T, C), B * H)](
+        q=q, k=k, v=v, g=g, h=states.h, o=o, scale=scale, T=T, H=H, K=K, V=V, C=C, BK=BK, BV=BV,
+        PREC=states.precision or dot_precision(q.dtype), UP=upcast_dots(q.dtype),
+        **_options(launch, "out", q.dtype, states.f32_stages))
+    return o
+
+
 def simple_gla_triton_forward(q, k, v, g, scale, initial_state, C, keep=False, cu_chunks=None, precision=None):
     """Forward pass: (o, final state float32). Inputs contiguous [B, T, H, *]; g [B, T, H] float32, bf16 or fp16.
     Nothing is kept for the backward pass (``keep`` is ignored): its states cost one cheap scan to recompute.
     ``cu_chunks``: packed sequences in the chunk-aligned layout of C-token chunks (common/packed_call.py).
     ``precision``: the dots' input precision instead of :func:`dot_precision`'s (float32 inputs only)."""
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    C0 = C
-    C, launch, f32_stages = _fitted(K, q.dtype, C)
-    cu_chunks = _fitted_chunks(cu_chunks, C0, C)
-    h, ht = _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks, precision)
-    o = torch.empty_like(v)
-    BK, BV = _block(K), min(launch["BV"], _block(V))
-    chunk_output_kernel[(cdiv(V, BV), cdiv(T, C), B * H)](
-        q=q, k=k, v=v, g=g, h=h, o=o, scale=scale, T=T, H=H, K=K, V=V, C=C, BK=BK, BV=BV,
-        PREC=precision or dot_precision(q.dtype), UP=upcast_dots(q.dtype),
-        **_options(launch, "out", q.dtype, f32_stages))
-    return o, ht
+    states = simple_gla_triton_states(k, v, g, initial_state, C, cu_chunks, precision)
+    return simple_gla_triton_read(q, k, v, g, scale, states), states.final
 
 
 def _reverse_cumsum(dG, C, cu_chunks):
