@@ -56,10 +56,9 @@ PRESETS: dict[str, dict] = {
                     {"mixer": TRANSFORMER, "kv": "exact"}],
         "seeds": [0, 1], "lrs": [3e-3],
     },
-    # One H100, 16 workers: a first sizing, not measured (138 runs in ~9 rounds of 16; ~25 minutes if a run's
-    # step takes ~0.1 s beside 15 others), resumable in --max-minutes 9 invocations. BPE 4096 trained on the
-    # train split, 4 layers d=256 (4.0-4.5M parameters), 1500 steps of 32 x 512 tokens, every mixer x
-    # placement x kv; 3 seeds.
+    # One H100, resumable in --max-minutes 9 invocations: 138 runs, 539 run-minutes (3-5 minutes each beside
+    # 6-15 others), about an hour of wall time. BPE 4096 trained on the train split, 4 layers d=256 (3.95-4.52M
+    # parameters), 1500 steps of 32 x 512 tokens, every mixer x placement x kv; 3 seeds.
     "full": {
         "base": _base({"tokenizer": "bpe", "vocab_size": 4096, "seq_len": 512, "eval_windows": 64,
                        "test_windows": 512},

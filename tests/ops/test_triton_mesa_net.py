@@ -134,7 +134,9 @@ def test_strong_decay_and_long_sequence_finite(g_value):
     ref, (Gr, Hr) = mesa_net(q, k, v, g, beta, lamb, output_final_state=True, backend="chunk", solver="cg",
                              cg_steps=4)
     assert_close(o, ref, 1e-4, f"g = {g_value}: output")
-    assert_close(G, Gr, 1e-5, f"g = {g_value}: G")
+    # With g = 0 nothing decays: G sums all 65536 terms k k^T on the GPU, in float32 and in another order
+    # than the chunk backend, so about 1e-5 relative error is rounding, not a bug.
+    assert_close(G, Gr, 3e-5, f"g = {g_value}: G")
 
 
 def _largest_tensors(fn):
