@@ -67,23 +67,56 @@ PRESETS: dict[str, dict] = {
         "seeds": [0, 1],
         "lrs": [1e-3],
     },
+    # The paper's recipe (Amos et al. 2023; sources and gaps in docs/lra_recipe.md) on generated ListOps (the
+    # LRA distribution, 96,000 training trees) and Pathfinder-32 (curv_contour_length_14, 200 batches x 1000
+    # images, 80% = 160,000 for training); --data-dir DIR holds both (ListOps is generated there if absent).
+    # Batch 32, AdamW lr 5e-4, no weight decay, linear warmup then a constant lr; bidirectional classifier
+    # (the paper fine-tunes non-causal Transformers after every spt mode), mean pooling. Per task:
+    #   ListOps:    6 layers, d 512, 8 heads, MLP 4x (GELU; here SwiGLU of 2/3 the width, as many weights: 1376)
+    #               steps per epoch = 96,000 / 32 = 3,000; SPT 100 epochs = 300,000 steps, fine-tuning 100
+    #               epochs = 300,000 steps: max_steps = 600,000, pretrain_steps = 300,000; warmup 2,000.
+    #   Pathfinder: 4 layers, d 128, 8 heads, MLP 1x (SwiGLU hidden 96)
+    #               steps per epoch = 160,000 / 32 = 5,000; SPT 50 epochs = 250,000 steps, fine-tuning 200
+    #               epochs = 1,000,000 steps: max_steps = 1,250,000, pretrain_steps = 250,000; warmup 5,000.
+    # Compute-matched like every preset: spt none trains for the whole max_steps (more than the paper's
+    # scratch runs, which only strengthens the baseline). Evaluation every 5 epochs. Transformer, Gated
+    # DeltaNet, GLA x none/causal/masked x 3 seeds = 27 runs per task.
+    "paper": {
+        "tasks": ["listops", "pathfinder32"],
+        "task": {"data_dir": "data/lra", "pretrain_steps": 300_000, "generate": None, "bidirectional": True},
+        "model": {"d_model": 512, "n_layers": 6, "n_heads": 8, "mlp_hidden": 1376},
+        "train": {"max_steps": 600_000, "batch_size": 32, "warmup_steps": 2000, "weight_decay": 0.0,
+                  "min_lr_ratio": 1.0, "eval_every": 15_000, "eval_batch_size": 64, "log_every": 100},
+        "per_task": {
+            "listops": {"task.generate": {}, "task.pretrain_steps": 100 * 3000, "train.max_steps": 200 * 3000,
+                        "train.warmup_steps": 2000, "train.eval_every": 5 * 3000, "model.d_model": 512,
+                        "model.n_layers": 6, "model.n_heads": 8, "model.mlp_hidden": 1376},
+            "pathfinder32": {"task.generate": None, "task.pretrain_steps": 50 * 5000,
+                             "train.max_steps": 250 * 5000, "train.warmup_steps": 5000, "train.eval_every": 5 * 5000,
+                             "model.d_model": 128, "model.n_layers": 4, "model.n_heads": 8, "model.mlp_hidden": 96},
+        },
+        "mixers": ["softmax_attn", "gated_delta_rule", "gla"],
+        "seeds": [0, 1, 2],
+        "lrs": [5e-4],
+    },
 }
 
 
-def lra_study(preset: str = "smoke", *, tasks: Sequence[str] = ("listops",), mixers: Sequence[str] | None = None,
+def lra_study(preset: str = "smoke", *, tasks: Sequence[str] | None = None, mixers: Sequence[str] | None = None,
               spt: Sequence[str] | None = None, data_dir: str | Path | None = None,
               seeds: Sequence[int] | None = None, train: dict | None = None, model: dict | None = None,
               task_options: dict | None = None, steps: dict[str, int] | None = None) -> Study:
-    """The study at ``preset`` ("smoke", "full" or "h100"), restricted to ``tasks``, ``mixers`` (of
-    :data:`MIXERS`) and ``spt`` modes; ``data_dir`` replaces the preset's (smoke:
-    None = generate ListOps into the study folder); ``seeds``, ``train``, ``model`` and ``task_options``
-    (partial dicts; the last of LRA task keys: ``pretrain_steps``, ``generate``, ``mask_ratio``) override
-    the preset's. ``steps`` maps a task to its total steps (SPT pretrains for half of them, evaluation
-    twice), overriding the preset's per task."""
+    """The study at ``preset`` ("smoke", "full", "h100" or "paper"), restricted to ``tasks`` (default: the
+    preset's ``tasks``, else ListOps), ``mixers`` (of :data:`MIXERS`) and ``spt`` modes; ``data_dir``
+    replaces the preset's (smoke: None = generate ListOps into the study folder); ``seeds``, ``train``,
+    ``model`` and ``task_options`` (partial dicts; the last of LRA task keys: ``pretrain_steps``,
+    ``generate``, ``mask_ratio``, ``bidirectional``) override the preset's, its per-task settings included.
+    A preset's ``per_task`` maps a task to dotted overrides of its runs (steps, model size, data); ``steps``
+    maps a task to its total steps (SPT pretrains for half of them, evaluation twice), overriding both."""
     if preset not in PRESETS:
         raise ConfigError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
     p = PRESETS[preset]
-    tasks = list(tasks)
+    tasks = list(p.get("tasks", ["listops"]) if tasks is None else tasks)
     mixers = list(p["mixers"] if mixers is None else mixers)
     spt = list(SPT_MODES if spt is None else spt)
     for name, values, valid in (("tasks", tasks, list_lra_tasks()), ("mixers", mixers, list(MIXERS)),
@@ -99,12 +132,20 @@ def lra_study(preset: str = "smoke", *, tasks: Sequence[str] = ("listops",), mix
         + __doc__.split("\n\n")[1].replace("\n", " "),
         "base": {"kind": KIND, "task": task, "model": {"mixer": "softmax_attn", **p["model"], **(model or {})},
                  "train": {**p["train"], **(train or {})}},
-        "axes": {"task": {t: {"task.name": t, **_steps_overrides((steps or {}).get(t))} for t in tasks},
+        "axes": {"task": {t: {"task.name": t, **_per_task(p, t, {"train": train, "model": model, "task": task_options}),
+                              **_steps_overrides((steps or {}).get(t))} for t in tasks},
                  "mixer": {m: {"model.mixer": m} for m in mixers},
                  "spt": {s: {"task.spt": s} for s in spt}},
         "seeds": list(p["seeds"] if seeds is None else seeds), "lrs": p["lrs"], "metric": METRIC,
         "report": {"facet": "task", "rows": ["mixer"], "cols": "spt"}})
     return study
+
+
+def _per_task(preset: dict, task: str, given: dict[str, dict | None]) -> dict:
+    """The preset's dotted overrides for ``task``, less those the caller set itself (``given``: section ->
+    its partial dict of overrides), so an explicit ``train``, ``model`` or ``task_options`` value wins."""
+    mine = {f"{section}.{key}" for section, values in given.items() for key in (values or {})}
+    return {k: v for k, v in preset.get("per_task", {}).get(task, {}).items() if k not in mine}
 
 
 def _steps_overrides(total: int | None) -> dict:
@@ -187,8 +228,8 @@ def _names(value: str | Sequence[str] | None) -> list[str] | None:
 
 
 def _tasks(args: argparse.Namespace) -> list[str]:
-    """The tasks of ``--tasks`` (default ListOps)."""
-    return _names(getattr(args, "tasks", None)) or ["listops"]
+    """The tasks of ``--tasks`` (default: the preset's, else ListOps)."""
+    return _names(getattr(args, "tasks", None)) or list(PRESETS.get(args.preset, {}).get("tasks", ["listops"]))
 
 
 def lra_study_from_args(args: argparse.Namespace, steps: dict[str, int] | None = None,
@@ -243,7 +284,7 @@ def _cli_study(args: argparse.Namespace, workers: int) -> Study:
 def add_lra_options(group: argparse._ArgumentGroup) -> None:
     """The flags of ``linattn run lra``."""
     group.add_argument("--tasks", action="append", help=f"LRA task(s), comma list, from {', '.join(list_lra_tasks())} "
-                       "(default: listops)")
+                       "(default: the preset's tasks, else listops)")
     group.add_argument("--mixers", action="append", help=f"mixer(s), comma list, from {', '.join(MIXERS)} "
                        "(default: the preset's)")
     group.add_argument("--spt", action="append", help="none, causal and/or masked, comma list (default: all three)")

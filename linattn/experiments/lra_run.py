@@ -5,7 +5,7 @@ generic run-config checks of :func:`linattn.train.build.check_run_config` apply 
 
     kind:  lra
     task:  {name: listops, data_dir: null, spt: causal, pretrain_steps: 150, mask_ratio: null,
-            max_len: 2000, generate: {num_train: 2000, ...}}
+            max_len: 2000, generate: {num_train: 2000, ...}, bidirectional: false}
     model: {mixer: gla, d_model: 32, n_layers: 1, n_heads: 2}    # ModelConfig; vocab_size from the task
     train: {max_steps: 300, batch_size: 32, lr: 0.003}            # TrainConfig of the WHOLE run
     seed: 0
@@ -17,6 +17,15 @@ Compute matching (Amos et al. 2023): ``train.max_steps`` is the total; SPT pretr
 (:class:`MaskedLMView`, ratio ``mask_ratio`` or the task's default). Its pretrained weights (all but
 ``lm_head``) initialise a :class:`SequenceClassifier` (mean pooling, same mixer direction) before
 fine-tuning. Accuracy is measured on the val split (during training) and on the test split (at the end).
+
+``bidirectional: true`` (default false) makes the classifier bidirectional (``SequenceClassifier(...,
+bidirectional=True)``: each block sums its mixer run left to right and a second mixer run right to left
+within each sequence's length), as the paper fine-tunes its Transformers (non-causal attention) after every
+SPT mode and from scratch. The pretraining model stays the unidirectional CausalLM; its weights initialise
+both directions of each block (``blocks.i.mixer`` -> ``blocks.i.mixer.fwd`` and ``blocks.i.mixer.bwd``,
+:func:`linattn.models.transfer_encoder`), so the backward mixer starts as the pretrained left-to-right mixer
+read over the reversed sequence; the embedding, norms and MLPs copy as usual and the head starts fresh.
+The bidirectional classifier has twice the mixer parameters and about twice the mixer compute per step.
 
 Retrieval (task ``retrieval``, two documents per example): SPT trains on every document of the train split
 as its own sequence (2 N sequences; masked ratio 15% by default), and the classifier is the dual encoder
@@ -59,11 +68,11 @@ from linattn.models import PaddedClassifier, transfer_encoder
 from linattn.train.build import check_run_config
 from linattn.train.config import TrainConfig
 from linattn.train.trainer import Trainer, TrainResult
-from linattn.validation import check_choice, check_float, check_int, check_str
+from linattn.validation import check_bool, check_choice, check_float, check_int, check_str
 
 KIND = "lra"
 SPT_MODES = ("none", "causal", "masked")
-LRA_TASK_KEYS = ("name", "data_dir", "spt", "pretrain_steps", "mask_ratio", "max_len", "generate")
+LRA_TASK_KEYS = ("name", "data_dir", "spt", "pretrain_steps", "mask_ratio", "max_len", "generate", "bidirectional")
 
 
 def check_lra_config(config: dict) -> dict:
@@ -84,6 +93,8 @@ def check_lra_config(config: dict) -> dict:
     t.setdefault("pretrain_steps", 0)
     t.setdefault("mask_ratio", None)
     t.setdefault("generate", None)
+    t.setdefault("bidirectional", False)
+    check_bool("task.bidirectional", t["bidirectional"])
     check_choice("task.spt", t["spt"], SPT_MODES)
     if t["data_dir"] is not None:
         check_str("task.data_dir", t["data_dir"])
@@ -137,13 +148,15 @@ def resolve_data_dir(task: dict, out_dir: Path) -> Path:
 def build_models(cfg: dict, num_classes: int, vocab_size: int, dual: bool = False
                  ) -> tuple[nn.Module | None, PaddedClassifier]:
     """(the pretraining CausalLM or None for ``spt: none``, the classifier; a dual encoder of document
-    pairs if ``dual``), initialised from cfg['seed']."""
+    pairs if ``dual``; bidirectional blocks if ``task.bidirectional``), initialised from cfg['seed']."""
     from linattn.models import CausalLM, ModelConfig, SequenceClassifier
 
     model_cfg = ModelConfig.from_dict({"vocab_size": vocab_size, **cfg["model"]})
     torch.manual_seed(cfg["seed"])
     lm = None if cfg["task"]["spt"] == "none" else CausalLM(model_cfg)
-    return lm, PaddedClassifier(SequenceClassifier(model_cfg, num_classes, pooling="mean", dual=dual), PAD_ID)
+    clf = SequenceClassifier(model_cfg, num_classes, pooling="mean",
+                             bidirectional=cfg["task"].get("bidirectional", False), dual=dual)
+    return lm, PaddedClassifier(clf, PAD_ID)
 
 
 # -- the run ---------------------------------------------------------------------------------------------

@@ -48,10 +48,33 @@ def load_pretrained(model: nn.Module, pretrained: Mapping[str, torch.Tensor],
 
 def transfer_encoder(lm: nn.Module, classifier: nn.Module) -> list[str]:
     """Copy a pretrained CausalLM's weights (all but its ``lm_head``) into ``classifier`` (a
-    SequenceClassifier, or a module wrapping one as ``.classifier``); the names copied. RuntimeError when
-    nothing matches (a classifier of another architecture would silently start from scratch)."""
+    SequenceClassifier, or a module wrapping one as ``.classifier``); the classifier's names copied.
+    RuntimeError when nothing matches (a classifier of another architecture would silently start from scratch).
+
+    A bidirectional classifier (``Block(config, bidirectional=True)``: each block's mixer is a
+    :class:`~linattn.models.blocks.Bidirectional` of a left-to-right ``mixer.fwd`` and a right-to-left
+    ``mixer.bwd``) gets the pretrained mixer of each block in BOTH directions: ``blocks.i.mixer.X`` is copied
+    to ``blocks.i.mixer.fwd.X`` and to ``blocks.i.mixer.bwd.X``. The backward mixer thus starts as the
+    pretrained left-to-right mixer applied to the reversed sequence; embeddings, norms and MLPs copy as usual."""
     target = getattr(classifier, "classifier", classifier)
-    report = load_pretrained(target, lm.state_dict(), drop_prefixes=("lm_head",))
+    report = load_pretrained(target, bidirectional_state(lm.state_dict(), target.state_dict()),
+                             drop_prefixes=("lm_head",))
     if not report.loaded:
         raise RuntimeError("no pretrained tensor matched the classifier's names")
     return list(report.loaded)
+
+
+def bidirectional_state(pretrained: Mapping[str, torch.Tensor], target: Mapping[str, torch.Tensor]
+                        ) -> dict[str, torch.Tensor]:
+    """``pretrained`` with each mixer tensor ``....mixer.X`` that ``target`` lacks but holds as
+    ``....mixer.fwd.X`` and ``....mixer.bwd.X`` (a bidirectional block) renamed to both; other names as they are."""
+    out: dict[str, torch.Tensor] = {}
+    for name, value in pretrained.items():
+        if name not in target and ".mixer." in name:
+            head, rest = name.split(".mixer.", 1)
+            both = [f"{head}.mixer.{d}.{rest}" for d in ("fwd", "bwd")]
+            if all(b in target for b in both):
+                out.update(dict.fromkeys(both, value))
+                continue
+        out[name] = value
+    return out

@@ -297,3 +297,71 @@ def test_tiny_retrieval_study_end_to_end(aan_dir, tmp_path):
     assert all(r["status"] == "finished" and r["step"] == "6" for r in rows)
     report = (outcome.study_dir / "report.md").read_text()
     assert "retrieval, masked SPT vs scratch" in report and "| retrieval | none |" in report and "57.5" in report
+
+
+# -- the paper preset and the bidirectional classifier ---------------------------------------------------------
+def test_paper_preset_grid_and_per_task_steps():
+    study = lra_study("paper")
+    assert list(study.axes["task"]) == ["listops", "pathfinder32"]
+    assert list(study.axes["mixer"]) == ["softmax_attn", "gated_delta_rule", "gla"]
+    assert list(study.axes["spt"]) == ["none", "causal", "masked"] and study.seeds == [0, 1, 2]
+    runs = study.runs()
+    assert len(runs) == 2 * 3 * 3 * 3
+    # steps = epochs x training examples / batch 32: ListOps 96,000 -> 3,000 a epoch, 100 + 100 epochs;
+    # Pathfinder-32 160,000 -> 5,000 a epoch, 50 SPT + 200 fine-tuning epochs
+    expected = {"listops": (600_000, 300_000, 512, 6), "pathfinder32": (1_250_000, 250_000, 128, 4)}
+    for r in runs:
+        cfg = check_lra_config(r.config)
+        total, pretrain, d, layers = expected[cfg["task"]["name"]]
+        assert cfg["train"]["max_steps"] == total and cfg["train"]["batch_size"] == 32
+        assert cfg["task"]["pretrain_steps"] == (0 if cfg["task"]["spt"] == "none" else pretrain)
+        assert (cfg["model"]["d_model"], cfg["model"]["n_layers"]) == (d, layers)
+        assert cfg["task"]["bidirectional"] is True and cfg["train"]["weight_decay"] == 0.0
+    listops = next(r.config for r in runs if r.config["task"]["name"] == "listops")
+    assert listops["task"]["generate"] == {}, "the LRA ListOps distribution, 96,000 training trees"
+    # explicit overrides and --steps win over the per-task settings; other presets keep their single task
+    small = lra_study("paper", tasks=["pathfinder32"], model={"d_model": 64}, steps={"pathfinder32": 100})
+    cfg = small.runs()[0].config
+    assert cfg["model"]["d_model"] == 64 and cfg["model"]["n_layers"] == 4 and cfg["train"]["max_steps"] == 100
+    assert list(lra_study("h100").axes["task"]) == ["listops"]
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_bidirectional_must_be_a_bool(value, tmp_path):
+    cfg = _config("causal", tmp_path, bidirectional=value)
+    with pytest.raises(ValueError, match="task.bidirectional"):
+        check_lra_config(cfg)
+    assert check_lra_config(_config("none", tmp_path))["task"]["bidirectional"] is False
+
+
+def test_transfer_into_the_bidirectional_classifier_copies_both_directions(listops_dir):
+    cfg = check_lra_config(_config("masked", listops_dir, bidirectional=True))
+    lm, clf = build_models(cfg, num_classes=10, vocab_size=18)
+    assert clf.classifier.bidirectional
+    names = transfer_encoder(lm, clf)
+    lm_state, clf_state = lm.state_dict(), clf.classifier.state_dict()
+    mixer = [n for n in lm_state if n.startswith("blocks.0.mixer.")]
+    assert mixer
+    for n in mixer:
+        rest = n[len("blocks.0.mixer."):]
+        for d in ("fwd", "bwd"):
+            assert f"blocks.0.mixer.{d}.{rest}" in names
+            assert torch.equal(clf_state[f"blocks.0.mixer.{d}.{rest}"], lm_state[n])
+    assert torch.equal(clf_state["embed.weight"], lm_state["embed.weight"])
+    assert set(clf_state) - set(names) == {"head.weight", "head.bias"}
+    # copies, not shared storage: the two directions train apart
+    fwd = clf.classifier.blocks[0].mixer.fwd
+    bwd = clf.classifier.blocks[0].mixer.bwd
+    assert all(a.data_ptr() != b.data_ptr() for a, b in zip(fwd.parameters(), bwd.parameters()))
+
+
+@pytest.mark.parametrize("spt", ["none", "causal"])
+def test_bidirectional_run_end_to_end(spt, listops_dir, tmp_path):
+    result = train_lra_from_config(_config(spt, listops_dir, bidirectional=True), tmp_path)
+    assert result.status == "completed" and result.step == 6
+    assert 0.0 <= result.metrics["test_accuracy"] <= 1.0
+    final = load_checkpoint(tmp_path / "finetune" / "checkpoint.pt")["model"]
+    assert any(".mixer.bwd." in n for n in final)
+    if spt == "causal":
+        pretrained = load_checkpoint(tmp_path / "pretrain" / "checkpoint.pt")["model"]
+        assert any(n.startswith("blocks.0.mixer.") for n in pretrained)
