@@ -66,7 +66,7 @@ def test_grid_of_the_presets():
     assert not any(all(d[k] == v for k, v in e.items()) for d in settings for e in EXCLUDE)
     exact = next(s for s in full.runs() if dict(s.labels) == {"mixer": "mesa_net", "conv": "shift-k", "kv": "exact"})
     kw = exact.config["model"]["mixer_kwargs"]
-    assert kw == {"short_conv": "k", "conv_mode": "shift", "tie_kv": "exact"}
+    assert kw == {"short_conv": "k", "conv_mode": "shift", "tie_kv": "exact", "solver": "cg", "cg_steps": 16}
     none = next(s for s in full.runs() if dict(s.labels) == {"mixer": "gla", "conv": "none", "kv": "separate"})
     assert none.config["model"]["mixer_kwargs"]["short_conv"] == ""
     assert get_study("lm", "full")[0].fingerprint() == full.fingerprint()

@@ -141,6 +141,10 @@ def test_chunk_layout() -> None:
     packed.sum().backward()
     assert x.grad.eq(1).all()
     assert chunk_layout(Packing(cu, tuple(cu.tolist())), 16, torch.device("cpu")) is layout  # kept per tensor
+    padded = torch.randn(1, 96, 3, dtype=torch.float64, requires_grad=True)
+    torch.autograd.gradcheck(layout.unpack, (padded,))  # the copying backward: zeros at the padded positions
+    layout.unpack(padded).sum().backward()
+    assert padded.grad[0, layout.index].eq(1).all() and padded.grad.sum() == 59 * 3
 
 
 def _launch_keys(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:

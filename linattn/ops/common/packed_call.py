@@ -89,7 +89,25 @@ class ChunkLayout:
 
     def unpack(self, x: torch.Tensor) -> torch.Tensor:
         """x [1, padded, ...] back at the packed positions [1, T, ...] (padded positions dropped)."""
-        return x.index_select(1, self.index)
+        return _Unpack.apply(x, self.index)
+
+
+class _Unpack(torch.autograd.Function):
+    """x.index_select(1, index) whose backward copies instead of accumulating: the layout's index has no repeats, so
+    the gradient is index_copy into zeros. Autograd's own backward of index_select is index_add, whose atomic adds
+    in bf16 took 7 ms of a 123 ms packed training step on an H100 (12 layers), twice an index_copy's time."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(index)
+        ctx.padded = x.shape[1]
+        return x.index_select(1, index)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (index,) = ctx.saved_tensors
+        out = grad.new_zeros(grad.shape[0], ctx.padded, *grad.shape[2:])
+        return out.index_copy(1, index, grad), None
 
 
 def kept(cu_seqlens: torch.Tensor, key: tuple, make: Callable[[], T_]) -> T_:
