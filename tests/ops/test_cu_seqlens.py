@@ -55,9 +55,9 @@ def _row(state: object, i: int) -> object:
 
 def _loss(o: torch.Tensor, state: object) -> torch.Tensor:
     """A loss reading every output and state entry with distinct weights (so a misplaced gradient shows)."""
-    total = (o * torch.linspace(-1, 1, o.numel()).reshape(o.shape)).sum()
+    total = (o * torch.linspace(-1, 1, o.numel(), device=o.device).reshape(o.shape)).sum()
     for t in _leaves(state):
-        total = total + (t * torch.linspace(0.5, -0.5, t.numel()).reshape(t.shape)).sum()
+        total = total + (t * torch.linspace(0.5, -0.5, t.numel(), device=t.device).reshape(t.shape)).sum()
     return total
 
 
@@ -66,8 +66,10 @@ def _loss(o: torch.Tensor, state: object) -> torch.Tensor:
 def test_packed_equals_separate(name: str, backend: str, with_state: bool) -> None:
     spec = get_op(name)
     T, N = sum(LENGTHS), len(LENGTHS)
-    inputs = {a: x.requires_grad_() for a, x in spec.example_inputs(1, T, H, K, V, seed=3).items()}
-    init = _initial_states(name, N) if with_state else None
+    # Triton kernels run on the GPU where there is one (the interpreter only runs without: tests/conftest.py)
+    device = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+    inputs = {a: x.to(device).requires_grad_() for a, x in spec.example_inputs(1, T, H, K, V, seed=3).items()}
+    init = _map(lambda t: t.detach().to(device).requires_grad_(), _initial_states(name, N)) if with_state else None
     cu = torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()], dtype=torch.int32)
     kw = dict(backend=backend, chunk_size=CHUNK, output_final_state=True)
     leaves = [x for x in inputs.values()] + _leaves(init)
