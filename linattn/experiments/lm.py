@@ -12,13 +12,12 @@ over training.
 from __future__ import annotations
 
 import json
-import math
 import statistics
 from pathlib import Path
 
 from linattn.errors import ConfigError
 from linattn.experiments.lm_run import KIND
-from linattn.experiments.report import Cell, write_report
+from linattn.experiments.report import Cell, change, find_cell, write_report
 from linattn.experiments.shortconv import CONV_PLACEMENTS
 from linattn.experiments.study import Study, StudyEntry
 
@@ -88,29 +87,6 @@ def lm_study(preset: str = "smoke") -> Study:
 
 
 # -- the report ------------------------------------------------------------------------------------------
-def _cell(cells: list[Cell], **labels: str) -> Cell | None:
-    for c in cells:
-        if all(c.labels.get(k) == v for k, v in labels.items()):
-            return c
-    return None
-
-
-def _difference(a: Cell, b: Cell) -> tuple[float, float]:
-    """(b - a, the seed noise of that difference: 2 standard errors)."""
-    se = math.sqrt(a.std ** 2 / max(a.n, 1) + b.std ** 2 / max(b.n, 1))
-    return b.mean - a.mean, 2 * se
-
-
-def _change(a: Cell | None, b: Cell | None) -> str | None:
-    if a is None or b is None:
-        return None
-    diff, noise = _difference(a, b)
-    if a.n < 2 or b.n < 2:
-        return f"{diff:+.3f} (one seed: noise unknown)"
-    verdict = "beyond" if abs(diff) > noise else "within"
-    return f"{diff:+.3f} ({verdict} the seed noise {noise:.3f})"
-
-
 def conclusion(study: Study, cells: list[Cell], rows: list[dict]) -> str:
     """The findings, computed: the unigram baseline and how far below it each setting lands; per mixer the
     change in test bits per byte from removing the conv, from the conv on k alone and from the shift of k
@@ -128,22 +104,22 @@ def conclusion(study: Study, cells: list[Cell], rows: list[dict]) -> str:
                      f"{', '.join(f'{k}={v}' for k, v in best.labels.items())} at {best.mean:.3f} ± {best.std:.3f} "
                      f"({base - best.mean:.3f} below the baseline).")
         for mixer, conv in ((TRANSFORMER, "none"), ("gated_delta_rule", "k"), ("gated_delta_rule", REFERENCE_CONV)):
-            c = _cell(cells, mixer=mixer, conv=conv, kv="separate")
+            c = find_cell(cells, mixer=mixer, conv=conv, kv="separate")
             if c is not None:
                 margin = base - c.mean
                 sure = "clearly " if margin > 2 * c.std + 0.1 else ""
                 lines.append(f"- {mixer} (conv {conv}): {c.mean:.3f} ± {c.std:.3f}, {margin:.3f} bits per byte "
                              f"{sure}{'below' if margin > 0 else 'above'} the unigram entropy.")
     for mixer in study.axes["mixer"]:
-        ref = _cell(cells, mixer=mixer, conv=REFERENCE_CONV, kv="separate")
+        ref = find_cell(cells, mixer=mixer, conv=REFERENCE_CONV, kv="separate")
         parts = []
         for conv, what in (("none", "removing the conv"), ("k", "conv on k alone"), ("shift-k", "shift of k")):
-            text = _change(ref, _cell(cells, mixer=mixer, conv=conv, kv="separate"))
+            text = change(ref, find_cell(cells, mixer=mixer, conv=conv, kv="separate"))
             if text is not None:
                 parts.append(f"{what} {text}")
         exact = [f"conv {conv}: {text}" for conv in study.axes["conv"]
-                 if (text := _change(_cell(cells, mixer=mixer, conv=conv, kv="separate"),
-                                     _cell(cells, mixer=mixer, conv=conv, kv="exact"))) is not None]
+                 if (text := change(find_cell(cells, mixer=mixer, conv=conv, kv="separate"),
+                                    find_cell(cells, mixer=mixer, conv=conv, kv="exact"))) is not None]
         if parts:
             lines.append(f"- **{mixer}**, change in test bits per byte against conv {REFERENCE_CONV} "
                          f"({ref.mean:.3f}; negative: fewer bits, better): " + "; ".join(parts) + ".")

@@ -31,6 +31,31 @@ class Cell:
     by_lr: dict[float, float]
 
 
+def find_cell(cells: list[Cell], **labels: str) -> Cell | None:
+    """The first cell whose labels include ``labels``, or None."""
+    for c in cells:
+        if all(c.labels.get(k) == v for k, v in labels.items()):
+            return c
+    return None
+
+
+def difference(a: Cell, b: Cell) -> tuple[float, float]:
+    """(b - a, the seed noise of that difference: 2 standard errors)."""
+    se = math.sqrt(a.std ** 2 / max(a.n, 1) + b.std ** 2 / max(b.n, 1))
+    return b.mean - a.mean, 2 * se
+
+
+def change(a: Cell | None, b: Cell | None) -> str | None:
+    """``b - a`` as text with its verdict against the seed noise; None when either cell is missing."""
+    if a is None or b is None:
+        return None
+    diff, noise = difference(a, b)
+    if a.n < 2 or b.n < 2:
+        return f"{diff:+.3f} (one seed: noise unknown)"
+    verdict = "beyond" if abs(diff) > noise else "within"
+    return f"{diff:+.3f} ({verdict} the seed noise {noise:.3f})"
+
+
 def lower_is_better(metric: str) -> bool:
     # losses and bits per byte (bpb) fall as models improve
     return "loss" in metric or metric.endswith("bpb")

@@ -97,7 +97,7 @@ def test_build_run_refuses_another_kind():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["run", "shortconv", "--preset", "h100"], "--preset: study 'shortconv' has presets smoke, full; got 'h100'"),
+    (["run", "shortconv", "--preset", "h100"], "--preset: study 'shortconv' has presets smoke, full, v2; got 'h100'"),
     (["run", "shortconv", "--tasks", "listops"], "--tasks: is an option of study 'lra', not of 'shortconv'"),
     (["run", "lra", "--preset", "huge"], "--preset: study 'lra' has presets smoke, full, h100, paper; got 'huge'"),
     (["run", "lra", "--mixers", "gated_deltanet"], "mixers must be a non-empty list from"),
