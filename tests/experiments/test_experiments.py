@@ -125,7 +125,7 @@ def test_cli_run_with_a_yaml_study(tmp_path, capsys):
     assert len(list(out.glob("*/*/runs/*/result.json"))) == 4, "--seeds replaces the study's seeds"
 
 
-def test_shortconv_presets_cover_the_issue():
+def test_shortconv_presets_cover_the_placements_and_controls():
     full = shortconv_study("full")
     assert set(FULL_MIXERS) <= set(full.axes["mixer"])
     assert list(full.axes["conv"]) == list(CONV_PLACEMENTS) == ["none", "q", "k", "v", "qk", "kv", "qkv",
