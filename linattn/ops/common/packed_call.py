@@ -95,7 +95,8 @@ class ChunkLayout:
 class _Unpack(torch.autograd.Function):
     """x.index_select(1, index) whose backward copies instead of accumulating: the layout's index has no repeats, so
     the gradient is index_copy into zeros. Autograd's own backward of index_select is index_add, whose atomic adds
-    in bf16 took 7 ms of a 123 ms packed training step on an H100 (12 layers), twice an index_copy's time."""
+    in bf16 took 7.1 ms of a 123 ms packed training step on an H100 (12 layers): 0.15 ms a call against
+    index_copy's 0.04 ms."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -38,7 +38,7 @@ from ..common.values import value_checks_enabled
 from ..simple_gla.chunk import simple_gla_chunk
 from .chunk import mesa_net_chunk
 from .reference import MesaState, initial_mesa_state
-from .solve import _not_positive_definite, cg_solve
+from .solve import _not_positive_definite, shifted_cg_solve
 
 # blocks of the exact solver: 4 chunks (256 tokens at chunk_size 64) hold 256 K x K matrices per batch-head at once
 EXACT_BLOCK_CHUNKS = 4
@@ -102,7 +102,7 @@ class TorchScan:
 
     def solve(self, product: Callable[[torch.Tensor], torch.Tensor], lamb: torch.Tensor, b: torch.Tensor,
               steps: int) -> torch.Tensor:
-        return cg_solve(lambda p: product(p) + lamb * p, b, steps)
+        return shifted_cg_solve(product, lamb, b, steps)
 
 
 def _transpose(x: torch.Tensor | None) -> torch.Tensor | None:

@@ -57,7 +57,7 @@ def cg_solve(
     but their gradients (through r.r / p.Ap of two noise-sized numbers) amplify the noise. The step
     sizes are per-system tensors: no host synchronisation, no data-dependent exit.
     """
-    floor = (b * b).sum(-1) * (32 * torch.finfo(b.dtype).eps) ** 2
+    floor = cg_floor(b)
     x = torch.zeros_like(b)
     r = b
     p = r
@@ -72,6 +72,17 @@ def cg_solve(
         p = r + _ratio(rr_new, rr, active & (rr_new > floor))[..., None] * p
         rr = rr_new
     return x
+
+
+def cg_floor(b: torch.Tensor) -> torch.Tensor:
+    """The squared residual below which :func:`cg_solve` freezes a system: (32 eps ||b||)^2, over b's last dim."""
+    return (b * b).sum(-1) * (32 * torch.finfo(b.dtype).eps) ** 2
+
+
+def shifted_cg_solve(product: Callable[[torch.Tensor], torch.Tensor], lamb: torch.Tensor, b: torch.Tensor,
+                     steps: int) -> torch.Tensor:
+    """:func:`cg_solve` on (G + diag(lamb)) x = b, ``product(p)`` giving G p."""
+    return cg_solve(lambda p: product(p) + lamb * p, b, steps)
 
 
 def spd_solve(A: torch.Tensor, b: torch.Tensor, solver: str, cg_steps: int | None) -> torch.Tensor:

@@ -3,13 +3,16 @@
     G_t = exp(g_t) G_{t-1} + b_t k_t k_t^T,   H_t = exp(g_t) H_{t-1} + b_t k_t v_t^T,
     o_t = H_t^T (G_t + diag(lamb))^-1 (scale q_t)
 
-No kernel of its own: solver "cg" runs every product with G_t (and the read-out with H_t) as one call of simple_gla's
-Triton forward, its backward by implicit differentiation through simple_gla's Triton backward; solver "exact" runs
-the chunk backend's code in checkpointed blocks (``composed.py`` has the algorithm). The scans take float32 tensors
-whatever the input dtype: CG needs its vectors more accurately than bf16 holds them. Their products carry the inputs'
-precision: IEEE float32 dots for float32 inputs, tf32 tensor-core dots (10 mantissa bits, three more than bf16's)
-for bf16/fp16 inputs. IEEE float32 dots run on the CUDA cores: on an H100 they made a bf16 MesaNet layer's cg16
-forward and backward 25x slower (1.5 s at B=8, T=2048, H=8, K=128, where their tiles spill registers). float64
+solver "cg" scans the keys' chunk states once per solve (simple_gla's state kernel) and reads every product with G_t
+from them with one launch of simple_gla's output kernel per CG step, the step's vector updates in one fused kernel
+(``triton_cg.py``); the read-out with H_t is one simple_gla Triton forward, the backward by implicit differentiation
+through simple_gla's Triton backward; solver "exact" runs the chunk backend's code in checkpointed blocks
+(``composed.py`` has the algorithm). The scans take float32 tensors whatever the input dtype: CG needs its vectors
+more accurately than bf16 holds them. Their products carry the inputs' precision: IEEE float32 dots for float32
+inputs, tf32 tensor-core dots (10 mantissa bits, three more than bf16's) for bf16/fp16 inputs. IEEE float32 dots run
+on the CUDA cores and their tiles spill registers at K=128: on an H100 a bf16 MesaNet layer's cg16 forward and
+backward took 1,507 ms with them at B=8, T=2048, H=8, K=128 (one output-kernel call 41 ms), and 18.9 ms with tf32
+dots, the states scanned once per solve and the fused CG step. float64
 inputs take simple_gla's PyTorch chunk form instead (Triton has no float64 dots), the same algorithm.
 """
 
@@ -29,7 +32,7 @@ from ..simple_gla.triton import (
 )
 from .composed import TorchScan, mesa_net_composed
 from .reference import MesaState
-from .solve import cg_solve
+from .solve import shifted_cg_solve
 from .triton_cg import fused_cg_solve
 
 
@@ -66,7 +69,7 @@ class TritonScan:
               steps: int) -> torch.Tensor:
         """One fused kernel per CG step (triton_cg.py); under torch.compile cg_solve's traceable steps."""
         if use_custom_op(b):
-            return cg_solve(lambda p: product(p) + lamb * p, b, steps)
+            return shifted_cg_solve(product, lamb, b, steps)
         return fused_cg_solve(product, lamb, b.contiguous(), steps)
 
     def backward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, s0: torch.Tensor | None,

@@ -21,6 +21,7 @@ import triton.language as tl
 
 from ..common.triton_launch import fast_launch
 from ..common.triton_utils import block, cdiv
+from .solve import cg_floor
 
 ROWS_PER_PROGRAM = 32  # tokens x heads per program: a [32, K] tile of each of x, r, p, y
 
@@ -67,7 +68,7 @@ def fused_cg_solve(product: Callable[[torch.Tensor], torch.Tensor], lamb: torch.
     r = b.clone()
     p = b.clone()
     rr = (b * b).sum(-1).reshape(R).contiguous()
-    floor = rr * (32 * torch.finfo(b.dtype).eps) ** 2
+    floor = cg_floor(b).reshape(R).contiguous()
     lamb = lamb.to(b.dtype).contiguous()
     for _ in range(steps):
         y = product(p).contiguous()
