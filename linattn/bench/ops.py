@@ -42,10 +42,20 @@ def _fla_ttt_linear(x: dict) -> dict:
     return dict(q=x["q"], k=x["k"], v=x["v"], w=w, b=torch.zeros_like(w), eta=x["eta"][..., None], chunk_size=16)
 
 
+# FLA's chunk_mesa_net runs a fixed number of conjugate-gradient steps (30 by default); ours is timed with as many.
+MESA_CG_STEPS = 30
+
+
+def _fla_mesa_net(x: dict) -> dict:
+    """Same names and shapes as ours (lamb [H, K]); the CG step count made explicit on both sides."""
+    return dict(x, max_CG_iteration=MESA_CG_STEPS)
+
+
 # How an op's example inputs become FLA's arguments, where the names or shapes differ.
-FLA_ARGUMENTS = {"ttt_linear": _fla_ttt_linear}
-# Keywords of our op in the benchmark: ttt_linear as the paper's block (and FLA's kernel), with the inner norm.
-OP_KWARGS = {"ttt_linear": {"inner_norm": True}}
+FLA_ARGUMENTS = {"ttt_linear": _fla_ttt_linear, "mesa_net": _fla_mesa_net}
+# Keywords of our op in the benchmark: ttt_linear as the paper's block (and FLA's kernel), with the inner norm;
+# mesa_net with FLA's solver (CG, a fixed step count) rather than our default exact solve.
+OP_KWARGS = {"ttt_linear": {"inner_norm": True}, "mesa_net": {"solver": "cg", "cg_steps": MESA_CG_STEPS}}
 
 
 @dataclass

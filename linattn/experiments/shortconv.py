@@ -227,26 +227,31 @@ def exact_kv_lines(study: Study, cells: list[Cell]) -> list[str]:
     return lines
 
 
-def depth_lines(cells: list[Cell]) -> list[str]:
+def depth_lines(cells: list[Cell], solved_at: float | None = None) -> list[str]:
     """2 layers against 1 layer, setting by setting: how many differ beyond the seed noise, and a flag naming
     every 2-layer setting below its 1-layer counterpart beyond it (a deeper model can represent the 1-layer
-    solution, so it scores below only when undertrained or at a bad lr)."""
+    solution, so it scores below only when undertrained or at a bad lr). Two settings whose means both reach
+    ``solved_at`` (the runs' early-stop target) tie: a run stops at its first evaluation at or above the target,
+    so how far above it the score lands depends on when that evaluation fell, not on the model."""
     pairs = [(one, two) for two in cells if two.labels.get("layers") == "2"
              if (one := find_cell(cells, **_counterpart(two, layers="1"))) is not None]
     if not pairs:
         return []
-    below, above = [], 0
+    below, above, solved = [], 0, 0
     for one, two in pairs:
         diff, noise = difference(one, two)
-        if one.n >= 2 and two.n >= 2 and abs(diff) > noise:
+        if solved_at is not None and min(one.mean, two.mean) >= solved_at:
+            solved += 1
+        elif one.n >= 2 and two.n >= 2 and abs(diff) > noise:
             if diff < 0:
                 below.append(f"{_setting_name(two, ('layers',))} ({two.mean:.3f} vs {one.mean:.3f}, "
                              f"{diff:+.3f}, noise {noise:.3f}, best lr {two.best_lr:g})")
             else:
                 above += 1
+    both = f", {solved} where both reach the early-stop target {solved_at:g} (a tie)" if solved_at is not None else ""
     lines = [f"- **2 layers against 1 layer** ({len(pairs)} settings): {above} score above their 1-layer "
-             f"counterpart beyond the seed noise, {len(below)} below it, {len(pairs) - above - len(below)} within "
-             "it (or with one seed)."]
+             f"counterpart beyond the seed noise, {len(below)} below it{both}, "
+             f"{len(pairs) - above - len(below) - solved} within it (or with one seed)."]
     if below:
         lines.append("- **Flag: 2 layers below 1 layer beyond the seed noise** (undertrained or a bad lr, not a "
                      "finding about depth): " + "; ".join(below) + ".")
@@ -260,7 +265,8 @@ def shortconv_conclusion(study: Study, cells: list[Cell]) -> str:
     lines = [conclusion(study, cells, **({"tie_kv": "no", "layers": "1"} if v2 else {}))]
     if v2:
         lines += exact_kv_lines(study, cells)
-    lines += depth_lines(cells)
+    target = study.base.get("train", {}).get("target_value")
+    lines += depth_lines(cells, solved_at=None if target is None else float(target))
     lines.append(NOISE_NOTE)
     return "\n".join(line for line in lines if line)
 

@@ -108,3 +108,22 @@ def test_report_judges_noise_and_flags_two_layers_below_one(tmp_path):
     assert "none: separate 0.60 -> exact 0.05: -0.550 (beyond" in exact
     # the placement ranking uses the untied 1-layer settings only (every placement runs there)
     assert "**recall, tie_kv=no, layers=1**: best placement `k` (0.850" in conclusion
+
+
+def test_settings_that_both_reach_the_early_stop_target_tie(tmp_path):
+    # runs stop at their first evaluation at or above the target: 0.991 against 0.997 is when that
+    # evaluation fell, not a deeper model doing worse
+    study = _fake_study()
+    study.base["train"]["target_value"] = 0.99
+    rows = _fake_rows(study)
+    solved = {("1", "no", "k"): (0.996, 0.998), ("2", "no", "k"): (0.9905, 0.9910)}
+    for row, spec in zip(rows, study.runs()):
+        labels = dict(spec.labels)
+        key = labels["layers"], labels["tie_kv"], labels["conv"]
+        if key in solved:
+            row["accuracy"] = solved[key][spec.seed]
+    shortconv_report(study, tmp_path, rows)
+    conclusion = (tmp_path / "report.md").read_text().split("## Conclusion")[1].split("\n## ")[0]
+    assert "1 below it, 1 where both reach the early-stop target 0.99 (a tie), 0 within it" in conclusion
+    flag = conclusion.split("**Flag: 2 layers below 1 layer beyond the seed noise**")[1]
+    assert "conv=none" in flag and "conv=k" not in flag
