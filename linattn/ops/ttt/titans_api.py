@@ -18,7 +18,7 @@ from ..common.registry import OpSpec, register_op
 from ..common.values import check_bool, check_range
 from ..common.varlen import packable
 from .api import NO_PARALLEL
-from .checks import check_mini_batch_size, check_step_state, split_initial_state
+from .checks import check_mini_batch_size, check_step_state, split_initial_state, titans_triton_takes
 from .chunk import titans_chunk
 from .reference import run_tokens, titans_recurrent, titans_token
 from .state import MiniBatchState
@@ -84,6 +84,8 @@ def titans(
     check_chunk_size(chunk_size)
     check_mini_batch_size(mini_batch_size)
     initial_state, partial = split_initial_state(initial_state, d, 2, mini_batch_size, q)
+    if backend == "auto" and not titans_triton_takes(mini_batch_size, d.K):
+        backend = "chunk"  # the kernels' limits (mini-batches of 16 or 32, K up to 128)
     impl = SPEC.resolve(backend, q.device)
     scale = resolve_scale(scale, d.K)
     o_head = None
