@@ -96,6 +96,17 @@ def test_triton_bf16():
     check_backends_agree(both, xs, NAMES, ["triton"], tol=5e-3, grad_tol=1e-2, metric="rmse")
 
 
+def test_triton_float64_inputs_keep_their_dtypes():
+    """float64 inputs run in float32 on the kernels; o and the state come back in float64, as from the other
+    backends, with float32 accuracy."""
+    xs = [x.double() for x in make(1, 40, 2, 16, 16, seed=9)]
+    o, M, S = runner()(*xs, backend="triton")
+    o_ref, M_ref, S_ref = runner()(*xs, backend="recurrent")
+    assert o.dtype == M.dtype == S.dtype == torch.float64
+    for a, e in ((o, o_ref), (M, M_ref), (S, S_ref)):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
+
+
 def test_triton_split_at_mini_batch_boundary_and_long_sequence_finite():
     q, k, v, theta, alpha, eta, M0, S0 = make(1, 640, 1, 16, 16, seed=5)
     theta = 2 * theta  # learning rates up to 1

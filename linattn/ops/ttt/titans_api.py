@@ -33,7 +33,8 @@ SPEC = register_op(
         state_shape="(M [B, H, K, V], S [B, H, K, V])",
         implementations={"recurrent": titans_recurrent, "chunk": titans_chunk},
         no_parallel_reason=NO_PARALLEL,
-        notes="mini_batch_size (default 16); eta = alpha = 0 is ttt_linear with eta = theta",
+        notes=("mini_batch_size (default 16); eta = alpha = 0 is ttt_linear with eta = theta; triton: "
+               "mini_batch_size 16 or 32, K <= 128"),
     )
 )
 
@@ -73,6 +74,8 @@ def titans(
     returns (inside a mini-batch, its first tokens complete that mini-batch exactly as the steps would: they run
     token by token, the rest on ``backend``). The end of the sequence closes the last mini-batch (split at
     multiples of mini_batch_size to chain calls). eta = alpha = 0 gives ttt_linear with eta = theta.
+    backend: "recurrent", "chunk" or "triton" (CUDA: mini_batch_size 16 or 32 and K up to 128, any V; "auto"
+    takes it there, else chunk).
     Returns (o [B, T, H, V] in q's dtype, final (M, S) float32 (float64 for float64) or None).
     """
     d = check_qkv(q, k, v)

@@ -59,6 +59,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.checks import compute_dtype
 from ..common.state_scan import chunks_heads_first
 from ..common.triton_launch import fast_launch
 from ..common.triton_masking import causal_dot_rest
@@ -73,7 +74,8 @@ TOKENS_PER_CHUNK = 64  # the forward keeps W every 64 tokens (every 64 / b mini-
 # K = V = 128 (sm_90, bf16), more than an H100 has; with one, 128 KB (``python -m linattn.bench.triton_resources``).
 LAUNCH = {"fwd_warps": 8, "fwd_stages": 1, "bwd_warps": 8, "bwd_stages": 1}
 # titans: a program holds [K, BV] slices of M and S (and of their gradients in the backward); BV caps the V block.
-# Not yet tuned or measured on a GPU.
+# Compiled for sm_90 at K = V = 128 (``python -m linattn.bench.triton_resources titans``), bf16: the forward without
+# spills, the backward with 904 B of stack; V blocks of 64 or 4 warps spilled more. Not yet tuned or timed on a GPU.
 TITANS_LAUNCH = {"fwd_warps": 8, "fwd_stages": 1, "fwd_BV": 32, "bwd_warps": 8, "bwd_stages": 1, "bwd_BV": 32}
 
 
@@ -703,11 +705,12 @@ def titans_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: torc
     """backend='triton' for titans (inputs validated by the public op; ``chunk_size`` unused: the kernels walk
     mini-batches and keep (M, S) every 64 tokens). mini_batch_size 16 or 32, K up to 128, any V (V is split
     into blocks across programs). The gate coefficients are PyTorch (autograd takes their gradients from the
-    kernel's)."""
+    kernel's). float64 inputs are computed in float32; o and the state come back in the op's dtypes."""
     if not titans_triton_takes(mini_batch_size, q.shape[-1]):
         raise ValueError(f"backend='triton' takes mini_batch_size in {TRITON_MINI_BATCH_SIZES} and K up to "
                          f"{TRITON_MAX_HEAD_DIM}; got mini_batch_size={mini_batch_size}, K={q.shape[-1]} "
                          "(backend='chunk' takes any)")
+    in_dtype, state_dtype = q.dtype, compute_dtype(q)
     dtype = q.dtype if q.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
     q, k, v = (x.to(dtype).contiguous() for x in (q, k, v))
     G, cv, cx = titans_gate_coefficients(theta, alpha, eta, mini_batch_size)
@@ -715,7 +718,9 @@ def titans_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: torc
     keep = needs_backward(q, k, v, G, cv, cx, m0, s0)
     run = _titans_fwd_op if use_custom_op(q) else _TitansFunction.apply
     o, mt, st, _, _ = run(q, k, v, G, cv, cx, m0, s0, float(scale), mini_batch_size, keep)
-    return o, ((mt, st) if output_final_state else None)
+    if not output_final_state:
+        return o.to(in_dtype), None
+    return o.to(in_dtype), (mt.to(state_dtype), st.to(state_dtype))  # float64 inputs: computed in float32
 
 
 TRITON_BACKENDS = {"ttt_linear": ttt_linear_triton, "titans": titans_triton}
