@@ -12,7 +12,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.mark.parametrize("op", ["simple_gla", "gla", "delta_rule", "gated_delta_rule", "comba", "gated_delta_product",
-                                "forgetting_attn", "deltaformer", "path_attn"])
+                                "forgetting_attn", "deltaformer", "path_attn", "titans"])
 def test_compiles_without_graph_breaks(op):
     torch._dynamo.reset()  # each op traces its own loss: without a reset, the ops share dynamo's recompile limit
     spec = get_op(op)

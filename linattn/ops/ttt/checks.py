@@ -19,6 +19,12 @@ def triton_takes(mini_batch_size: int, K: int, V: int) -> bool:
     return mini_batch_size in TRITON_MINI_BATCH_SIZES and max(K, V) <= TRITON_MAX_HEAD_DIM
 
 
+def titans_triton_takes(mini_batch_size: int, K: int) -> bool:
+    """Whether titans' Triton backend runs this mini-batch size and key dim (its programs split V into blocks, so
+    any V); "auto" falls back to chunk otherwise."""
+    return mini_batch_size in TRITON_MINI_BATCH_SIZES and K <= TRITON_MAX_HEAD_DIM
+
+
 def check_mini_batch_size(mini_batch_size: object) -> int:
     """A positive int."""
     if not isinstance(mini_batch_size, int) or isinstance(mini_batch_size, bool) or mini_batch_size < 1:

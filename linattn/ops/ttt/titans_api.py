@@ -18,7 +18,7 @@ from ..common.registry import OpSpec, register_op
 from ..common.values import check_bool, check_range
 from ..common.varlen import packable
 from .api import NO_PARALLEL
-from .checks import check_mini_batch_size, check_step_state, split_initial_state
+from .checks import check_mini_batch_size, check_step_state, split_initial_state, titans_triton_takes
 from .chunk import titans_chunk
 from .reference import run_tokens, titans_recurrent, titans_token
 from .state import MiniBatchState
@@ -33,7 +33,8 @@ SPEC = register_op(
         state_shape="(M [B, H, K, V], S [B, H, K, V])",
         implementations={"recurrent": titans_recurrent, "chunk": titans_chunk},
         no_parallel_reason=NO_PARALLEL,
-        notes="mini_batch_size (default 16); eta = alpha = 0 is ttt_linear with eta = theta",
+        notes=("mini_batch_size (default 16); eta = alpha = 0 is ttt_linear with eta = theta; triton: "
+               "mini_batch_size 16 or 32, K <= 128"),
     )
 )
 
@@ -73,6 +74,8 @@ def titans(
     returns (inside a mini-batch, its first tokens complete that mini-batch exactly as the steps would: they run
     token by token, the rest on ``backend``). The end of the sequence closes the last mini-batch (split at
     multiples of mini_batch_size to chain calls). eta = alpha = 0 gives ttt_linear with eta = theta.
+    backend: "recurrent", "chunk" or "triton" (CUDA: mini_batch_size 16 or 32 and K up to 128, any V; "auto"
+    takes it there, else chunk).
     Returns (o [B, T, H, V] in q's dtype, final (M, S) float32 (float64 for float64) or None).
     """
     d = check_qkv(q, k, v)
@@ -84,6 +87,8 @@ def titans(
     check_chunk_size(chunk_size)
     check_mini_batch_size(mini_batch_size)
     initial_state, partial = split_initial_state(initial_state, d, 2, mini_batch_size, q)
+    if backend == "auto" and not titans_triton_takes(mini_batch_size, d.K):
+        backend = "chunk"  # the kernels' limits (mini-batches of 16 or 32, K up to 128)
     impl = SPEC.resolve(backend, q.device)
     scale = resolve_scale(scale, d.K)
     o_head = None

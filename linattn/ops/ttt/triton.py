@@ -1,4 +1,4 @@
-"""Triton kernels (forward and backward) for TTT-Linear, with or without the inner LayerNorm.
+"""Triton kernels (forward and backward) for TTT-Linear, with or without the inner LayerNorm, and for Titans.
 
 Per head, mini-batches of b tokens entered with weights W [K, V]; q~ = scale q; every gradient of the mini-batch is
 taken at W (inner.py):
@@ -26,6 +26,31 @@ Backward, per mini-batch in reverse with dW the gradient of W' (from the later m
 (plain: dZ = derr, dv = -derr). Each chunk's weights are recomputed from the kept chunk-entry weights into a
 scratch buffer of ``chunk`` [K, V] tiles per program before its mini-batches are walked backwards. Checked against
 autograd of the chunk backend (tests/ops/test_triton_ttt.py).
+
+Titans (the second half of this module): memory M and momentum S [K, V] per head, a = 1 - alpha, every gradient of
+a mini-batch at its entering M_0. Unrolled over one mini-batch (chunk.py's docstring with chunks of one mini-batch,
+so no triangular solve: U = K M_0 - V holds for all its tokens at once), with G_ts = theta_s c_ts (t >= s) and the
+exit row x (the mini-batch's last token; for the last mini-batch the sequence's last token):
+
+    U = K M_0 - V,      o = A ⊙ (Q~ M_0) + d ⊙ (Q~ S_0) - ((Q~ K^T) ⊙ G ⊙ causal) U
+    M' = A_x M_0 + d_x S_0 - (g_M ⊙ K)^T U,      S' = E_x S_0 - (g_S ⊙ K)^T U,      g_M = theta c_x., g_S = theta e_x.
+
+The coefficients (G, A_r, d_r, g_M, g_S, A_x, d_x, E_x) are computed per mini-batch in PyTorch by products of the
+gates (no logs: gates 0 and 1 are exact, :func:`titans_gate_coefficients`); autograd carries the gates' gradients
+back through that code from the kernel's gradients of the coefficients. Without an inner norm the V columns of M and
+S are independent, so the grid is (B*H, V blocks): each program keeps [K, BV] slices of M and S in float32 registers
+and walks the mini-batches; the forward keeps the (M, S) entering every 64 tokens. Backward, per mini-batch in
+reverse with dM, dS the gradients of M', S' and P = Q~ K^T ⊙ causal:
+
+    dU = -(P ⊙ G)^T do - (g_M ⊙ K) dM - (g_S ⊙ K) dS,       dv = -dU
+    d(P ⊙ G) = -(do U^T) ⊙ causal:  dG = d(P ⊙ G) ⊙ P,  dP = d(P ⊙ G) ⊙ G
+    dq~ = (A ⊙ do) M_0^T + (d ⊙ do) S_0^T + dP K,        dk = dP^T Q~ + dU M_0^T - g_M ⊙ (U dM^T) - g_S ⊙ (U dS^T)
+    dA_r = rowsum(do ⊙ Q~ M_0), dd_r = rowsum(do ⊙ Q~ S_0), dg_M = -rowsum(K ⊙ U dM^T), dg_S = -rowsum(K ⊙ U dS^T)
+    dA_x = <M_0, dM>, dd_x = <S_0, dM>, dE_x = <S_0, dS>
+    dM_0 = A_x dM + Q~^T (A ⊙ do) + K^T dU,               dS_0 = d_x dM + E_x dS + Q~^T (d ⊙ do)
+
+dq, dk and the coefficient gradients are sums over the V blocks: each block writes its share and the host sums
+them. Checked against autograd of the recurrence (tests/ops/test_triton_titans.py).
 """
 
 from __future__ import annotations
@@ -34,17 +59,24 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.checks import compute_dtype
+from ..common.state_scan import chunks_heads_first
 from ..common.triton_launch import fast_launch
 from ..common.triton_masking import causal_dot_rest
 from ..common.triton_ops import eager_backward, eager_function, needs_backward, use_custom_op
 from ..common.triton_utils import block as _block
 from ..common.triton_utils import cdiv, dot_precision
-from .checks import TRITON_MAX_HEAD_DIM, TRITON_MINI_BATCH_SIZES, triton_takes
+from .checks import TRITON_MAX_HEAD_DIM, TRITON_MINI_BATCH_SIZES, titans_triton_takes, triton_takes
+from .chunk import _coefficients
 
 TOKENS_PER_CHUNK = 64  # the forward keeps W every 64 tokens (every 64 / b mini-batches)
 # One pipelining stage: with Triton's default of 3 the backward kernel needed 240 KB of shared memory at
 # K = V = 128 (sm_90, bf16), more than an H100 has; with one, 128 KB (``python -m linattn.bench.triton_resources``).
 LAUNCH = {"fwd_warps": 8, "fwd_stages": 1, "bwd_warps": 8, "bwd_stages": 1}
+# titans: a program holds [K, BV] slices of M and S (and of their gradients in the backward); BV caps the V block.
+# Compiled for sm_90 at K = V = 128 (``python -m linattn.bench.triton_resources titans``), bf16: the forward without
+# spills, the backward with 904 B of stack; V blocks of 64 or 4 warps spilled more. Not yet tuned or timed on a GPU.
+TITANS_LAUNCH = {"fwd_warps": 8, "fwd_stages": 1, "fwd_BV": 32, "bwd_warps": 8, "bwd_stages": 1, "bwd_BV": 32}
 
 
 def _update_precision(dtype: torch.dtype) -> str:
@@ -362,4 +394,333 @@ def ttt_linear_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eta: to
     return o, (wt if output_final_state else None)
 
 
-TRITON_BACKENDS = {"ttt_linear": ttt_linear_triton}
+
+# ---------------------------------------------------------------------------------------------------------------------
+# titans: linear memory with momentum and weight decay (see the module docstring's second part)
+
+
+def titans_gate_coefficients(theta: torch.Tensor, alpha: torch.Tensor, eta: torch.Tensor, b: int
+                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The in-mini-batch coefficients of titans (chunk.py's docstring with chunks of one mini-batch), from gates
+    [B, T, H] (differentiable; products taken directly, so gates at 0 and 1 are exact), in float32:
+
+    G [B, H, N, b, b] = theta_s c_rs (0 above the diagonal);  cv [B, H, N, 4, b] = (A_r, d_r, theta_s c_xs,
+    theta_s e_xs);  cx [B, H, N, 3] = (A_x, d_x, E_x), where x is the mini-batch's exit row: its last token, the
+    sequence's last token for the last mini-batch (the end of the sequence closes it; padding never enters)."""
+    T = theta.shape[1]
+    th, al, et = (chunks_heads_first(x.float(), b) for x in (theta, alpha, eta))  # [B, H, N, b], zero-padded
+    N = th.shape[2]
+    c, A, d, e, E = _coefficients(al, et, b, th)
+    causal = torch.ones(b, b, dtype=torch.bool, device=th.device).tril()
+    G = (th[..., None, :] * c).masked_fill(~causal, 0.0)  # selected, so a non-finite theta_s stays in rows >= s
+    x = torch.full((N,), b - 1, dtype=torch.long, device=th.device)
+    x[-1] = (T - 1) - (N - 1) * b
+    n = torch.arange(N, device=th.device)
+    cv = torch.stack([A, d, th * c[..., n, x, :], th * e[..., n, x, :]], dim=-2)
+    cx = torch.stack([A[..., n, x], d[..., n, x], E[..., n, x]], dim=-1)
+    return G.contiguous(), cv.contiguous(), cx.contiguous()
+
+
+@triton.jit
+def _titans_loads(q, k, v, G, cv, cx, row, m_t, cb, o_t, o_k, o_v, m_k, m_v, scale, K: tl.constexpr,
+                  V: tl.constexpr, BT: tl.constexpr):
+    """One mini-batch's q~, k, v (this program's V columns) and coefficients (G, A_r, d_r, g_M, g_S, A_x, d_x, E_x);
+    ``cb`` indexes the mini-batch among all (batch-head major)."""
+    m_tk = m_t[:, None] & m_k[None, :]
+    qs = tl.load(q + row[:, None] * K + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32) * scale
+    kc = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
+    vc = tl.load(v + row[:, None] * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0).to(tl.float32)
+    Gm = tl.load(G + cb * BT * BT + o_t[:, None] * BT + o_t[None, :])
+    Ar = tl.load(cv + (cb * 4 + 0) * BT + o_t)
+    dr = tl.load(cv + (cb * 4 + 1) * BT + o_t)
+    gM = tl.load(cv + (cb * 4 + 2) * BT + o_t)
+    gS = tl.load(cv + (cb * 4 + 3) * BT + o_t)
+    Ax = tl.load(cx + cb * 3)
+    dx = tl.load(cx + cb * 3 + 1)
+    Ex = tl.load(cx + cb * 3 + 2)
+    return qs, kc, vc, Gm, Ar, dr, gM, gS, Ax, dx, Ex
+
+
+@fast_launch
+@triton.jit(do_not_specialize=["T", "N"])
+def _titans_fwd_kernel(q, k, v, G, cv, cx, m0, s0, o, mt, st, mc, sc, scale, T, N, H: tl.constexpr,
+                       K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                       NB: tl.constexpr, HAS_S0: tl.constexpr, SAVE: tl.constexpr, PREC: tl.constexpr,
+                       WPREC: tl.constexpr):
+    """Grid (B*H, V blocks): o's columns of this block, the final (M, S) and (SAVE) the (M, S) entering every chunk of
+    NB mini-batches, each [K, BV] slice of this program's columns."""
+    i_bh = tl.program_id(0).to(tl.int64)
+    i_v = tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k, o_t = tl.arange(0, BK), tl.arange(0, BT)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    kv = o_k[:, None] * V + o_v[None, :]
+    m_kv = m_k[:, None] & m_v[None, :]
+    M = tl.zeros([BK, BV], dtype=tl.float32)
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_S0:
+        M += tl.load(m0 + i_bh * K * V + kv, mask=m_kv, other=0.0)
+        S += tl.load(s0 + i_bh * K * V + kv, mask=m_kv, other=0.0)
+    NC = tl.cdiv(N, NB)
+    causal = o_t[:, None] >= o_t[None, :]
+    for m in range(N):
+        if SAVE:
+            if m % NB == 0:
+                base = (i_bh * NC + m // NB) * K * V
+                tl.store(mc + base + kv, M, mask=m_kv)
+                tl.store(sc + base + kv, S, mask=m_kv)
+        t = m * BT + o_t
+        m_t = t < T
+        row = (i_b * T + t) * H + i_h
+        qs, kc, vc, Gm, Ar, dr, gM, gS, Ax, dx, Ex = _titans_loads(q, k, v, G, cv, cx, row, m_t, i_bh * N + m, o_t,
+                                                                   o_k, o_v, m_k, m_v, scale, K, V, BT)
+        U = tl.dot(kc, M, input_precision=PREC) - vc
+        P = tl.where(causal, tl.dot(qs, tl.trans(kc), input_precision=PREC) * Gm, 0.0)
+        U_fin, U_rest = causal_dot_rest(U)  # row t reads U rows <= t only (triton_masking.py)
+        out = (Ar[:, None] * tl.dot(qs, M, input_precision=PREC) + dr[:, None] * tl.dot(qs, S, input_precision=PREC)
+               - (tl.dot(P, U_fin, input_precision=PREC) + U_rest))
+        tl.store(o + row[:, None] * V + o_v[None, :], out.to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
+        M_next = Ax * M + dx * S - tl.dot(tl.trans(kc * gM[:, None]), U, input_precision=WPREC)
+        S = Ex * S - tl.dot(tl.trans(kc * gS[:, None]), U, input_precision=WPREC)
+        M = M_next
+    tl.store(mt + i_bh * K * V + kv, M, mask=m_kv)
+    tl.store(st + i_bh * K * V + kv, S, mask=m_kv)
+
+
+@fast_launch
+@triton.jit(do_not_specialize=["T", "N"])
+def _titans_bwd_kernel(q, k, v, G, cv, cx, mc, sc, scratch, do, dmt, dst, dq, dk, dv, dG, dcv, dcx, dm0, ds0, scale,
+                       T, N, BH, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                       BK: tl.constexpr, BV: tl.constexpr, NB: tl.constexpr, HAS_DMT: tl.constexpr,
+                       HAS_DST: tl.constexpr, PREC: tl.constexpr, WPREC: tl.constexpr):
+    """Grid (B*H, V blocks): dv's columns of this block, this block's share of dq, dk [NVB, B, T, H, K] and of the
+    coefficient gradients dG, dcv, dcx [NVB, ...] (summed over the blocks afterwards), and the initial state's gradient
+    dm0, ds0; walks the chunks backwards, recomputing each chunk's mini-batch entry states into scratch."""
+    i_bh = tl.program_id(0).to(tl.int64)
+    i_v = tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k, o_t = tl.arange(0, BK), tl.arange(0, BT)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    kv = o_k[:, None] * V + o_v[None, :]
+    m_kv = m_k[:, None] & m_v[None, :]
+    dM = tl.zeros([BK, BV], dtype=tl.float32)
+    dS = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_DMT:
+        dM += tl.load(dmt + i_bh * K * V + kv, mask=m_kv, other=0.0)
+    if HAS_DST:
+        dS += tl.load(dst + i_bh * K * V + kv, mask=m_kv, other=0.0)
+    i_v = i_v.to(tl.int64)
+    part = i_v * BH + i_bh  # this block's share of the summed gradients
+    n_rows = BH * T  # rows (tokens times heads) of one block's share of dq and dk
+    NC = tl.cdiv(N, NB)
+    causal = o_t[:, None] >= o_t[None, :]
+    for ci in range(NC):
+        c = NC - 1 - ci
+        nb = tl.minimum(N - c * NB, NB)  # the last chunk may hold fewer mini-batches
+        M = tl.load(mc + (i_bh * NC + c) * K * V + kv, mask=m_kv, other=0.0)
+        S = tl.load(sc + (i_bh * NC + c) * K * V + kv, mask=m_kv, other=0.0)
+        for j in range(nb):
+            tl.store(scratch + ((i_bh * NB + j) * 2) * K * V + kv, M, mask=m_kv)
+            tl.store(scratch + ((i_bh * NB + j) * 2 + 1) * K * V + kv, S, mask=m_kv)
+            m = c * NB + j
+            t = m * BT + o_t
+            m_t = t < T
+            row = (i_b * T + t) * H + i_h
+            qs, kc, vc, Gm, Ar, dr, gM, gS, Ax, dx, Ex = _titans_loads(q, k, v, G, cv, cx, row, m_t, i_bh * N + m,
+                                                                       o_t, o_k, o_v, m_k, m_v, scale, K, V, BT)
+            U = tl.dot(kc, M, input_precision=PREC) - vc
+            M_next = Ax * M + dx * S - tl.dot(tl.trans(kc * gM[:, None]), U, input_precision=WPREC)
+            S = Ex * S - tl.dot(tl.trans(kc * gS[:, None]), U, input_precision=WPREC)
+            M = M_next
+        for ji in range(nb):
+            j = nb - 1 - ji
+            M = tl.load(scratch + ((i_bh * NB + j) * 2) * K * V + kv, mask=m_kv, other=0.0)
+            S = tl.load(scratch + ((i_bh * NB + j) * 2 + 1) * K * V + kv, mask=m_kv, other=0.0)
+            m = c * NB + j
+            cb = i_bh * N + m
+            t = m * BT + o_t
+            m_t = t < T
+            row = (i_b * T + t) * H + i_h
+            qs, kc, vc, Gm, Ar, dr, gM, gS, Ax, dx, Ex = _titans_loads(q, k, v, G, cv, cx, row, m_t, cb, o_t, o_k,
+                                                                       o_v, m_k, m_v, scale, K, V, BT)
+            doc = tl.load(do + row[:, None] * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :],
+                          other=0.0).to(tl.float32)
+            U = tl.dot(kc, M, input_precision=PREC) - vc
+            QK = tl.where(causal, tl.dot(qs, tl.trans(kc), input_precision=PREC), 0.0)
+            PG = QK * Gm
+            dAr = tl.sum(doc * tl.dot(qs, M, input_precision=PREC), axis=1)
+            ddr = tl.sum(doc * tl.dot(qs, S, input_precision=PREC), axis=1)
+            dPG = tl.where(causal, -tl.dot(doc, tl.trans(U), input_precision=PREC), 0.0)
+            dQK = dPG * Gm
+            tM = tl.dot(U, tl.trans(dM), input_precision=PREC)  # minus the gradient of g_M k
+            tS = tl.dot(U, tl.trans(dS), input_precision=PREC)
+            dgM = -tl.sum(kc * tM, axis=1)
+            dgS = -tl.sum(kc * tS, axis=1)
+            dU = (-tl.dot(tl.trans(PG), doc, input_precision=PREC)
+                  - tl.dot(kc * gM[:, None], dM, input_precision=PREC)
+                  - tl.dot(kc * gS[:, None], dS, input_precision=PREC))
+            dA = doc * Ar[:, None]
+            dD = doc * dr[:, None]
+            dqs = (tl.dot(dA, tl.trans(M), input_precision=PREC) + tl.dot(dD, tl.trans(S), input_precision=PREC)
+                   + tl.dot(dQK, kc, input_precision=PREC))
+            dkc = (tl.dot(tl.trans(dQK), qs, input_precision=PREC) + tl.dot(dU, tl.trans(M), input_precision=PREC)
+                   - gM[:, None] * tM - gS[:, None] * tS)
+            dAx = tl.sum(tl.sum(M * dM, axis=1), axis=0)
+            ddx = tl.sum(tl.sum(S * dM, axis=1), axis=0)
+            dEx = tl.sum(tl.sum(S * dS, axis=1), axis=0)
+            dM_prev = (Ax * dM + tl.dot(tl.trans(qs), dA, input_precision=PREC)
+                       + tl.dot(tl.trans(kc), dU, input_precision=PREC))
+            dS = dx * dM + Ex * dS + tl.dot(tl.trans(qs), dD, input_precision=PREC)
+            dM = dM_prev
+            m_tk = m_t[:, None] & m_k[None, :]
+            tl.store(dq + (i_v * n_rows + row[:, None]) * K + o_k[None, :], dqs * scale, mask=m_tk)
+            tl.store(dk + (i_v * n_rows + row[:, None]) * K + o_k[None, :], dkc, mask=m_tk)
+            tl.store(dv + row[:, None] * V + o_v[None, :], (-dU).to(dv.dtype.element_ty),
+                     mask=m_t[:, None] & m_v[None, :])
+            pb = part * N + m  # this block's share of mini-batch m's coefficient gradients
+            tl.store(dG + pb * BT * BT + o_t[:, None] * BT + o_t[None, :], dPG * QK)
+            tl.store(dcv + (pb * 4 + 0) * BT + o_t, dAr)
+            tl.store(dcv + (pb * 4 + 1) * BT + o_t, ddr)
+            tl.store(dcv + (pb * 4 + 2) * BT + o_t, dgM)
+            tl.store(dcv + (pb * 4 + 3) * BT + o_t, dgS)
+            tl.store(dcx + pb * 3, dAx)
+            tl.store(dcx + pb * 3 + 1, ddx)
+            tl.store(dcx + pb * 3 + 2, dEx)
+    tl.store(dm0 + i_bh * K * V + kv, dM, mask=m_kv)
+    tl.store(ds0 + i_bh * K * V + kv, dS, mask=m_kv)
+
+
+def _titans_blocks(K: int, V: int, b: int, kernel: str) -> dict:
+    BV = min(_block(V), TITANS_LAUNCH[f"{kernel}_BV"])
+    return dict(BT=b, BK=_block(K), BV=BV, NB=max(1, TOKENS_PER_CHUNK // b))
+
+
+def titans_triton_forward(q, k, v, G, cv, cx, m0, s0, scale, b, keep):
+    """(o, final M, S float32, chunk-entry M and S [B, H, NC, K, V] float32 when ``keep`` else empty tensors).
+    q, k, v contiguous [B, T, H, *]; G, cv, cx from :func:`titans_gate_coefficients`; m0, s0 both or neither."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    N = G.shape[2]
+    blk = _titans_blocks(K, V, b, "fwd")
+    NC = cdiv(N, blk["NB"])
+    o = torch.empty_like(v)
+    mt, st = (torch.empty(B, H, K, V, device=q.device, dtype=torch.float32) for _ in range(2))
+    mc, sc = (torch.empty((B, H, NC, K, V) if keep else (0,), device=q.device, dtype=torch.float32)
+              for _ in range(2))
+    _titans_fwd_kernel[(B * H, cdiv(V, blk["BV"]))](
+        q=q, k=k, v=v, G=G, cv=cv, cx=cx, m0=m0 if m0 is not None else mt, s0=s0 if s0 is not None else st, o=o,
+        mt=mt, st=st, mc=mc, sc=sc, scale=scale, T=T, N=N, H=H, K=K, V=V, **blk, HAS_S0=m0 is not None, SAVE=keep,
+        PREC=dot_precision(q.dtype), WPREC=_update_precision(q.dtype), num_warps=TITANS_LAUNCH["fwd_warps"],
+        num_stages=TITANS_LAUNCH["fwd_stages"])
+    return o, mt, st, mc, sc
+
+
+def titans_triton_backward(q, k, v, G, cv, cx, scale, b, mc, sc, do, dmt, dst):
+    """(dq, dk, dv, dG, dcv, dcx, dM0, dS0) from the kept chunk-entry states; the coefficient gradients float32."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    N = G.shape[2]
+    blk = _titans_blocks(K, V, b, "bwd")
+    NVB = cdiv(V, blk["BV"])
+    f32 = dict(device=q.device, dtype=torch.float32)
+    dq, dk = (torch.empty(NVB, B, T, H, K, **f32) for _ in range(2))
+    dv = torch.empty_like(v)
+    dG, dcv, dcx = (torch.empty(NVB, *x.shape, **f32) for x in (G, cv, cx))
+    dm0, ds0 = (torch.empty(B, H, K, V, **f32) for _ in range(2))
+    scratch = torch.empty(B * H, blk["NB"], 2, K, V, **f32)
+    _titans_bwd_kernel[(B * H, NVB)](
+        q=q, k=k, v=v, G=G, cv=cv, cx=cx, mc=mc, sc=sc, scratch=scratch, do=do,
+        dmt=dmt if dmt is not None else dm0, dst=dst if dst is not None else ds0, dq=dq, dk=dk, dv=dv, dG=dG,
+        dcv=dcv, dcx=dcx, dm0=dm0, ds0=ds0, scale=scale, T=T, N=N, BH=B * H, H=H, K=K, V=V, **blk,
+        HAS_DMT=dmt is not None, HAS_DST=dst is not None, PREC=dot_precision(q.dtype),
+        WPREC=_update_precision(q.dtype), num_warps=TITANS_LAUNCH["bwd_warps"], num_stages=TITANS_LAUNCH["bwd_stages"])
+    dq, dk, dG, dcv, dcx = (x[0] if NVB == 1 else x.sum(0) for x in (dq, dk, dG, dcv, dcx))
+    return dq.to(q.dtype), dk.to(k.dtype), dv, dG, dcv, dcx, dm0, ds0
+
+
+def _titans_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Tensor, cv: torch.Tensor,
+                     cx: torch.Tensor, m0: torch.Tensor | None, s0: torch.Tensor | None, scale: float, b: int,
+                     keep: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return titans_triton_forward(q, k, v, G, cv, cx, m0, s0, scale, b, keep)
+
+
+def _titans_bwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Tensor, cv: torch.Tensor,
+                     cx: torch.Tensor, scale: float, b: int, mc: torch.Tensor, sc: torch.Tensor, do: torch.Tensor,
+                     dmt: torch.Tensor | None, dst: torch.Tensor | None
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                torch.Tensor, torch.Tensor]:
+    return titans_triton_backward(q, k, v, G, cv, cx, scale, b, mc, sc, do, dmt, dst)
+
+
+_titans_fwd_op = torch.library.custom_op("linattn::titans_triton_fwd", _titans_fwd_impl, mutates_args=())
+_titans_bwd_op = torch.library.custom_op("linattn::titans_triton_bwd", _titans_bwd_impl, mutates_args=())
+
+
+@_titans_fwd_op.register_fake
+def _(q, k, v, G, cv, cx, m0, s0, scale, b, keep):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    NC = cdiv(G.shape[2], max(1, TOKENS_PER_CHUNK // b))
+    state = q.new_empty(B, H, K, V, dtype=torch.float32)
+    kept = q.new_empty((B, H, NC, K, V) if keep else (0,), dtype=torch.float32)
+    return torch.empty_like(v), state, torch.empty_like(state), kept, torch.empty_like(kept)
+
+
+@_titans_bwd_op.register_fake
+def _(q, k, v, G, cv, cx, scale, b, mc, sc, do, dmt, dst):
+    B, T, H, K = q.shape
+    state = q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32)
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(G), torch.empty_like(cv),
+            torch.empty_like(cx), state, torch.empty_like(state))
+
+
+def _titans_setup_context(ctx, inputs, output):
+    q, k, v, G, cv, cx, m0, s0, scale, b, keep = inputs
+    ctx.save_for_backward(q, k, v, G, cv, cx, output[3], output[4])
+    ctx.scale, ctx.b, ctx.has_state = scale, b, m0 is not None
+
+
+def _titans_backward(ctx, do, dmt, dst, d_mc, d_sc):
+    q, k, v, G, cv, cx, mc, sc = ctx.saved_tensors
+    run = _titans_bwd_impl if eager_backward(ctx) else _titans_bwd_op
+    do = torch.zeros_like(v) if do is None else do.contiguous()
+    dmt, dst = (None if x is None else x.float().contiguous() for x in (dmt, dst))
+    dq, dk, dv, dG, dcv, dcx, dm0, ds0 = run(q, k, v, G, cv, cx, ctx.scale, ctx.b, mc, sc, do, dmt, dst)
+    if not ctx.has_state:
+        dm0 = ds0 = None
+    return dq, dk, dv, dG, dcv, dcx, dm0, ds0, None, None, None
+
+
+_titans_fwd_op.register_autograd(_titans_backward, setup_context=_titans_setup_context)
+_TitansFunction = eager_function("titans_triton_function", _titans_fwd_impl, _titans_setup_context, _titans_backward,
+                                 non_differentiable=(3, 4))
+
+
+def titans_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: torch.Tensor, alpha: torch.Tensor,
+                  eta: torch.Tensor, *, scale: float, initial_state: tuple[torch.Tensor, torch.Tensor] | None = None,
+                  output_final_state: bool = False, chunk_size: int = 64, mini_batch_size: int = 16
+                  ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+    """backend='triton' for titans (inputs validated by the public op; ``chunk_size`` unused: the kernels walk
+    mini-batches and keep (M, S) every 64 tokens). mini_batch_size 16 or 32, K up to 128, any V (V is split
+    into blocks across programs). The gate coefficients are PyTorch (autograd takes their gradients from the
+    kernel's). float64 inputs are computed in float32; o and the state come back in the op's dtypes."""
+    if not titans_triton_takes(mini_batch_size, q.shape[-1]):
+        raise ValueError(f"backend='triton' takes mini_batch_size in {TRITON_MINI_BATCH_SIZES} and K up to "
+                         f"{TRITON_MAX_HEAD_DIM}; got mini_batch_size={mini_batch_size}, K={q.shape[-1]} "
+                         "(backend='chunk' takes any)")
+    in_dtype, state_dtype = q.dtype, compute_dtype(q)
+    dtype = q.dtype if q.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
+    q, k, v = (x.to(dtype).contiguous() for x in (q, k, v))
+    G, cv, cx = titans_gate_coefficients(theta, alpha, eta, mini_batch_size)
+    m0, s0 = (None, None) if initial_state is None else (x.float().contiguous() for x in initial_state)
+    keep = needs_backward(q, k, v, G, cv, cx, m0, s0)
+    run = _titans_fwd_op if use_custom_op(q) else _TitansFunction.apply
+    o, mt, st, _, _ = run(q, k, v, G, cv, cx, m0, s0, float(scale), mini_batch_size, keep)
+    if not output_final_state:
+        return o.to(in_dtype), None
+    return o.to(in_dtype), (mt.to(state_dtype), st.to(state_dtype))  # float64 inputs: computed in float32
+
+
+TRITON_BACKENDS = {"ttt_linear": ttt_linear_triton, "titans": titans_triton}
