@@ -70,13 +70,9 @@ def test_loss_is_next_token_cross_entropy():
     assert model(ids, logits_to_keep=1).logits.shape == (2, 1, 53)
 
 
-def test_padding_and_unsupported_inputs_are_refused():
+def test_unsupported_inputs_are_refused():
     model = model_of("gated_delta_rule")
     ids = torch.randint(0, 53, (2, 5))
-    mask = torch.ones(2, 5, dtype=torch.long)
-    mask[1, 0] = 0
-    with pytest.raises(ValueError, match="attention_mask marks padding"):
-        model(ids, attention_mask=mask)
     with pytest.raises(ValueError, match="inputs_embeds"):
         model(ids, inputs_embeds=torch.zeros(2, 5, 32))
     with pytest.raises(ValueError, match="output_hidden_states"):
