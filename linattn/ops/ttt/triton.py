@@ -74,9 +74,11 @@ TOKENS_PER_CHUNK = 64  # the forward keeps W every 64 tokens (every 64 / b mini-
 # K = V = 128 (sm_90, bf16), more than an H100 has; with one, 128 KB (``python -m linattn.bench.triton_resources``).
 LAUNCH = {"fwd_warps": 8, "fwd_stages": 1, "bwd_warps": 8, "bwd_stages": 1}
 # titans: a program holds [K, BV] slices of M and S (and of their gradients in the backward); BV caps the V block.
-# Compiled for sm_90 at K = V = 128 (``python -m linattn.bench.triton_resources titans``), bf16: the forward without
-# spills, the backward with 904 B of stack; V blocks of 64 or 4 warps spilled more. Not yet tuned or timed on a GPU.
-TITANS_LAUNCH = {"fwd_warps": 8, "fwd_stages": 1, "fwd_BV": 32, "bwd_warps": 8, "bwd_stages": 1, "bwd_BV": 32}
+# Timed on an H100 at B8 T2048 H8 K = V = 128, bf16, over warps {4, 8} x BV {16, 32, 64}: the forward is fastest
+# with 4 warps and BV 32 (1.84 ms; 8 warps 2.62 ms), forward + backward with 8 warps and BV 32 (11.7 ms; 4 warps
+# 11.9, BV 64 12.2, BV 16 13.1-13.7). Compiled for sm_90 (``python -m linattn.bench.triton_resources titans``) the
+# backward keeps 904 B of stack at these settings.
+TITANS_LAUNCH = {"fwd_warps": 4, "fwd_stages": 1, "fwd_BV": 32, "bwd_warps": 8, "bwd_stages": 1, "bwd_BV": 32}
 
 
 def _update_precision(dtype: torch.dtype) -> str:
