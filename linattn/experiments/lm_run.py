@@ -13,7 +13,11 @@ checks of :func:`linattn.train.build.check_run_config` apply unchanged)::
     seed: 0
 
 ``root: null`` is the running Python's standard library (``include``/``exclude`` null: its defaults, see
-:mod:`linattn.data.text.corpus`); another folder reads ``include`` (default ``*.txt``). ``tokenizer``:
+:mod:`linattn.data.text.corpus`); another folder reads ``include`` (default ``*.txt``). A corpus of several
+folders is the optional key ``sources`` instead of ``root``/``include``/``exclude`` (which stay null), a list of
+``{name, root, include, exclude}`` read the same way; a file's path is ``<name>/<path in its folder>`` and its
+split follows that path (:class:`linattn.data.text.corpus.MultiCorpus`). Configs without ``sources`` are
+normalised as before (no key added), so runs made before it existed resume unchanged. ``tokenizer``:
 ``bytes`` or ``bpe`` (``vocab_size`` ids, trained on the train split). The token shards are built once into
 ``cache_dir`` (null: ``<study folder>/data``, or ``<out>/data`` for a lone run) and shared by every run
 that asks for the same corpus and tokenizer. Training windows of ``seq_len`` tokens are drawn at random
@@ -29,6 +33,7 @@ split) and ``val_bpb_per_nat`` (a logged eval loss times it is the validation bi
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict
 from pathlib import Path
 
@@ -36,7 +41,15 @@ import torch
 import yaml
 
 from linattn.data.packed import PackedDocuments
-from linattn.data.text import build_shards, eval_windows, make_corpus, unigram_entropy_bpb
+from linattn.data.text import (
+    MultiCorpus,
+    TextCorpus,
+    build_shards,
+    eval_windows,
+    make_corpus,
+    make_sources_corpus,
+    unigram_entropy_bpb,
+)
 from linattn.data.text.score import mean_loss_to_bpb
 from linattn.data.text.tokenizer import TOKENIZERS
 from linattn.data.text.windows import TokenWindows
@@ -50,6 +63,40 @@ KIND = "lm"
 TASK_DEFAULTS = {"name": "text", "root": None, "include": None, "exclude": None, "val_fraction": 0.05,
                  "test_fraction": 0.05, "tokenizer": "bytes", "vocab_size": None, "seq_len": 128,
                  "eval_windows": 64, "test_windows": 256, "cache_dir": None, "pack_documents": False}
+# keys checked when present but never added: a normalised config is stored with each run's checkpoint and
+# compared on resume, so a new default would make every earlier run look changed
+OPTIONAL_TASK_KEYS = ("sources",)
+SOURCE_KEYS = ("name", "root", "include", "exclude")
+
+
+def _patterns(field: str, value) -> None:
+    if value is not None and (not isinstance(value, list) or not all(isinstance(p, str) and p for p in value)):
+        raise bad_value(field, value, "null or a list of file name patterns")
+
+
+def _check_sources(t: dict) -> None:
+    """``task.sources``: a non-empty list of {name, root, include, exclude} with distinct names, and then no
+    ``root``/``include``/``exclude`` beside it."""
+    sources = t["sources"]
+    if not isinstance(sources, list) or not sources:
+        raise bad_value("task.sources", sources, "a non-empty list of {name, root, include, exclude}")
+    for key in ("root", "include", "exclude"):
+        if t[key] is not None:
+            raise bad_value(f"task.{key}", t[key], "null when task.sources is given (each source has its own)")
+    names = []
+    for i, src in enumerate(sources):
+        field = f"task.sources[{i}]"
+        if not isinstance(src, dict) or set(src) - set(SOURCE_KEYS) or "name" not in src:
+            raise bad_value(field, src, "a mapping with keys name and (optional) root, include, exclude")
+        name = check_str(f"{field}.name", src["name"])
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name in (".", "..") or name in names:
+            raise bad_value(f"{field}.name", name, "a distinct name matching [A-Za-z0-9_.-]+ (the first folder of "
+                            "its files' paths)")
+        names.append(name)
+        if src.get("root") is not None:
+            check_str(f"{field}.root", src["root"])
+        for key in ("include", "exclude"):
+            _patterns(f"{field}.{key}", src.get(key))
 
 
 def check_lm_config(config: dict) -> dict:
@@ -58,9 +105,10 @@ def check_lm_config(config: dict) -> dict:
     if cfg["kind"] != KIND:
         raise bad_value("kind", cfg["kind"], repr(KIND))
     t = cfg["task"]
-    unknown = sorted(set(t) - set(TASK_DEFAULTS))
+    unknown = sorted(set(t) - set(TASK_DEFAULTS) - set(OPTIONAL_TASK_KEYS))
     if unknown:
-        raise ConfigError(f"unknown lm task key(s) {unknown}; expected a subset of {list(TASK_DEFAULTS)}")
+        raise ConfigError(f"unknown lm task key(s) {unknown}; expected a subset of "
+                          f"{list(TASK_DEFAULTS) + list(OPTIONAL_TASK_KEYS)}")
     for key, value in TASK_DEFAULTS.items():
         t.setdefault(key, value)
     check_choice("task.name", t["name"], ("text",))
@@ -73,8 +121,9 @@ def check_lm_config(config: dict) -> dict:
         if t[key] is not None:
             check_str(f"task.{key}", t[key])
     for key in ("include", "exclude"):
-        if t[key] is not None and (not isinstance(t[key], list) or not all(isinstance(p, str) and p for p in t[key])):
-            raise bad_value(f"task.{key}", t[key], "null or a list of file name patterns")
+        _patterns(f"task.{key}", t[key])
+    if "sources" in t:
+        _check_sources(t)
     for key in ("val_fraction", "test_fraction"):
         check_float(f"task.{key}", t[key], 0, 1, low_open=True, high_open=True)
     for key in ("seq_len", "eval_windows", "test_windows"):
@@ -82,6 +131,13 @@ def check_lm_config(config: dict) -> dict:
     if not isinstance(t["pack_documents"], bool):
         raise bad_value("task.pack_documents", t["pack_documents"], "true or false")
     return cfg
+
+
+def lm_corpus(task: dict) -> TextCorpus | MultiCorpus:
+    """The corpus of checked task ``task``: its ``sources``, else its ``root``/``include``/``exclude``."""
+    if task.get("sources"):
+        return make_sources_corpus(task["sources"], task["val_fraction"], task["test_fraction"])
+    return make_corpus(task["root"], task["include"], task["exclude"], task["val_fraction"], task["test_fraction"])
 
 
 def data_cache_dir(task: dict, out_dir: Path) -> Path:
@@ -113,8 +169,7 @@ def train_lm_from_config(config: dict, out_dir: str | Path | None = None, device
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     t = cfg["task"]
-    corpus = make_corpus(t["root"], t["include"], t["exclude"], t["val_fraction"], t["test_fraction"])
-    shards = build_shards(corpus, data_cache_dir(t, out), t["tokenizer"], t["vocab_size"])
+    shards = build_shards(lm_corpus(t), data_cache_dir(t, out), t["tokenizer"], t["vocab_size"])
     table = shards.token_bytes()
     val = eval_windows(shards.tokens("val"), table, t["seq_len"], t["eval_windows"])
     train_cfg = _train_config(cfg, device, progress)

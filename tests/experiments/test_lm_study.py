@@ -140,3 +140,96 @@ def test_full_preset_models_within_ten_percent_of_each_other():
         counts[labels["mixer"]] = sum(p.numel() for p in CausalLM(cfg).parameters())
     assert set(counts) == set(MIXERS)
     assert max(counts.values()) / min(counts.values()) <= 1.1, counts
+
+
+def test_existing_presets_keep_their_fingerprints():
+    """The smoke and full presets are the studies already run: adding presets must not change them."""
+    assert lm_study("smoke").fingerprint() == "bbbd5ef03c61a983"
+    assert lm_study("full").fingerprint() == "0b8b5fb7c324bcf7"
+
+
+def test_full_docs_preset_is_full_on_the_stdlib_and_docs_corpus(tmp_path, monkeypatch):
+    from linattn.experiments.lm import DEFAULT_DOCS_DIR, DOCS_ENV, PRESETS
+
+    monkeypatch.delenv(DOCS_ENV, raising=False)
+    full, docs = lm_study("full"), lm_study("full-docs", str(tmp_path))
+    assert docs.axes == full.axes and docs.exclude == full.exclude and docs.seeds == full.seeds
+    assert docs.lrs == full.lrs and len(docs.runs()) == len(full.runs()) == 138
+    task = docs.base["task"]
+    assert task["sources"] == [{"name": "stdlib", "root": None, "include": None, "exclude": None},
+                               {"name": "docs", "root": str(tmp_path), "include": ["*.rst.txt"], "exclude": None}]
+    assert {k: v for k, v in task.items() if k != "sources"} == full.base["task"]
+    assert {k: v for k, v in docs.base.items() if k != "task"} == {k: v for k, v in full.base.items() if k != "task"}
+    assert "sources" not in PRESETS["full"]["base"]["task"]  # full's base is not touched
+    assert lm_study("full-docs").base["task"]["sources"][1]["root"] == DEFAULT_DOCS_DIR
+    monkeypatch.setenv(DOCS_ENV, str(tmp_path / "env"))
+    assert lm_study("full-docs").base["task"]["sources"][1]["root"] == str(tmp_path / "env")
+    with pytest.raises(ValueError, match="--corpus-root"):
+        lm_study("full", str(tmp_path))
+
+
+def test_full_docs_missing_folder_names_the_flag_and_the_command(tmp_path, capsys, monkeypatch):
+    from linattn import cli
+    from linattn.experiments.lm import DOCS_ENV
+
+    monkeypatch.delenv(DOCS_ENV, raising=False)
+    missing = tmp_path / "python-docs"
+    for folder, why in ((missing, "does not exist"), (tmp_path, "has no *.rst.txt file")):
+        assert cli.main(["run", "lm", "--preset", "full-docs", "--corpus-root", str(folder),
+                         "--out", str(tmp_path / "runs")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("linattn: error: --corpus-root:") and why in err and "\n" not in err
+        assert f"python -m linattn.data.text python-docs --out {folder}" in err
+    assert not (tmp_path / "runs").exists()
+    assert cli.main(["run", "shortconv", "--corpus-root", str(tmp_path), "--out", str(tmp_path / "runs")]) == 2
+    assert "is an option of study 'lm'" in capsys.readouterr().err
+
+
+def test_full_docs_study_from_args_resolves_the_folder(tmp_path, monkeypatch):
+    import argparse
+
+    from linattn.experiments.lm import LM_STUDY
+
+    (tmp_path / "docs" / "library").mkdir(parents=True)
+    (tmp_path / "docs" / "library" / "json.rst.txt").write_text("json\n====\n")
+    monkeypatch.chdir(tmp_path)
+    study = LM_STUDY.study_from_args(argparse.Namespace(preset="full-docs", corpus_root="docs"), workers=1)
+    assert study.base["task"]["sources"][1]["root"] == str(tmp_path / "docs")  # absolute: runs start anywhere
+    plain = LM_STUDY.study_from_args(argparse.Namespace(preset="full", corpus_root=None), workers=1)
+    assert plain.fingerprint() == lm_study("full").fingerprint()
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"sources": []}, "task.sources"),
+    ({"sources": [{"root": "x"}]}, "task.sources\\[0\\]"),
+    ({"sources": [{"name": "a/b"}]}, "task.sources\\[0\\].name"),
+    ({"sources": [{"name": "a"}, {"name": "a"}]}, "task.sources\\[1\\].name"),
+    ({"sources": [{"name": "a", "include": "*.txt"}]}, "task.sources\\[0\\].include"),
+])
+def test_bad_sources_configs(change, match, tmp_path):
+    cfg = _config(tmp_path, tmp_path)
+    cfg["task"].update(change, root=None, include=None)
+    with pytest.raises(ValueError, match=match):
+        check_lm_config(cfg)
+    cfg["task"].update(sources=[{"name": "a", "root": str(tmp_path)}], root=str(tmp_path))
+    with pytest.raises(ValueError, match="task.root: expected null when task.sources is given"):
+        check_lm_config(cfg)
+
+
+def test_configs_without_sources_are_normalised_as_before(tmp_path):
+    assert "sources" not in check_lm_config(_config(tmp_path, tmp_path))["task"]
+
+
+def test_one_run_on_two_sources(tmp_path):
+    write_corpus(tmp_path / "a")
+    write_corpus(tmp_path / "b", n_extra=20)
+    cfg = _config(tmp_path, tmp_path / "cache")
+    cfg["task"].update(root=None, include=None,
+                       sources=[{"name": "a", "root": str(tmp_path / "a"), "include": ["*.txt"]},
+                                {"name": "b", "root": str(tmp_path / "b"), "include": ["*.txt"], "exclude": ["skip"]}])
+    result = train_run(cfg, tmp_path / "run")
+    assert result.status == "completed" and math.isfinite(result.metrics["test_bpb"])
+    folders = [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]
+    assert len(folders) == 1
+    meta = (folders[0] / "meta.json").read_text()
+    assert '"name": "a"' in meta and '"b/skip/f.txt"' not in meta and '"a/skip/f.txt"' in meta

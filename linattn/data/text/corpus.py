@@ -17,12 +17,20 @@ The default corpus (:func:`stdlib_corpus`) is the running Python's standard libr
 (``sysconfig.get_paths()["stdlib"]``), ``*.py`` files, leaving out third-party packages
 (``site-packages``, ``dist-packages``), the test suites (``test``, ``tests``, ``idle_test``), byte-code
 caches and the build-specific ``_sysconfigdata_*`` module.
+
+A corpus of several sources (:class:`MultiCorpus`, :func:`make_sources_corpus`): each source is a folder read
+as above under a name; a file's path in the corpus is ``<name>/<relative path>``, so two sources cannot give
+the same path, and the split is :func:`split_of` of that prefixed path (still a function of the path only).
+:func:`stdlib_docs_sources` is the standard library's ``*.py`` plus the Python documentation's ``*.rst.txt``
+(the reStructuredText sources Debian's ``python3.X-doc`` ships; ``python -m linattn.data.text python-docs``
+fetches them).
 """
 
 from __future__ import annotations
 
 import fnmatch
 import hashlib
+import re
 import sysconfig
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -112,6 +120,11 @@ class TextCorpus:
             if text:
                 yield rel, text
 
+    def describe(self) -> dict:
+        """The settings, as a shard folder's meta.json records them."""
+        return {"root": self.root, "include": list(self.include), "exclude": list(self.exclude),
+                "val_fraction": self.val_fraction, "test_fraction": self.test_fraction}
+
     def fingerprint(self) -> str:
         """A hash of the settings, the file list and every file's bytes: the key of caches built from it."""
         h = hashlib.sha1(repr((self.include, self.exclude, self.val_fraction, self.test_fraction)).encode())
@@ -138,3 +151,108 @@ def make_corpus(root: str | None = None, include: Sequence[str] | None = None, e
         return TextCorpus(stdlib_root(), tuple(include or STDLIB_INCLUDE),
                           tuple(STDLIB_EXCLUDE if exclude is None else exclude), val_fraction, test_fraction)
     return TextCorpus(root, tuple(include or ("*.txt",)), tuple(exclude or ()), val_fraction, test_fraction)
+
+
+SOURCE_KEYS = ("name", "root", "include", "exclude")
+DOCS_INCLUDE = ("*.rst.txt",)
+
+
+@dataclass(frozen=True)
+class MultiCorpus:
+    """Several folders as one corpus: ``sources`` are (name, TextCorpus) pairs; a file's path is
+    ``<name>/<path in its source>`` and its split :func:`split_of` of that path (each source's own fractions
+    are unused). Files are sorted by that path, so the order, the splits and the fingerprint do not depend on
+    the order the sources are listed in."""
+
+    sources: tuple[tuple[str, TextCorpus], ...]
+    val_fraction: float = 0.05
+    test_fraction: float = 0.05
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sources", tuple((str(n), c) for n, c in self.sources))
+        names = [n for n, _ in self.sources]
+        if not names:
+            raise ConfigError("expected at least one source", field="sources")
+        for name in names:
+            # the name is the first folder of every path: one path component, file-safe
+            if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name in (".", ".."):
+                raise ConfigError(f"a source name must match [A-Za-z0-9_.-]+, got {name!r}", field="sources")
+        if len(set(names)) != len(names):
+            raise ConfigError(f"source names must differ, got {names}", field="sources")
+        # the checks of a single corpus (fractions in [0, 1), their sum < 1)
+        TextCorpus(".", val_fraction=self.val_fraction, test_fraction=self.test_fraction)
+
+    @property
+    def root(self) -> str:
+        """The sources, for messages: ``name=root; ...``."""
+        return "; ".join(f"{n}={c.root}" for n, c in self.sources)
+
+    def _source(self, path: str) -> tuple[TextCorpus, str]:
+        name, _, rel = path.partition("/")
+        for n, c in self.sources:
+            if n == name and rel:
+                return c, rel
+        raise DataError(f"{path!r} is not a file of this corpus (sources {[n for n, _ in self.sources]})")
+
+    def files(self) -> list[str]:
+        """Every file's ``<source>/<relative path>``, sorted (byte order); errors as each source's files()."""
+        found = [f"{n}/{rel}" for n, c in self.sources for rel in c.files()]
+        return sorted(found, key=lambda p: p.encode("utf-8"))
+
+    def split_files(self, split: str) -> list[str]:
+        """The paths of ``split`` ("train", "val" or "test"), in corpus order."""
+        if split not in SPLITS:
+            raise ConfigError(f"split must be one of {list(SPLITS)}, got {split!r}")
+        return [f for f in self.files() if split_of(f, self.val_fraction, self.test_fraction) == split]
+
+    def read(self, path: str) -> str:
+        """The text of the file at ``<source>/<relative path>`` (UTF-8, invalid bytes replaced)."""
+        corpus, rel = self._source(path)
+        return corpus.read(rel)
+
+    def documents(self, split: str) -> Iterator[tuple[str, str]]:
+        """(path, text) of every non-empty file of ``split``, in corpus order."""
+        for path in self.split_files(split):
+            text = self.read(path)
+            if text:
+                yield path, text
+
+    def describe(self) -> dict:
+        """The settings, as a shard folder's meta.json records them."""
+        return {"sources": [{"name": n, "root": c.root, "include": list(c.include), "exclude": list(c.exclude)}
+                            for n, c in self.sources],
+                "val_fraction": self.val_fraction, "test_fraction": self.test_fraction}
+
+    def fingerprint(self) -> str:
+        """A hash of every source's settings, the file list and every file's bytes (the key of its caches);
+        it starts from a tag no single corpus has, so the two kinds never share a cache folder."""
+        settings = sorted((n, c.include, c.exclude) for n, c in self.sources)
+        h = hashlib.sha1(repr(("sources", settings, self.val_fraction, self.test_fraction)).encode())
+        for path in self.files():
+            corpus, rel = self._source(path)
+            data = (Path(corpus.root) / rel).read_bytes()
+            h.update(path.encode("utf-8") + b"\0" + str(len(data)).encode() + b"\0" + data)
+        return h.hexdigest()[:20]
+
+
+def make_sources_corpus(sources: Sequence[dict], val_fraction: float = 0.05,
+                        test_fraction: float = 0.05) -> MultiCorpus:
+    """The corpus of ``sources``, each ``{name, root, include, exclude}`` read as :func:`make_corpus` reads
+    them (``root`` None: the standard library with its defaults)."""
+    if isinstance(sources, (str, bytes)) or not isinstance(sources, Sequence) or not sources:
+        raise ConfigError(f"expected a non-empty list of sources, got {sources!r}", field="sources")
+    parts = []
+    for i, src in enumerate(sources):
+        if not isinstance(src, dict) or "name" not in src or set(src) - set(SOURCE_KEYS):
+            raise ConfigError(f"expected a mapping with keys name and (optional) root, include, exclude; got "
+                              f"{src!r}", field=f"sources[{i}]")
+        parts.append((src["name"], make_corpus(src.get("root"), src.get("include"), src.get("exclude"),
+                                               val_fraction, test_fraction)))
+    return MultiCorpus(tuple(parts), val_fraction, test_fraction)
+
+
+def stdlib_docs_sources(docs_root: str) -> list[dict]:
+    """The sources of the standard library ``*.py`` (as :func:`stdlib_corpus`) plus the ``*.rst.txt`` files
+    under ``docs_root`` (the Python documentation's ``_sources`` folder)."""
+    return [{"name": "stdlib", "root": None, "include": None, "exclude": None},
+            {"name": "docs", "root": str(docs_root), "include": list(DOCS_INCLUDE), "exclude": None}]

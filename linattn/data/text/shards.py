@@ -3,7 +3,8 @@
 A shard folder ``<cache_root>/<key>/`` (``key``: a hash of the corpus fingerprint, the tokenizer and its
 settings, and :data:`FORMAT`) holds::
 
-    meta.json                 corpus settings, tokenizer, per split: files, documents, tokens, bytes
+    meta.json                 corpus settings (of each source, for a corpus of several), tokenizer, per split:
+                              files, documents, tokens, bytes
     tokenizer.json            the BPE tokenizer (trained on the train split; bpe only)
     token_bytes.npy           int64 [vocab]: UTF-8 bytes per id
     <split>.tokens.npy        uint16 (vocabulary <= 65536) or uint32 [N]: the split's documents back to back
@@ -28,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from linattn.data.text.corpus import SPLITS, TextCorpus
+from linattn.data.text.corpus import SPLITS, MultiCorpus, TextCorpus
 from linattn.data.text.tokenizer import TOKENIZERS, BPETokenizer, ByteTokenizer, Tokenizer
 from linattn.errors import ConfigError, DataError
 
@@ -36,7 +37,7 @@ FORMAT = 1
 META = "meta.json"
 
 
-def make_tokenizer(name: str, corpus: TextCorpus, vocab_size: int | None = None) -> Tokenizer:
+def make_tokenizer(name: str, corpus: TextCorpus | MultiCorpus, vocab_size: int | None = None) -> Tokenizer:
     """``bytes``, or BPE of ``vocab_size`` ids trained on the corpus's train split."""
     if name == "bytes":
         return ByteTokenizer()
@@ -47,7 +48,7 @@ def make_tokenizer(name: str, corpus: TextCorpus, vocab_size: int | None = None)
     raise ConfigError(f"expected one of {list(TOKENIZERS)}, got {name!r}", field="tokenizer")
 
 
-def shard_key(corpus: TextCorpus, tokenizer: str, vocab_size: int | None) -> str:
+def shard_key(corpus: TextCorpus | MultiCorpus, tokenizer: str, vocab_size: int | None) -> str:
     settings = {"corpus": corpus.fingerprint(), "tokenizer": tokenizer,
                 "vocab_size": vocab_size if tokenizer == "bpe" else 256, "format": FORMAT}
     return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
@@ -59,7 +60,7 @@ def _encode(tok: Tokenizer, texts: list[str]) -> list[np.ndarray]:
     return [np.asarray(ids, dtype=np.int64) for ids in tok.encode_batch(texts)]
 
 
-def write_shards(folder: Path, corpus: TextCorpus, tokenizer: str, vocab_size: int | None) -> None:
+def write_shards(folder: Path, corpus: TextCorpus | MultiCorpus, tokenizer: str, vocab_size: int | None) -> None:
     """Tokenize every split of ``corpus`` into ``folder`` (which must exist and be empty)."""
     tok = make_tokenizer(tokenizer, corpus, vocab_size)
     if isinstance(tok, BPETokenizer):
@@ -67,8 +68,7 @@ def write_shards(folder: Path, corpus: TextCorpus, tokenizer: str, vocab_size: i
     dtype = np.uint16 if tok.vocab_size <= 2**16 else np.uint32
     table = tok.token_bytes()
     np.save(folder / "token_bytes.npy", table)
-    meta = {"format": FORMAT, "root": corpus.root, "include": list(corpus.include), "exclude": list(corpus.exclude),
-            "val_fraction": corpus.val_fraction, "test_fraction": corpus.test_fraction, "tokenizer": tokenizer,
+    meta = {"format": FORMAT, **corpus.describe(), "tokenizer": tokenizer,
             "vocab_size": tok.vocab_size, "dtype": np.dtype(dtype).name, "splits": {}}
     for split in SPLITS:
         docs = list(corpus.documents(split))
@@ -140,7 +140,7 @@ class TokenShards:
         return BPETokenizer.load(self.folder / "tokenizer.json")
 
 
-def build_shards(corpus: TextCorpus, cache_root: str | Path, tokenizer: str = "bytes",
+def build_shards(corpus: TextCorpus | MultiCorpus, cache_root: str | Path, tokenizer: str = "bytes",
                  vocab_size: int | None = None) -> TokenShards:
     """The shards of ``corpus`` under ``tokenizer``: read from ``cache_root/<key>`` when built before,
     otherwise built there once (atomically, one builder at a time)."""
