@@ -51,8 +51,13 @@ def _fla_mesa_net(x: dict) -> dict:
     return dict(x, max_CG_iteration=MESA_CG_STEPS)
 
 
+def _fla_path_attn(x: dict) -> dict:
+    """FLA's parallel_path_attn asserts float32 w, beta and g ("to preserve precision"); the rest as ours."""
+    return {**x, **{n: x[n].float() for n in ("w", "beta", "g") if x.get(n) is not None}}
+
+
 # How an op's example inputs become FLA's arguments, where the names or shapes differ.
-FLA_ARGUMENTS = {"ttt_linear": _fla_ttt_linear, "mesa_net": _fla_mesa_net}
+FLA_ARGUMENTS = {"ttt_linear": _fla_ttt_linear, "mesa_net": _fla_mesa_net, "path_attn": _fla_path_attn}
 # Keywords of our op in the benchmark: ttt_linear as the paper's block (and FLA's kernel), with the inner norm;
 # mesa_net with FLA's solver (CG, a fixed step count) rather than our default exact solve.
 OP_KWARGS = {"ttt_linear": {"inner_norm": True}, "mesa_net": {"solver": "cg", "cg_steps": MESA_CG_STEPS}}
