@@ -30,10 +30,10 @@ from ..simple_gla.triton import (
     simple_gla_triton_read,
     simple_gla_triton_states,
 )
-from .composed import TorchScan, mesa_net_composed
+from .composed import TorchScan, mesa_net_composed, solve_by_reader
 from .reference import MesaState
 from .solve import shifted_cg_solve
-from .triton_cg import fused_cg_solve
+from .triton_cg import chunk_cg_solve, fused_cg_solve
 
 
 class TritonScan:
@@ -71,6 +71,16 @@ class TritonScan:
         if use_custom_op(b):
             return shifted_cg_solve(product, lamb, b, steps)
         return fused_cg_solve(product, lamb, b.contiguous(), steps)
+
+    def solve_system(self, k: torch.Tensor, w: torch.Tensor, g: torch.Tensor, s0: torch.Tensor | None,
+                     lamb: torch.Tensor, b: torch.Tensor, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The chunk states of (k, w, g) scanned once, then all CG steps in one launch (triton_cg.py); under
+        torch.compile the registered custom op of the same."""
+        k, w, g, b = (x.contiguous() for x in (k, w, g, b))
+        s0 = None if s0 is None else s0.contiguous()
+        if use_custom_op(b):
+            return solve_by_reader(self, k, w, g, s0, lamb, b, steps)
+        return chunk_cg_solve(k, w, g, s0, lamb, b, steps, self.chunk_size, precision=self.precision)
 
     def backward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, s0: torch.Tensor | None,
                  dy: torch.Tensor, dST: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
