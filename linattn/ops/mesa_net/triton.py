@@ -30,7 +30,7 @@ from ..simple_gla.triton import (
     simple_gla_triton_read,
     simple_gla_triton_states,
 )
-from .composed import TorchScan, mesa_net_composed, solve_by_reader
+from .composed import TorchScan, mesa_net_composed
 from .reference import MesaState
 from .solve import shifted_cg_solve
 from .triton_cg import chunk_cg_solve, fused_cg_solve
@@ -79,7 +79,7 @@ class TritonScan:
         k, w, g, b = (x.contiguous() for x in (k, w, g, b))
         s0 = None if s0 is None else s0.contiguous()
         if use_custom_op(b):
-            return solve_by_reader(self, k, w, g, s0, lamb, b, steps)
+            return torch.ops.linattn.mesa_net_chunk_cg(k, w, g, s0, lamb, b, steps, self.chunk_size, self.precision)
         return chunk_cg_solve(k, w, g, s0, lamb, b, steps, self.chunk_size, precision=self.precision)
 
     def backward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, s0: torch.Tensor | None,

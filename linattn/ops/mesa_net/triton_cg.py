@@ -175,3 +175,18 @@ def chunk_cg_solve(k: torch.Tensor, w: torch.Tensor, g: torch.Tensor, s0: torch.
         BR=BR, BK=block(K), FLOOR=(32 * torch.finfo(b.dtype).eps) ** 2, TINY=torch.finfo(b.dtype).tiny,
         PREC=precision or dot_precision(b.dtype), UP=upcast_dots(b.dtype), num_warps=LAUNCH["cg_warps"])
     return x, states.final
+
+
+@torch.library.custom_op("linattn::mesa_net_chunk_cg", mutates_args=())
+def _chunk_cg_op(k: torch.Tensor, w: torch.Tensor, g: torch.Tensor, s0: torch.Tensor | None, lamb: torch.Tensor,
+                 b: torch.Tensor, steps: int, chunk_size: int, precision: str | None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`chunk_cg_solve` as an opaque op for torch.compile graphs (forward only: the composed backend
+    differentiates the solve implicitly, by another solve)."""
+    return chunk_cg_solve(k, w, g, s0, lamb, b, steps, chunk_size, precision)
+
+
+@_chunk_cg_op.register_fake
+def _(k, w, g, s0, lamb, b, steps, chunk_size, precision):
+    B, _, H, K = b.shape
+    return torch.empty_like(b), b.new_empty(B, H, K, K, dtype=torch.float32)
