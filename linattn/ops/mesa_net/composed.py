@@ -9,6 +9,9 @@ so y_t = G_t p_t: one scan is one matrix-vector product with every G_t, and
 
 * solver "cg": ``cg_steps`` conjugate-gradient steps, all tokens at once (a step is one scan plus elementwise work,
   its step sizes per-token tensors: no host synchronisation, no data-dependent exit), then o = scan(x; k, b v; H_0).
+  A solve is the scan's ``solve_system(k, b k, g, S_0, lamb, b, steps)``: :func:`solve_by_reader` (``solve`` with one
+  read of the scan per step) on the PyTorch scan; one kernel launch for all steps on the Triton one
+  (triton_cg.py), whose programs read each token's products from its chunk's state and keys.
   Nothing of size K x K per token exists; kept for the backward pass: x [B, T, H, K] and the inputs.
   Backward by implicit differentiation (not through the CG iterations): with do and the final states' gradients,
       dx_t = H_t do_t                  (the output scan's query gradient; the same backward call gives H's inputs'

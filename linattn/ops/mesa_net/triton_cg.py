@@ -1,14 +1,27 @@
-"""Conjugate gradient on (G_t + diag(lamb)) x_t = b_t for every token at once, one fused Triton kernel per step.
+"""Conjugate gradient on (G_t + diag(lamb)) x_t = b_t for every token at once, in Triton.
 
-A step of :func:`linattn.ops.mesa_net.solve.cg_solve` is about fifteen elementwise and reduction kernels over
-[B, T, H, K]; here it is one, given the product y = G_t p from the scan:
+``chunk_cg_solve``: a whole solve in one launch after the chunk-state scan. G_t = S_t^T for the scan
+S_t = exp(g_t) S_{t-1} + k_t w_t^T (w = beta k; S_0 = G_0^T, or G_0 for the backward's transposed system), so with
+S_n the state entering token t's chunk and c the log gates cumulated within the chunk,
 
-    Ap = y + lamb p,   alpha = r.r / p.Ap,   x += alpha p,   r -= alpha Ap,   beta = r'.r' / r.r,   p = r' + beta p
+    G_t p = exp(c_t) S_n^T p + sum_{s <= t in the chunk} exp(c_t - c_s) (p . k_s) w_s,
 
-with cg_solve's freezing rule (a system whose residual reached ||r||^2 <= floor takes zero steps from then on; a
-ratio with a denominator below float32's smallest normal number is zero). Forward only: the implicit backward of
-the composed backend solves its own system by the same function. On a CPU tensor the kernel runs in Triton's
-interpreter.
+which needs only the chunk's S_n [K, K], k, w [C, K] and c. A program takes ``cg_rows`` tokens of one chunk of one
+batch-head, loads their b, keeps x, r and p in registers and runs all the steps: per step the products
+P S_n (decayed by exp(c_t)) and (P K^T * decay * causal) W as two tensor-core dots plus lamb P, then per row
+
+    alpha = r.r / p.Ap,   x += alpha p,   r -= alpha Ap,   beta = r'.r' / r.r,   p = r' + beta p
+
+with cg_solve's freezing rule: a row whose residual reached ||r||^2 <= (32 eps ||b||)^2 takes zero steps from then
+on, and a ratio with a denominator below float32's smallest normal number is zero (no 0/0 for b = 0 or masked
+rows). Rows past T and columns past K are masked to zero. The chunk states come from simple_gla's state kernel;
+the dots use the scan's precision (tf32 for bf16/fp16 inputs, IEEE float32 for float32 ones). Forward only: the
+composed backend differentiates the solve implicitly, by a second solve on the transposed system.
+
+``fused_cg_solve``: the per-step form, one launch per CG step of the step's vector updates given the product
+y = G_t p from any scan (a step of :func:`linattn.ops.mesa_net.solve.cg_solve` is about fifteen elementwise and
+reduction kernels over [B, T, H, K]; here it is one). Both compute cg_solve's iterates up to the order of float32
+sums. On CPU tensors the kernels run in Triton's interpreter.
 """
 
 from __future__ import annotations
@@ -80,11 +93,13 @@ def fused_cg_solve(product: Callable[[torch.Tensor], torch.Tensor], lamb: torch.
     return x
 
 
-# Launch settings of the chunk solve (bench with .carry_probe_mesa.py-style timings on a GPU; override through
-# ``linattn.settings(triton_launch={"mesa_net": {...}})``): "cg_rows" tokens per program (a power of two, at most
-# the chunk size: fewer rows hold smaller [rows, K] tiles of x, r and p live across the steps, at the cost of more
-# programs reading the same chunk state), "cg_warps" warps per program.
-LAUNCH = {"cg_rows": 64, "cg_warps": 8}
+# Launch settings of the chunk solve (override through ``linattn.settings(triton_launch={"mesa_net": {...}})``):
+# "cg_rows" tokens per program (a power of two; a chunk's tokens split over chunk_size / cg_rows programs when it
+# is smaller), "cg_warps" warps per program. x, r and p [rows, K] float32 stay in registers across the steps.
+# Compiled for sm_90 (Triton 3.9, tf32 dots, K = 128, chunk 64; bench/triton_resources.py's compile): 32 rows and 8
+# warps take 250 registers and no stack (Ampere-style mma); 64 rows, 8 warps use Hopper's warp-group mma but spill
+# (800 B of stack), 4 warps more. Not yet timed against each other on a GPU.
+LAUNCH = {"cg_rows": 32, "cg_warps": 8}
 launch_overrides("mesa_net", LAUNCH)
 
 
