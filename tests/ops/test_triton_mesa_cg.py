@@ -124,3 +124,19 @@ def test_custom_op_and_its_fake_kernel():
         fake = torch.ops.linattn.mesa_net_chunk_cg(*(mode.from_tensor(t) for t in x), 3, 16, "tf32")
     assert [tuple(t.shape) for t in fake] == [(1, 20, 2, 8), (1, 2, 8, 8)]
     assert fake[1].dtype == torch.float32
+
+
+def test_wide_heads_take_the_per_step_form(monkeypatch):
+    """K > 128: the one-launch kernel's tiles would not fit an H100's shared memory; the per-step form solves."""
+    from linattn.ops.mesa_net import triton as mesa_triton
+    from linattn.ops.mesa_net.triton_cg import chunk_cg_fits
+
+    assert chunk_cg_fits(128) and chunk_cg_fits(100) and not chunk_cg_fits(129)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the one-launch solve was called for K > 128")
+
+    monkeypatch.setattr(mesa_triton, "chunk_cg_solve", refuse)
+    x = system(1, 3, 1, 130, seed=6, with_state=False)
+    got, _ = mesa_triton.TritonScan(16).solve_system(*x, 2)
+    assert_close(got, reference(*x, 2, 16)[0], 1e-6, "K = 130")

@@ -35,10 +35,10 @@ from ..simple_gla.triton import (
     simple_gla_triton_read,
     simple_gla_triton_states,
 )
-from .composed import TorchScan, mesa_net_composed
+from .composed import TorchScan, mesa_net_composed, solve_by_reader
 from .reference import MesaState
 from .solve import shifted_cg_solve
-from .triton_cg import chunk_cg_solve, fused_cg_solve
+from .triton_cg import chunk_cg_fits, chunk_cg_solve, fused_cg_solve
 
 
 class TritonScan:
@@ -81,9 +81,12 @@ class TritonScan:
     def solve_system(self, k: torch.Tensor, w: torch.Tensor, g: torch.Tensor, s0: torch.Tensor | None,
                      lamb: torch.Tensor, b: torch.Tensor, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The chunk states of (k, w, g) scanned once, then all CG steps in one launch (triton_cg.py); under
-        torch.compile (or for tensor subclasses) the same as the registered custom op ``linattn::mesa_net_chunk_cg``."""
+        torch.compile (or for tensor subclasses) the same as the registered custom op ``linattn::mesa_net_chunk_cg``.
+        Head dims above 128 take the per-step form (the one-launch kernel's tiles would not fit shared memory)."""
         k, w, g, b = (x.contiguous() for x in (k, w, g, b))
         s0 = None if s0 is None else s0.contiguous()
+        if not chunk_cg_fits(k.shape[-1]):
+            return solve_by_reader(self, k, w, g, s0, lamb, b, steps)
         if use_custom_op(b):
             return torch.ops.linattn.mesa_net_chunk_cg(k, w, g, s0, lamb, b, steps, self.chunk_size, self.precision)
         return chunk_cg_solve(k, w, g, s0, lamb, b, steps, self.chunk_size, precision=self.precision)

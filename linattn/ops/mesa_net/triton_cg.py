@@ -102,6 +102,15 @@ def fused_cg_solve(product: Callable[[torch.Tensor], torch.Tensor], lamb: torch.
 LAUNCH = {"cg_rows": 32, "cg_warps": 8}
 launch_overrides("mesa_net", LAUNCH)
 
+# The widest key block the chunk solve takes: its dots stage S_n [K, K], k and w [C, K] float32 in shared memory,
+# 224 KB at K = 128 and chunk 128 (an H100 has 227 KB per program); at K = 256 they took 352 KB
+MAX_BLOCK_K = 128
+
+
+def chunk_cg_fits(K: int) -> bool:
+    """Whether :func:`chunk_cg_solve` takes head dim K (else the per-step form solves the system)."""
+    return block(K) <= MAX_BLOCK_K
+
 
 @fast_launch
 @triton.jit(do_not_specialize=["T", "steps"])
