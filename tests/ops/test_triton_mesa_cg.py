@@ -124,6 +124,7 @@ def test_custom_op_and_its_fake_kernel():
         fake = torch.ops.linattn.mesa_net_chunk_cg(*(mode.from_tensor(t) for t in x), 3, 16, "tf32")
     assert [tuple(t.shape) for t in fake] == [(1, 20, 2, 8), (1, 2, 8, 8)]
     assert fake[1].dtype == torch.float32
+    torch.library.opcheck(torch.ops.linattn.mesa_net_chunk_cg.default, (*x, 3, 16, None))
 
 
 def test_wide_heads_take_the_per_step_form(monkeypatch):
