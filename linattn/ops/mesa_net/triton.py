@@ -11,7 +11,8 @@ H_t is one simple_gla Triton forward, the backward by implicit differentiation t
 solver "exact" runs the chunk backend's code in checkpointed blocks (``composed.py`` has the algorithm). Under
 torch.compile the solve is a registered custom op with a fake kernel. The per-step form (one launch of simple_gla's
 output kernel per CG step for the products, the step's vector updates in one fused kernel: ``TritonScan.reader``
-and ``TritonScan.solve``) computes the same iterates and is kept as the reference the fused solve is tested against.
+and ``TritonScan.solve``) computes the same iterates; it solves head dims above 128 and is the reference the
+one-launch solve is tested against.
 
 The scans take float32 tensors whatever the input dtype: CG needs its vectors more accurately than bf16 holds them.
 Their products carry the inputs' precision: IEEE float32 dots for float32 inputs, tf32 tensor-core dots (10 mantissa
