@@ -9,6 +9,9 @@ so y_t = G_t p_t: one scan is one matrix-vector product with every G_t, and
 
 * solver "cg": ``cg_steps`` conjugate-gradient steps, all tokens at once (a step is one scan plus elementwise work,
   its step sizes per-token tensors: no host synchronisation, no data-dependent exit), then o = scan(x; k, b v; H_0).
+  A solve is the scan's ``solve_system(k, b k, g, S_0, lamb, b, steps)``: :func:`solve_by_reader` (``solve`` with one
+  read of the scan per step) on the PyTorch scan; one kernel launch for all steps on the Triton one
+  (triton_cg.py), whose programs read each token's products from its chunk's state and keys.
   Nothing of size K x K per token exists; kept for the backward pass: x [B, T, H, K] and the inputs.
   Backward by implicit differentiation (not through the CG iterations): with do and the final states' gradients,
       dx_t = H_t do_t                  (the output scan's query gradient; the same backward call gives H's inputs'
@@ -68,6 +71,29 @@ class Scan(Protocol):
         """``steps`` CG steps on (G_t + diag(lamb)) x_t = b_t, ``product(p)`` giving G_t p_t (:func:`cg_solve`)."""
         ...
 
+    def solve_system(self, k: torch.Tensor, w: torch.Tensor, g: torch.Tensor, s0: torch.Tensor | None,
+                     lamb: torch.Tensor, b: torch.Tensor, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, S_T): ``steps`` CG steps on (G_t + diag(lamb)) x_t = b_t with G_t = S_t^T, S the scan of (k, w, g)
+        from ``s0`` (:func:`solve_by_reader`: ``solve`` over ``reader``, or one fused computation)."""
+        ...
+
+
+def solve_by_reader(scan: Scan, k: torch.Tensor, w: torch.Tensor, g: torch.Tensor, s0: torch.Tensor | None,
+                    lamb: torch.Tensor, b: torch.Tensor, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:meth:`Scan.solve_system` by ``scan.solve`` with the products of ``scan.reader``; S_T from the first product
+    (with no steps, from a read of b)."""
+    read = scan.reader(k, w, g, s0)
+    final: list[torch.Tensor] = []
+
+    def product(p: torch.Tensor) -> torch.Tensor:
+        y, sT = read(p)
+        if not final:
+            final.append(sT)
+        return y
+
+    x = scan.solve(product, lamb, b, steps)
+    return x, (final[0] if final else read(b)[1])
+
 
 class TorchScan:
     """The scan on simple_gla's PyTorch chunk form (any device and dtype, float64 included); its backward by
@@ -104,6 +130,10 @@ class TorchScan:
               steps: int) -> torch.Tensor:
         return shifted_cg_solve(product, lamb, b, steps)
 
+    def solve_system(self, k: torch.Tensor, w: torch.Tensor, g: torch.Tensor, s0: torch.Tensor | None,
+                     lamb: torch.Tensor, b: torch.Tensor, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return solve_by_reader(self, k, w, g, s0, lamb, b, steps)
+
 
 def _transpose(x: torch.Tensor | None) -> torch.Tensor | None:
     return None if x is None else x.transpose(-1, -2).contiguous()
@@ -116,21 +146,13 @@ class _MesaCG(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, lamb, G0, H0, scale: float, steps: int, scan: Scan):
         kb, vb = beta[..., None] * k, beta[..., None] * v
-        read_G = scan.reader(k, kb, g, _transpose(G0))  # S_0 = G_0^T, so that S_t = G_t^T and the scan reads G_t p
-        final: list[torch.Tensor] = []
-
-        def product(p: torch.Tensor) -> torch.Tensor:
-            y, sT = read_G(p)
-            if not final:
-                final.append(sT.transpose(-1, -2))  # G_T, from the first product
-            return y
-
         b = q * scale
-        x = scan.solve(product, lamb, b, steps)
+        # S_0 = G_0^T, so that S_t = G_t^T and the scan reads G_t p
+        x, ST = scan.solve_system(k, kb, g, _transpose(G0), lamb, b.contiguous(), steps)
+        GT = ST.transpose(-1, -2)
         # CG's step sizes turn a NaN or inf right-hand side into zero steps: make it show in x (b * 0 is 0 if finite)
         x = x + b * 0
         o, HT = scan.forward(x, k, vb, g, H0)
-        GT = final[0]  # steps >= 1: the first CG step made a product
         ctx.save_for_backward(x, k, v, g, beta, lamb, G0, H0)
         ctx.scale, ctx.steps, ctx.scan = scale, steps, scan
         ctx.set_materialize_grads(False)
@@ -146,8 +168,7 @@ class _MesaCG(torch.autograd.Function):
         # o_t = H_t^T x_t: the query gradient is dx_t = H_t do_t; H's inputs get theirs from the same call
         dx, dk, dvb, dg, dH0 = scan.backward(x, k, vb, g, H0, do.contiguous(), _contiguous(dHT))
         # u_t = A_t^-T dx_t; A_t^T p = G_t^T p + lamb p is the scan with S_0 = G_0 (S_t = G_t)
-        read_GT = scan.reader(k, kb, g, G0)
-        u = scan.solve(lambda p: read_GT(p)[0], lamb, dx.contiguous(), ctx.steps)
+        u, _ = scan.solve_system(k, kb, g, G0, lamb, dx.contiguous(), ctx.steps)
         # the solve's gradient to G_t is -u_t x_t^T: back through y_t = G_t x_t read with -u_t (and G_T's gradient)
         _, dk2, dkb, dg2, dG0T = scan.backward(x, k, kb, g, _transpose(G0), -u, _transpose(dGT))
         dk = dk + dk2 + beta[..., None] * dkb

@@ -3,16 +3,22 @@
     G_t = exp(g_t) G_{t-1} + b_t k_t k_t^T,   H_t = exp(g_t) H_{t-1} + b_t k_t v_t^T,
     o_t = H_t^T (G_t + diag(lamb))^-1 (scale q_t)
 
-solver "cg" scans the keys' chunk states once per solve (simple_gla's state kernel) and reads every product with G_t
-from them with one launch of simple_gla's output kernel per CG step, the step's vector updates in one fused kernel
-(``triton_cg.py``); the read-out with H_t is one simple_gla Triton forward, the backward by implicit differentiation
-through simple_gla's Triton backward; solver "exact" runs the chunk backend's code in checkpointed blocks
-(``composed.py`` has the algorithm). The scans take float32 tensors whatever the input dtype: CG needs its vectors
-more accurately than bf16 holds them. Their products carry the inputs' precision: IEEE float32 dots for float32
-inputs, tf32 tensor-core dots (10 mantissa bits, three more than bf16's) for bf16/fp16 inputs. IEEE float32 dots run
-on the CUDA cores and their tiles spill registers at K=128: on an H100 a bf16 MesaNet layer's cg16 forward and
-backward took 1,507 ms with them at B=8, T=2048, H=8, K=128 (one output-kernel call 41 ms), and 18.9 ms with tf32
-dots, the states scanned once per solve and the fused CG step. float64
+solver "cg": each solve (the forward's, and the backward's on the transposed system) scans the keys' chunk states
+once (simple_gla's state kernel) and then runs all its CG steps in one kernel launch (``triton_cg.py``,
+``chunk_cg_solve``): a program holds some tokens of one chunk and reads every product with G_t from the chunk's
+entering state and its keys, so the steps cost no launches and no pass over the sequence each. The read-out with
+H_t is one simple_gla Triton forward, the backward by implicit differentiation through simple_gla's Triton backward;
+solver "exact" runs the chunk backend's code in checkpointed blocks (``composed.py`` has the algorithm). Under
+torch.compile the solve is a registered custom op with a fake kernel. The per-step form (one launch of simple_gla's
+output kernel per CG step for the products, the step's vector updates in one fused kernel: ``TritonScan.reader``
+and ``TritonScan.solve``) computes the same iterates; it solves head dims above 128 and is the reference the
+one-launch solve is tested against.
+
+The scans take float32 tensors whatever the input dtype: CG needs its vectors more accurately than bf16 holds them.
+Their products carry the inputs' precision: IEEE float32 dots for float32 inputs, tf32 tensor-core dots (10 mantissa
+bits, three more than bf16's) for bf16/fp16 inputs. IEEE float32 dots run on the CUDA cores and their tiles spill
+registers at K=128: on an H100 a bf16 MesaNet layer's cg16 forward and backward took 1,507 ms with them at B=8,
+T=2048, H=8, K=128 with the per-step form (one output-kernel call 41 ms), and 18.9 ms with tf32 dots. float64
 inputs take simple_gla's PyTorch chunk form instead (Triton has no float64 dots), the same algorithm.
 """
 
@@ -30,10 +36,10 @@ from ..simple_gla.triton import (
     simple_gla_triton_read,
     simple_gla_triton_states,
 )
-from .composed import TorchScan, mesa_net_composed
+from .composed import TorchScan, mesa_net_composed, solve_by_reader
 from .reference import MesaState
 from .solve import shifted_cg_solve
-from .triton_cg import fused_cg_solve
+from .triton_cg import chunk_cg_fits, chunk_cg_solve, fused_cg_solve
 
 
 class TritonScan:
@@ -67,10 +73,24 @@ class TritonScan:
 
     def solve(self, product: Callable[[torch.Tensor], torch.Tensor], lamb: torch.Tensor, b: torch.Tensor,
               steps: int) -> torch.Tensor:
-        """One fused kernel per CG step (triton_cg.py); under torch.compile cg_solve's traceable steps."""
+        """CG over any product, one fused kernel per step (triton_cg.py); under torch.compile cg_solve's traceable
+        steps. The composed backend solves through :meth:`solve_system` instead."""
         if use_custom_op(b):
             return shifted_cg_solve(product, lamb, b, steps)
         return fused_cg_solve(product, lamb, b.contiguous(), steps)
+
+    def solve_system(self, k: torch.Tensor, w: torch.Tensor, g: torch.Tensor, s0: torch.Tensor | None,
+                     lamb: torch.Tensor, b: torch.Tensor, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The chunk states of (k, w, g) scanned once, then all CG steps in one launch (triton_cg.py); under
+        torch.compile (or for tensor subclasses) the same as the registered custom op ``linattn::mesa_net_chunk_cg``.
+        Head dims above 128 take the per-step form (the one-launch kernel's tiles would not fit shared memory)."""
+        k, w, g, b = (x.contiguous() for x in (k, w, g, b))
+        s0 = None if s0 is None else s0.contiguous()
+        if not chunk_cg_fits(k.shape[-1]):
+            return solve_by_reader(self, k, w, g, s0, lamb, b, steps)
+        if use_custom_op(b):
+            return torch.ops.linattn.mesa_net_chunk_cg(k, w, g, s0, lamb, b, steps, self.chunk_size, self.precision)
+        return chunk_cg_solve(k, w, g, s0, lamb, b, steps, self.chunk_size, precision=self.precision)
 
     def backward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, s0: torch.Tensor | None,
                  dy: torch.Tensor, dST: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
