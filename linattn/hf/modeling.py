@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from linattn.layers.cache import LayerCache
 from linattn.layers.shortconv import ShortConv, fixed_kernel
 from linattn.models import CausalLM, SequenceClassifier
-from linattn.models.decode import group_rows
+from linattn.models.decode import group_rows, prefill_forward
 
 from .cache import LinAttnCache
 from .config import LinAttnConfig
@@ -153,8 +153,9 @@ class LinAttnForCausalLM(LinAttnPreTrainedModel, GenerationMixin):
             mask = past_key_values.mask
             if mask is not None:
                 mask = torch.cat([mask, mask.new_ones(mask.shape[0], input_ids.shape[1])], dim=1)
-        elif padding is None:
-            logits, new_cache = self.model(input_ids, use_cache=use_cache)
+        elif padding is None:  # a prompt when it starts a cache (generate), a training batch otherwise
+            run = prefill_forward if use_cache else lambda model, ids, **kw: model(ids, **kw)
+            logits, new_cache = run(self.model, input_ids, use_cache=use_cache)
             groups, mask = [(None, new_cache)], None
         elif not use_cache:
             logits, groups, mask = self.model(input_ids, attention_mask=padding)[0], [], padding
@@ -210,7 +211,7 @@ class LinAttnForCausalLM(LinAttnPreTrainedModel, GenerationMixin):
             rows = torch.tensor(rows)
             cols = (starts[rows][:, None] + torch.arange(n)).to(device)
             rows = rows.to(device)
-            out, caches = self.model(input_ids[rows[:, None], cols], use_cache=True)
+            out, caches = prefill_forward(self.model, input_ids[rows[:, None], cols], use_cache=True)
             if logits is None:
                 logits = out.new_zeros(B, T, out.shape[-1])
             logits = logits.index_put((rows[:, None].expand_as(cols), cols), out)

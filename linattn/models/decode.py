@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import torch
 
 from linattn.layers.cache import LayerCache
+from linattn.ops.common.varlen import sdpa_for_new_lengths
 
 from .lm import CausalLM
 
@@ -52,6 +53,14 @@ def _check_step_ids(token_ids: object, batch_size: int) -> torch.Tensor:
         what = list(token_ids.shape) if isinstance(token_ids, torch.Tensor) else type(token_ids).__name__
         raise ValueError(f"token_ids must be an integer tensor [B] with B = {batch_size}, got {what}")
     return token_ids
+
+
+def prefill_forward(model: CausalLM, ids: torch.Tensor, **kwargs) -> tuple[torch.Tensor, list[LayerCache]]:
+    """``model(ids, **kwargs)`` for a prompt: prompts bring sequence lengths a step has not seen, and on CUDA SDPA's
+    cuDNN backend builds a plan for every new length (``sdpa_for_new_lengths``), so the prefill keeps SDPA on its
+    flash and memory-efficient kernels."""
+    with sdpa_for_new_lengths(ids):
+        return model(ids, **kwargs)
 
 
 class StaticDecoder:
@@ -148,7 +157,7 @@ class StaticDecoder:
         logits = None
         for length, rows in group_rows(lengths).items():
             ids = torch.stack([prompts[r] for r in rows]).to(self.device)
-            out, caches = self.model(ids)
+            out, caches = prefill_forward(self.model, ids)
             idx = torch.tensor(rows, device=self.device)
             self.cache.load(self.model, caches, idx, length)
             if logits is None:
@@ -194,7 +203,7 @@ class EagerDecoder:
         self.batch_size = len(prompts)
         self._groups, logits = [], None
         for rows in group_rows([int(p.numel()) for p in prompts]).values():
-            out, cache = self.model(torch.stack([prompts[r] for r in rows]).to(self.device))
+            out, cache = prefill_forward(self.model, torch.stack([prompts[r] for r in rows]).to(self.device))
             idx = torch.tensor(rows, device=self.device)
             self._groups.append((idx, cache))
             if logits is None:
