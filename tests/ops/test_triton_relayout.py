@@ -17,7 +17,7 @@ from linattn.ops.common.triton_compat import triton_available
 pytestmark = [pytest.mark.triton, pytest.mark.skipif(not triton_available(), reason="triton not installed")]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 LENGTHS = {"mixed": (5, 1, 37, 16), "one": (23,), "short": (3, 7), "long": (70, 1, 129)}
-BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+BITS = {torch.float64: torch.int64, torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 
 
 def _layout(lengths: tuple[int, ...], chunk_size: int):
@@ -83,9 +83,7 @@ def test_wide_rows_are_split_over_feature_blocks(monkeypatch, features) -> None:
         triton_relayout._plan.cache_clear()
 
 
-def test_one_launch_a_copy_and_fallbacks(monkeypatch) -> None:
-    """A pack and an unpack launch one kernel each (the padding is written by the same kernel); tensors the
-    kernels do not take (not contiguous, float64) take the index path and give the same values."""
+def _count_launches(monkeypatch: pytest.MonkeyPatch) -> list:
     from linattn.ops.common.triton_launch import FastKernel
 
     launches = []
@@ -96,6 +94,13 @@ def test_one_launch_a_copy_and_fallbacks(monkeypatch) -> None:
         return launch(self, grid, args, kwargs)
 
     monkeypatch.setattr(FastKernel, "launch", record)
+    return launches
+
+
+def test_one_launch_a_copy_and_fallbacks(monkeypatch) -> None:
+    """A pack and an unpack launch one kernel each (the padding is written by the same kernel); tensors the
+    kernels do not take (not contiguous, float64) take the index path and give the same values."""
+    launches = _count_launches(monkeypatch)
     monkeypatch.setattr(packed_call, "RELAYOUT_KERNELS", "always")
     layout = _layout((5, 1, 37), 16)
     x = torch.randn(1, 43, 3, device=DEVICE)
@@ -110,6 +115,39 @@ def test_one_launch_a_copy_and_fallbacks(monkeypatch) -> None:
         rest[layout.index] = False
         assert packed[0, rest].eq(0).all()
     assert not launches
+
+
+def test_tensors_of_one_shape_share_launches(monkeypatch) -> None:
+    """pack_many: q, k, v, p of one shape in one launch (MAX_X = 4 a launch: a fifth takes another), g and beta
+    in another, a float64 tensor and None as on the index path; the same bits, and gradients, as packing one by
+    one on the index path, also where an output is unused or an input needs no gradient."""
+    layout = _layout((5, 1, 37, 16), 16)
+    gen = torch.Generator().manual_seed(5)
+    qkvp = [torch.randn(1, 59, 2, 8, generator=gen).to(DEVICE, torch.bfloat16).requires_grad_() for _ in range(5)]
+    gates = [torch.randn(1, 59, 2, generator=gen).to(DEVICE).requires_grad_(i == 0) for i in range(2)]
+    wide = torch.randn(1, 59, 2, generator=gen, dtype=torch.float64).to(DEVICE).requires_grad_()
+    xs = [*qkvp[:2], None, gates[0], *qkvp[2:], wide, gates[1]]
+    leaves = [x for x in xs if x is not None and x.requires_grad]
+
+    def run():
+        packed = layout.pack_many(*xs)
+        used = [y for i, y in enumerate(packed) if y is not None and i != 1]  # k's output unused
+        loss = sum((y.double() * torch.linspace(-1, 1, y.numel(), device=DEVICE).reshape(y.shape)).sum()
+                   for y in used)
+        grads = torch.autograd.grad(loss, leaves, allow_unused=True)  # k: None on the index path, zeros here
+        return [y for y in packed if y is not None] + [torch.zeros_like(x) if d is None else d
+                                                       for x, d in zip(leaves, grads, strict=True)]
+
+    monkeypatch.setattr(packed_call, "RELAYOUT_KERNELS", "never")
+    want = run()
+    assert layout.pack_many(None, None) == [None, None]
+    launches = _count_launches(monkeypatch)
+    monkeypatch.setattr(packed_call, "RELAYOUT_KERNELS", "always")
+    got = run()
+    assert [g[2] for g in launches[:3]] == [4, 1, 2]  # 4 + 1 alike, 2 gates
+    assert sorted(g[2] for g in launches[3:]) == [1, 2, 4]  # the same in the backward pass
+    for a, b in zip(want, got, strict=True):
+        _same_bits(a, b)
 
 
 @pytest.mark.parametrize("name", ["gated_delta_rule", "gla"])
@@ -137,15 +175,27 @@ def test_compiles_without_graph_breaks(monkeypatch) -> None:
     monkeypatch.setattr(packed_call, "RELAYOUT_KERNELS", "always")
     layout = _layout((5, 1, 37), 16)
     x = torch.randn(1, 43, 2, 8, device=DEVICE).requires_grad_()
+    g = torch.randn(1, 43, 2, device=DEVICE).requires_grad_()
 
-    def loss(x):
-        packed = layout.pack(x)
-        return (layout.unpack(packed * packed) * x).sum()
+    def loss(x, g):
+        a, b, c = layout.pack_many(x, g, x)
+        return (layout.unpack(a * c) * x).sum() + (layout.unpack(b) * g).sum()
 
-    eager = loss(x)
-    (eager_grad,) = torch.autograd.grad(eager, [x])
-    value = torch.compile(loss, fullgraph=True, backend="aot_eager")(x)
-    (grad,) = torch.autograd.grad(value, [x])
+    eager = loss(x, g)
+    eager_grads = torch.autograd.grad(eager, [x, g])
+    value = torch.compile(loss, fullgraph=True, backend="aot_eager")(x, g)
+    grads = torch.autograd.grad(value, [x, g])
     _same_bits(value.detach(), eager.detach())
-    _same_bits(grad, eager_grad)
-    torch.testing.assert_close(grad, 3 * x.detach().square(), rtol=1e-6, atol=1e-6)
+    for a, b in zip(grads, eager_grads, strict=True):
+        _same_bits(a, b)
+    torch.testing.assert_close(grads[0], 3 * x.detach().square(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grads[1], 2 * g.detach(), rtol=1e-6, atol=1e-6)
+
+
+def test_new_offsets_with_the_same_chunk_count_compile_nothing(monkeypatch) -> None:
+    """With the copy kernels, offsets that pad to the same chunk count still launch every kernel with one
+    specialisation (the copies take no length: rows come from chunk_rows)."""
+    from test_triton_packed import test_new_offsets_with_the_same_chunk_count_compile_nothing as same_keys
+
+    monkeypatch.setattr(packed_call, "RELAYOUT_KERNELS", "always")
+    same_keys("gla", monkeypatch)

@@ -95,19 +95,42 @@ class ChunkLayout:
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """x [1, T, ...] as [1, padded, ...] (contiguous), zeros at the padded positions; differentiable (the
         gradients of the padded positions are dropped)."""
-        if self._kernels(x):
+        return self.pack_many(x)[0]
+
+    def pack_many(self, *xs: torch.Tensor | None) -> list[torch.Tensor | None]:
+        """:meth:`pack` of each x (None stays None). On the copy kernels, tensors of one shape and dtype share
+        launches (q, k and p; v where V = K; g and beta)."""
+        out: list[torch.Tensor | None] = [None] * len(xs)
+        groups: list[list[int]] = []
+        for i, x in enumerate(xs):
+            if x is None:
+                continue
+            if not self._kernels(x):
+                out[i] = x.new_zeros(x.shape[0], self.padded, *x.shape[2:]).index_copy(1, self.index, x)
+                continue
+            for group in groups:
+                y = xs[group[0]]
+                if y.shape == x.shape and y.dtype == x.dtype:
+                    group.append(i)
+                    break
+            else:
+                groups.append([i])
+        if groups:
             from . import triton_relayout
 
-            return triton_relayout.pack(x, self.chunk_rows, self.padded, self.chunk_size)
-        out = x.new_zeros(x.shape[0], self.padded, *x.shape[2:])
-        return out.index_copy(1, self.index, x)
+            for group in groups:
+                packed = triton_relayout.pack([xs[i] for i in group], self.chunk_rows, self.padded,
+                                              self.chunk_size)
+                for i, y in zip(group, packed, strict=True):
+                    out[i] = y
+        return out
 
     def unpack(self, x: torch.Tensor) -> torch.Tensor:
         """x [1, padded, ...] back at the packed positions [1, T, ...] (padded positions dropped)."""
         if self._kernels(x):
             from . import triton_relayout
 
-            return triton_relayout.unpack(x, self.chunk_rows, self.index.shape[0], self.chunk_size)
+            return triton_relayout.unpack([x], self.chunk_rows, self.index.shape[0], self.chunk_size)[0]
         return _Unpack.apply(x, self.index)
 
     def _kernels(self, x: torch.Tensor) -> bool:
