@@ -59,16 +59,20 @@ def _relayout_kernel(packed0, padded0, packed1, padded1, packed2, padded2, packe
     features of tensor pair i (packed_i, padded_i; the pairs past NX are not read), copied from packed to padded
     (TO_PADDED, zeros past the chunk's valid rows) or back."""
     i_r, i_d, i_x = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    packed, padded = packed0, padded0
+    packed = packed0
+    padded = padded0
     if NX > 1:
         if i_x == 1:
-            packed, padded = packed1, padded1
+            packed = packed1
+            padded = padded1
     if NX > 2:
         if i_x == 2:
-            packed, padded = packed2, padded2
+            packed = packed2
+            padded = padded2
     if NX > 3:
         if i_x == 3:
-            packed, padded = packed3, padded3
+            packed = packed3
+            padded = padded3
     SUB: tl.constexpr = C // BR
     i_c = (i_r // SUB).to(tl.int64)
     r = (i_r % SUB) * BR + tl.arange(0, BR)
