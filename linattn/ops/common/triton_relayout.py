@@ -52,12 +52,14 @@ MAX_X = 4  # tensors a launch copies (the kernel's pointer pairs)
 
 @fast_launch
 @triton.jit
-def _relayout_kernel(packed0, padded0, packed1, padded1, packed2, padded2, packed3, padded3, chunk_rows, D,
-                     C: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, EVEN_D: tl.constexpr,
+def _relayout_kernel(packed0, padded0, packed1, padded1, packed2, padded2, packed3, padded3, chunk_rows,
+                     D: tl.constexpr, C: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, EVEN_D: tl.constexpr,
                      TO_PADDED: tl.constexpr, NX: tl.constexpr):
     """Grid (chunks * C // BR, cdiv(D, BD), NX): rows [j * BR, (j + 1) * BR) of padded chunk c and one block of
     features of tensor pair i (packed_i, padded_i; the pairs past NX are not read), copied from packed to padded
-    (TO_PADDED, zeros past the chunk's valid rows) or back."""
+    (TO_PADDED, zeros past the chunk's valid rows) or back. D is a constexpr (a model has a few: H K, H V, H), so
+    the compiler knows the rows' alignment: narrow rows (D = 8 gates) are vector accesses too, where an int D
+    not divisible by 16 left them scalar."""
     i_r, i_d, i_x = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     packed = packed0
     padded = padded0
