@@ -25,6 +25,14 @@ import torch
 
 T_ = TypeVar("T_")
 
+# where ChunkLayout's copies run as the Triton kernels of triton_relayout.py: "cuda" (CUDA tensors, where Triton
+# imports), "always" (also CPU tensors, through Triton's interpreter: for tests) or "never" (index_copy everywhere)
+RELAYOUT_KERNELS = "cuda"
+# the largest feature count (product of the trailing shape) the kernels take; wider rows take index_copy. The
+# kernels split rows over a second grid axis, so this only keeps that axis far below CUDA's grid limit
+RELAYOUT_MAX_FEATURES = 1 << 24
+_RELAYOUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
 
 @dataclass(frozen=True)
 class Packing:
@@ -74,22 +82,74 @@ class ChunkLayout:
     """Packed tokens [1, T] re-laid so that every sequence starts a chunk of ``chunk_size`` tokens.
 
     ``index`` [T] int64: the padded position of each packed token; ``cu_chunks`` [N + 1] int32: the first chunk of
-    each sequence and the chunk count at the end; ``padded``: the padded length (chunks * chunk_size)."""
+    each sequence and the chunk count at the end; ``padded``: the padded length (chunks * chunk_size);
+    ``chunk_rows`` [chunks, 2] int64: per padded chunk, its first packed token and how many of its rows are tokens
+    (the rest are padding), what the copy kernels read (None: they are not used)."""
 
     index: torch.Tensor
     cu_chunks: torch.Tensor
     padded: int
     chunk_size: int
+    chunk_rows: torch.Tensor | None = None
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """x [1, T, ...] as [1, padded, ...] (contiguous), zeros at the padded positions; differentiable (the
         gradients of the padded positions are dropped)."""
-        out = x.new_zeros(x.shape[0], self.padded, *x.shape[2:])
-        return out.index_copy(1, self.index, x)
+        return self.pack_many(x)[0]
+
+    def pack_many(self, *xs: torch.Tensor | None) -> list[torch.Tensor | None]:
+        """:meth:`pack` of each x (None stays None). On the copy kernels, tensors of one shape and dtype share
+        launches (q, k and p; v where V = K; g and beta)."""
+        out: list[torch.Tensor | None] = [None] * len(xs)
+        groups: list[list[int]] = []
+        for i, x in enumerate(xs):
+            if x is None:
+                continue
+            if not self._kernels(x):
+                out[i] = x.new_zeros(x.shape[0], self.padded, *x.shape[2:]).index_copy(1, self.index, x)
+                continue
+            for group in groups:
+                y = xs[group[0]]
+                if y.shape == x.shape and y.dtype == x.dtype:
+                    group.append(i)
+                    break
+            else:
+                groups.append([i])
+        if groups:
+            from . import triton_relayout
+
+            for group in groups:
+                packed = triton_relayout.pack([xs[i] for i in group], self.chunk_rows, self.padded,
+                                              self.chunk_size)
+                for i, y in zip(group, packed, strict=True):
+                    out[i] = y
+        return out
 
     def unpack(self, x: torch.Tensor) -> torch.Tensor:
         """x [1, padded, ...] back at the packed positions [1, T, ...] (padded positions dropped)."""
+        if self._kernels(x):
+            from . import triton_relayout
+
+            return triton_relayout.unpack([x], self.chunk_rows, self.index.shape[0], self.chunk_size)[0]
         return _Unpack.apply(x, self.index)
+
+    def _kernels(self, x: torch.Tensor) -> bool:
+        """Whether the copies of x run as Triton kernels (see :data:`RELAYOUT_KERNELS`): a contiguous [1, rows,
+        ...] tensor of a floating dtype the backends use, with at most RELAYOUT_MAX_FEATURES features a row."""
+        if RELAYOUT_KERNELS == "never" or self.chunk_rows is None:
+            return False
+        if RELAYOUT_KERNELS != "always" and x.device.type != "cuda":
+            return False
+        if x.dim() < 2 or x.shape[0] != 1 or x.dtype not in _RELAYOUT_DTYPES or not x.is_contiguous():
+            return False
+        features = 1
+        for n in x.shape[2:]:
+            features *= n
+        if features > RELAYOUT_MAX_FEATURES:
+            return False
+        from .triton_compat import triton_importable
+
+        return triton_importable()
 
 
 class _Unpack(torch.autograd.Function):
@@ -150,9 +210,15 @@ def chunk_layout(packing: Packing, chunk_size: int, device: torch.device) -> Chu
         chunks = sum(-(-(e - s) // C) for s, e in zip(offsets[:-1], offsets[1:], strict=True))
         cu = device_offsets(packing.cu_seqlens, offsets, device)
         lengths = cu[1:] - cu[:-1]
-        cu_chunks = torch.nn.functional.pad(torch.cumsum((lengths + C - 1) // C, 0), (1, 0))
+        counts = (lengths + C - 1) // C
+        cu_chunks = torch.nn.functional.pad(torch.cumsum(counts, 0), (1, 0))
         seq = torch.repeat_interleave(torch.arange(N, device=device), lengths, output_size=T)
         index = torch.arange(T, device=device) + (cu_chunks[:-1] * C - cu[:-1])[seq]
-        return ChunkLayout(index=index, cu_chunks=cu_chunks.to(torch.int32), padded=chunks * C, chunk_size=C)
+        # per padded chunk: its sequence, first packed token and token rows (what the copy kernels read)
+        seq_of_chunk = torch.repeat_interleave(torch.arange(N, device=device), counts, output_size=chunks)
+        start = cu[:-1][seq_of_chunk] + (torch.arange(chunks, device=device) - cu_chunks[:-1][seq_of_chunk]) * C
+        valid = torch.clamp(cu[1:][seq_of_chunk] - start, max=C)
+        return ChunkLayout(index=index, cu_chunks=cu_chunks.to(torch.int32), padded=chunks * C, chunk_size=C,
+                           chunk_rows=torch.stack([start, valid], dim=1).contiguous())
 
     return kept(packing.cu_seqlens, ("chunk_layout", chunk_size, str(device)), make)

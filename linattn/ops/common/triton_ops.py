@@ -136,7 +136,7 @@ def gated_rnn_backend(name: str, forward: Callable, backward: Callable, saved_li
         packing, cu_chunks = current_packing(), None
         if packing is not None:  # packed sequences: run in the chunk-aligned layout, outputs read back at the tokens
             layout = chunk_layout(packing, chunk_size, q.device)
-            q, k, v, g = (layout.pack(x) for x in (q, k, v, g))
+            q, k, v, g = layout.pack_many(q, k, v, g)
             cu_chunks = layout.cu_chunks
         run = fwd_op if use_custom_op(q) else eager.apply
         o, ht, _, _ = run(q, k, v, g, s0, float(scale), chunk_size, needs_backward(q, k, v, g, s0), cu_chunks)

@@ -666,7 +666,7 @@ def gated_delta_triton(
     packing, cu_chunks = current_packing(), None
     if packing is not None:  # packed sequences: run in the chunk-aligned layout, outputs read back at the tokens
         layout = chunk_layout(packing, chunk_size, q.device)
-        q, k, v, g, beta, p = (None if x is None else layout.pack(x) for x in (q, k, v, g, beta, p))
+        q, k, v, g, beta, p = layout.pack_many(q, k, v, g, beta, p)
         cu_chunks = layout.cu_chunks
     # Tm (a [C]-row per token, the input dtype) is kept for the backward pass only when one will follow
     run = _fwd_op if use_custom_op(q) else _Eager.apply
