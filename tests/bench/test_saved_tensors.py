@@ -1,0 +1,50 @@
+"""bench/saved_tensors: what one forward keeps for the backward pass, per module, storages counted once."""
+
+import pytest
+import torch
+from torch import nn
+
+from linattn.bench import saved_tensors as st
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TINY = dict(d_model=32, n_layers=2, n_heads=2, vocab=64, batch=2, seq=32)
+
+
+class Twice(nn.Module):
+    """Saves its input twice (two muls) and a view of it once: one storage."""
+
+    def forward(self, x):
+        return x * x + x[:, :2].sin().sum()
+
+
+def test_storages_counted_once_per_module_and_weights_apart():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), Twice())
+    x = torch.randn(3, 4, requires_grad=True)
+    saved = st.record_saved(model, lambda: model(x))
+    acts = [s for s in saved if not s.weight]
+    by_module = {s.module: s for s in acts}
+    # Linear saves its input x (3 x 4 float32); Twice saves the Linear's output once, though three ops keep it
+    assert by_module["0"].nbytes == 3 * 4 * 4
+    assert [s.nbytes for s in acts if s.module == "1"] == [3 * 6 * 4]
+    assert any(s.weight for s in saved)  # the Linear's weight, kept by its matmul
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        saved = st.record_saved(model, lambda: model(x))
+    weights = [s for s in saved if s.weight]
+    assert weights and all(s.dtype == torch.bfloat16 for s in weights)  # autocast's copy of the weight
+
+
+def test_audit_breaks_a_layer_down_and_compares_with_the_transformer(capsys):
+    audits = [st.audit(m, **TINY) for m in ("softmax_attn", "gated_delta_rule")]
+    ref, gdr = audits
+    assert ref.backend == "parallel" and gdr.backend == "triton"
+    rows = gdr.per_layer()
+    assert ("mixer.convs.q", "bfloat16") in rows  # the ShortConvs' input: the joint projection's output
+    assert gdr.block_bytes() == pytest.approx(sum(rows.values()) * TINY["n_layers"])
+    assert gdr.activation_bytes == gdr.block_bytes() + gdr.outside_blocks()
+    text = st.report(audits, top=3, detail=True)
+    assert "gated_delta_rule" in text and "ratio" in text and "storages of block 0" in text
+    assert st.main(["--mixers", "softmax_attn,delta_rule", "--d-model", "32", "--heads", "2", "--vocab", "64",
+                    "--seq", "32", "--json"]) == 0
+    assert '"mixer": "delta_rule"' in capsys.readouterr().out
