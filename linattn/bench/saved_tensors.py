@@ -145,27 +145,29 @@ def _storage_key(t: torch.Tensor) -> tuple[str, int]:
 
 
 def record_saved(model: torch.nn.Module, run: callable) -> list[Saved]:
-    """Run ``run()`` (a forward of ``model``) and return every storage saved for its backward, once each."""
+    """Run ``run()`` (a forward of ``model``) and return every storage saved for its backward and still held when
+    the forward ends, once each. A tensor saved by a part of the graph that the output does not reach (a result
+    computed and dropped) is freed with that part: it is not counted."""
     params = {_storage_key(p) for p in model.parameters()}
-    seen: dict[tuple[str, int], Saved] = {}
-    keep = []  # the saved tensors stay alive until the end, so a freed storage's address is not reused
+    seen: dict[tuple[str, int], tuple[Saved, list[weakref.ref]]] = {}
 
     with module_stack(model) as stack:
         def pack(t: torch.Tensor) -> torch.Tensor:
             if t.device.type != "meta" and t.untyped_storage().data_ptr() != 0:
                 key = _storage_key(t)
-                if key not in seen:
+                # an address seen before whose tensors are all gone is a new storage made where a freed one was
+                if key not in seen or not any(r() is not None for r in seen[key][1]):
                     weight = key in params or _is_weight_copy(t)
-                    seen[key] = Saved(stack[-1] if stack else "", t.untyped_storage().nbytes(), t.dtype,
-                                      tuple(t.shape), weight, _site())
-                keep.append(t)
+                    seen[key] = (Saved(stack[-1] if stack else "", t.untyped_storage().nbytes(), t.dtype,
+                                       tuple(t.shape), weight, _site()), [])
+                seen[key][1].append(weakref.ref(t))  # the graph holds t (what pack returns) while it needs it
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = run()
-    keep.clear()
+        held = [s for s, refs in seen.values() if any(r() is not None for r in refs)]
     del out
-    return list(seen.values())
+    return held
 
 
 def cuda_op_backend(mixer: str) -> str:
