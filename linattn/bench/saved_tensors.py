@@ -14,6 +14,11 @@ which this module sets when it is unset) forces the op, ShortConv and fused norm
 picks with "auto": an op without a Triton backend runs its CUDA choice (softmax_attn: SDPA, "parallel"), and the
 table names the op backend each mixer ran. ``--backend auto`` keeps the CPU's PyTorch paths.
 
+``--peak`` adds :func:`step_peak`: the most bytes of tensors alive at once over a forward, the loss and the
+backward pass (a dispatch mode follows every storage an op makes until its last tensor is gone), which counts the
+backward pass's temporary buffers and the gradients as well; where the peak falls depends on the config (with a
+small vocabulary it is the loss, with a large one the logits' buffers).
+
 The output lists, per mixer, the activation bytes saved per layer (the blocks' total over the layer count) broken
 down by module (the path inside a block, e.g. ``mixer.convs.q``) and dtype, the bytes outside the blocks
 (embedding, final norm, LM head), and the ratio of the total to the first mixer named ``softmax_attn`` (or the
@@ -28,6 +33,7 @@ import json
 import os
 import re
 import sys
+import weakref
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -35,6 +41,8 @@ from dataclasses import dataclass, field
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is imported: the kernels then run on the CPU
 
 import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._pytree import tree_flatten  # noqa: E402
 
 import linattn  # noqa: E402
 from linattn.models import CausalLM, ModelConfig  # noqa: E402
@@ -170,6 +178,78 @@ def record_saved(model: torch.nn.Module, run: callable) -> list[Saved]:
     return held
 
 
+class LiveBytes(TorchDispatchMode):
+    """Bytes of the storages that tensors made under this mode keep alive, now and at their peak, with the module
+    running (forward) or the autograd node (backward) at the peak. A storage is counted from the op that made it
+    until the last tensor on it is gone; storages made before (``skip``: e.g. the parameters) are not counted."""
+
+    def __init__(self, skip: set[int], stack: list[str]) -> None:
+        super().__init__()
+        self.skip, self.stack = skip, stack
+        self.live: dict[int, list[int]] = {}  # storage address -> [bytes, tensors on it]
+        self.now = self.peak = 0
+        self.peak_at = ""
+
+    def _where(self) -> str:
+        node = torch._C._current_autograd_node()
+        if node is not None:
+            return f"backward {type(node).__name__}"
+        return f"forward {self.stack[-1] if self.stack else ''}"
+
+    def _release(self, ptr: int) -> None:
+        entry = self.live.get(ptr)
+        if entry is not None:
+            entry[1] -= 1
+            if entry[1] == 0:
+                self.now -= entry[0]
+                del self.live[ptr]
+
+    def _track(self, t: torch.Tensor) -> None:
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr == 0 or ptr in self.skip:
+            return
+        entry = self.live.get(ptr)
+        if entry is None:
+            entry = self.live[ptr] = [storage.nbytes(), 0]
+            self.now += entry[0]
+            if self.now > self.peak:
+                self.peak, self.peak_at = self.now, self._where()
+        entry[1] += 1
+        weakref.finalize(t, self._release, ptr)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                self._track(t)
+        return out
+
+
+def step_peak(mixer: str, *, d_model: int, n_layers: int, n_heads: int, vocab: int, batch: int, seq: int,
+              backend: str = "triton", dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> tuple[int, str]:
+    """Peak bytes of the tensors alive during one forward, loss and backward of ``mixer``'s CausalLM (parameters
+    not counted; the gradients are), and where it was reached: the backward pass's temporary buffers count here,
+    which the saved tensors alone leave out."""
+    torch.manual_seed(seed)
+    model = CausalLM(ModelConfig(mixer=mixer, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                                 vocab_size=vocab))
+    ids = torch.randint(0, vocab, (batch, seq + 1))
+    inputs, targets = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+    skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    skip |= {inputs.untyped_storage().data_ptr(), targets.untyped_storage().data_ptr()}
+    with linattn.settings(**backend_settings(backend, mixer)), module_stack(model) as stack:
+        mode = LiveBytes(skip, stack)
+        with mode:
+            with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+                logits, _ = model(inputs, use_cache=False)
+                loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+            del logits
+            loss.backward()
+            del loss
+    return mode.peak, mode.peak_at
+
+
 def cuda_op_backend(mixer: str) -> str:
     """The op backend "auto" picks on CUDA for ``mixer``'s layer: triton where the op has it, else its CUDA
     choice (softmax_attn: "parallel", SDPA), else what it runs on the CPU ("auto")."""
@@ -265,11 +345,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=0, help="rows per mixer (0: all)")
     p.add_argument("--detail", action="store_true", help="also list every storage of the first block")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--peak", action="store_true",
+                   help="also the peak of the tensors alive over forward, loss and backward (step_peak)")
     args = p.parse_args(argv)
-    audits = [audit(m.strip(), d_model=args.d_model, n_layers=args.layers, n_heads=args.heads, vocab=args.vocab,
-                    batch=args.batch, seq=args.seq, backend=args.backend, dtype=getattr(torch, args.dtype))
-              for m in args.mixers.split(",") if m.strip()]
-    print(json.dumps(to_json(audits), indent=1) if args.json else report(audits, args.top, args.detail))
+    shape = dict(d_model=args.d_model, n_layers=args.layers, n_heads=args.heads, vocab=args.vocab, batch=args.batch,
+                 seq=args.seq, backend=args.backend, dtype=getattr(torch, args.dtype))
+    mixers = [m.strip() for m in args.mixers.split(",") if m.strip()]
+    audits = [audit(m, **shape) for m in mixers]
+    peaks = {m: step_peak(m, **shape) for m in mixers} if args.peak else {}
+    if args.json:
+        rows = to_json(audits)
+        for row in rows:
+            if row["mixer"] in peaks:
+                row["step_peak_bytes"], row["step_peak_at"] = peaks[row["mixer"]]
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(report(audits, args.top, args.detail))
+    if peaks:
+        ref = peaks.get(REFERENCE, next(iter(peaks.values())))[0]
+        print(f"\n{'mixer':24s} {'step peak MiB':>14s} {'ratio':>7s}  reached at")
+        for m, (n, at) in peaks.items():
+            print(f"{m:24s} {n / 2**20:14.2f} {n / ref:7.3f}  {at}")
     return 0
 
 

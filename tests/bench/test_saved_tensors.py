@@ -48,3 +48,19 @@ def test_audit_breaks_a_layer_down_and_compares_with_the_transformer(capsys):
     assert st.main(["--mixers", "softmax_attn,delta_rule", "--d-model", "32", "--heads", "2", "--vocab", "64",
                     "--seq", "32", "--json"]) == 0
     assert '"mixer": "delta_rule"' in capsys.readouterr().out
+
+
+def test_step_peak_counts_what_is_alive_at_once():
+    """The tracker's count: a tensor made and dropped leaves nothing; two alive at once peak at their sum; the
+    parameters are not counted."""
+    mode = st.LiveBytes(set(), [])
+    with mode:
+        a = torch.ones(1000)  # 4000 bytes
+        b = a * 2
+        del b
+        c = a[:10] + 1  # a new 40-byte storage next to a
+        del a, c
+    assert mode.peak == 8000 and mode.now == 0
+    peak, at = st.step_peak("gated_delta_rule", **TINY)
+    saved = st.audit("gated_delta_rule", **TINY)
+    assert peak > saved.activation_bytes and at.split()[0] in ("forward", "backward")
