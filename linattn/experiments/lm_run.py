@@ -50,6 +50,7 @@ from linattn.data.text import (
     make_sources_corpus,
     unigram_entropy_bpb,
 )
+from linattn.data.text.corpus import SOURCE_KEYS
 from linattn.data.text.score import mean_loss_to_bpb
 from linattn.data.text.tokenizer import TOKENIZERS
 from linattn.data.text.windows import TokenWindows
@@ -66,7 +67,6 @@ TASK_DEFAULTS = {"name": "text", "root": None, "include": None, "exclude": None,
 # keys checked when present but never added: a normalised config is stored with each run's checkpoint and
 # compared on resume, so a new default would make every earlier run look changed
 OPTIONAL_TASK_KEYS = ("sources",)
-SOURCE_KEYS = ("name", "root", "include", "exclude")
 
 
 def _patterns(field: str, value) -> None:

@@ -54,8 +54,25 @@ def split_of(relpath: str, val_fraction: float, test_fraction: float) -> str:
     return "train"
 
 
+class _Splits:
+    """What a corpus derives from its ``files()`` (sorted paths), ``read(path)`` and split fractions."""
+
+    def split_files(self, split: str) -> list[str]:
+        """The paths of ``split`` ("train", "val" or "test"), in corpus order."""
+        if split not in SPLITS:
+            raise ConfigError(f"split must be one of {list(SPLITS)}, got {split!r}")
+        return [f for f in self.files() if split_of(f, self.val_fraction, self.test_fraction) == split]
+
+    def documents(self, split: str) -> Iterator[tuple[str, str]]:
+        """(path, text) of every non-empty file of ``split``, in corpus order."""
+        for path in self.split_files(split):
+            text = self.read(path)
+            if text:
+                yield path, text
+
+
 @dataclass(frozen=True)
-class TextCorpus:
+class TextCorpus(_Splits):
     """The text files under ``root`` matching ``include`` and no ``exclude`` (module docstring), split by file."""
 
     root: str
@@ -103,22 +120,9 @@ class TextCorpus:
         self._files.extend(found)
         return found
 
-    def split_files(self, split: str) -> list[str]:
-        """The relative paths of ``split`` ("train", "val" or "test"), in corpus order."""
-        if split not in SPLITS:
-            raise ConfigError(f"split must be one of {list(SPLITS)}, got {split!r}")
-        return [f for f in self.files() if split_of(f, self.val_fraction, self.test_fraction) == split]
-
     def read(self, relpath: str) -> str:
         """The text of one file: UTF-8, invalid bytes replaced by U+FFFD."""
         return (Path(self.root) / relpath).read_bytes().decode("utf-8", errors="replace")
-
-    def documents(self, split: str) -> Iterator[tuple[str, str]]:
-        """(relative path, text) of every non-empty file of ``split``, in corpus order."""
-        for rel in self.split_files(split):
-            text = self.read(rel)
-            if text:
-                yield rel, text
 
     def describe(self) -> dict:
         """The settings, as a shard folder's meta.json records them."""
@@ -158,7 +162,7 @@ DOCS_INCLUDE = ("*.rst.txt",)
 
 
 @dataclass(frozen=True)
-class MultiCorpus:
+class MultiCorpus(_Splits):
     """Several folders as one corpus: ``sources`` are (name, TextCorpus) pairs; a file's path is
     ``<name>/<path in its source>`` and its split :func:`split_of` of that path (each source's own fractions
     are unused). Files are sorted by that path, so the order, the splits and the fingerprint do not depend on
@@ -199,23 +203,10 @@ class MultiCorpus:
         found = [f"{n}/{rel}" for n, c in self.sources for rel in c.files()]
         return sorted(found, key=lambda p: p.encode("utf-8"))
 
-    def split_files(self, split: str) -> list[str]:
-        """The paths of ``split`` ("train", "val" or "test"), in corpus order."""
-        if split not in SPLITS:
-            raise ConfigError(f"split must be one of {list(SPLITS)}, got {split!r}")
-        return [f for f in self.files() if split_of(f, self.val_fraction, self.test_fraction) == split]
-
     def read(self, path: str) -> str:
         """The text of the file at ``<source>/<relative path>`` (UTF-8, invalid bytes replaced)."""
         corpus, rel = self._source(path)
         return corpus.read(rel)
-
-    def documents(self, split: str) -> Iterator[tuple[str, str]]:
-        """(path, text) of every non-empty file of ``split``, in corpus order."""
-        for path in self.split_files(split):
-            text = self.read(path)
-            if text:
-                yield path, text
 
     def describe(self) -> dict:
         """The settings, as a shard folder's meta.json records them."""

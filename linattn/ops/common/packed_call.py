@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
@@ -84,13 +85,13 @@ class ChunkLayout:
     ``index`` [T] int64: the padded position of each packed token; ``cu_chunks`` [N + 1] int32: the first chunk of
     each sequence and the chunk count at the end; ``padded``: the padded length (chunks * chunk_size);
     ``chunk_rows`` [chunks, 2] int64: per padded chunk, its first packed token and how many of its rows are tokens
-    (the rest are padding), what the copy kernels read (None: they are not used)."""
+    (the rest are padding), what the copy kernels read."""
 
     index: torch.Tensor
     cu_chunks: torch.Tensor
     padded: int
     chunk_size: int
-    chunk_rows: torch.Tensor | None = None
+    chunk_rows: torch.Tensor
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """x [1, T, ...] as [1, padded, ...] (contiguous), zeros at the padded positions; differentiable (the
@@ -136,16 +137,13 @@ class ChunkLayout:
     def _kernels(self, x: torch.Tensor) -> bool:
         """Whether the copies of x run as Triton kernels (see :data:`RELAYOUT_KERNELS`): a contiguous [1, rows,
         ...] tensor of a floating dtype the backends use, with at most RELAYOUT_MAX_FEATURES features a row."""
-        if RELAYOUT_KERNELS == "never" or self.chunk_rows is None:
+        if RELAYOUT_KERNELS == "never":
             return False
         if RELAYOUT_KERNELS != "always" and x.device.type != "cuda":
             return False
         if x.dim() < 2 or x.shape[0] != 1 or x.dtype not in _RELAYOUT_DTYPES or not x.is_contiguous():
             return False
-        features = 1
-        for n in x.shape[2:]:
-            features *= n
-        if features > RELAYOUT_MAX_FEATURES:
+        if math.prod(x.shape[2:]) > RELAYOUT_MAX_FEATURES:
             return False
         from .triton_compat import triton_importable
 

@@ -23,9 +23,9 @@ Tensors of one shape and dtype (q, k and p; v when V = K; g and beta) are copied
 of them: a third grid axis picks the tensor, so a layer's re-layout takes two or three launches rather than one
 per tensor, forward and backward.
 
-Eagerly the copies run through autograd Functions; under ``torch.compile`` (and for tensor subclasses) through the
-custom ops ``linattn::relayout_pack`` / ``linattn::relayout_unpack`` (lists of tensors in, lists out) with fake
-kernels, so graphs do not break.
+Eagerly the copies run through an autograd Function; under ``torch.compile`` (and for tensor subclasses) through the
+custom op ``linattn::relayout`` (lists of tensors in, lists out; a flag for the direction) with a fake
+kernel, so graphs do not break.
 """
 
 from __future__ import annotations
@@ -128,104 +128,73 @@ def _copy(packed: list[torch.Tensor], padded: list[torch.Tensor], chunk_rows: to
             num_warps=LAUNCH["warps"])
 
 
-def _pack_impl(xs: list[torch.Tensor], chunk_rows: torch.Tensor, size: int, chunk_size: int
-               ) -> list[torch.Tensor]:
+def _relayout_impl(xs: list[torch.Tensor], chunk_rows: torch.Tensor, size: int, chunk_size: int,
+                   to_padded: bool) -> list[torch.Tensor]:
+    """Each x copied into the padded layout (``to_padded``; ``size`` its padded rows) or out of it (``size`` the
+    packed rows), in new tensors."""
     xs = [x.contiguous() for x in xs]
     outs = [torch.empty(x.shape[0], size, *x.shape[2:], device=x.device, dtype=x.dtype) for x in xs]
     if xs:
-        _copy(xs, outs, chunk_rows, chunk_size, True)
+        _copy(xs if to_padded else outs, outs if to_padded else xs, chunk_rows, chunk_size, to_padded)
     return outs
 
 
-def _unpack_impl(xs: list[torch.Tensor], chunk_rows: torch.Tensor, size: int, chunk_size: int
-                 ) -> list[torch.Tensor]:
-    xs = [x.contiguous() for x in xs]
-    outs = [torch.empty(x.shape[0], size, *x.shape[2:], device=x.device, dtype=x.dtype) for x in xs]
-    if xs:
-        _copy(outs, xs, chunk_rows, chunk_size, False)
-    return outs
+_relayout_op = torch.library.custom_op("linattn::relayout", _relayout_impl, mutates_args=())
 
 
-_pack_op = torch.library.custom_op("linattn::relayout_pack", _pack_impl, mutates_args=())
-_unpack_op = torch.library.custom_op("linattn::relayout_unpack", _unpack_impl, mutates_args=())
-
-
-@_pack_op.register_fake
-def _(xs, chunk_rows, size, chunk_size):
-    return [x.new_empty(x.shape[0], size, *x.shape[2:]) for x in xs]
-
-
-@_unpack_op.register_fake
-def _(xs, chunk_rows, size, chunk_size):
+@_relayout_op.register_fake
+def _(xs, chunk_rows, size, chunk_size, to_padded):
     return [x.new_empty(x.shape[0], size, *x.shape[2:]) for x in xs]
 
 
 def _setup(ctx, inputs, output):
-    xs, chunk_rows, _, chunk_size = inputs
+    xs, chunk_rows, _, chunk_size, to_padded = inputs
     ctx.save_for_backward(chunk_rows)
-    ctx.rows, ctx.chunk_size = xs[0].shape[1], chunk_size
+    ctx.rows, ctx.chunk_size, ctx.to_padded = xs[0].shape[1], chunk_size, to_padded
 
 
-def _pack_backward(ctx, grads):
+def _backward(ctx, grads):
+    """The copy the other way: packing's gradient is read out of the layout, unpacking's written into it."""
     (chunk_rows,) = ctx.saved_tensors
-    return _unpack_op(list(grads), chunk_rows, ctx.rows, ctx.chunk_size), None, None, None
+    return _relayout_op(list(grads), chunk_rows, ctx.rows, ctx.chunk_size, not ctx.to_padded), None, None, None, None
 
 
-def _unpack_backward(ctx, grads):
-    (chunk_rows,) = ctx.saved_tensors
-    return _pack_op(list(grads), chunk_rows, ctx.rows, ctx.chunk_size), None, None, None
+_relayout_op.register_autograd(_backward, setup_context=_setup)
 
 
-_pack_op.register_autograd(_pack_backward, setup_context=_setup)
-_unpack_op.register_autograd(_unpack_backward, setup_context=_setup)
-
-
-class _Pack(torch.autograd.Function):
-    """Eager pack of tensors xs (a custom op's Python dispatch costs host time per call: triton_ops.py). Gradients
-    of outputs that are not used arrive as zeros (materialised), and their copies give zeros."""
+class _Relayout(torch.autograd.Function):
+    """The eager copy (a custom op's Python dispatch costs host time per call: triton_ops.py). Gradients of outputs
+    that are not used arrive as zeros (materialised), and their copies give zeros."""
 
     @staticmethod
-    def forward(ctx, chunk_rows, size, chunk_size, *xs):
-        outs = _pack_impl(list(xs), chunk_rows, size, chunk_size)
-        _setup(ctx, (xs, chunk_rows, size, chunk_size), outs)
+    def forward(ctx, to_padded, chunk_rows, size, chunk_size, *xs):
+        outs = _relayout_impl(list(xs), chunk_rows, size, chunk_size, to_padded)
+        _setup(ctx, (xs, chunk_rows, size, chunk_size, to_padded), outs)
         return tuple(outs)
 
     @staticmethod
     def backward(ctx, *grads):
         (chunk_rows,) = ctx.saved_tensors
-        return None, None, None, *_unpack_impl(list(grads), chunk_rows, ctx.rows, ctx.chunk_size)
+        back = _relayout_impl(list(grads), chunk_rows, ctx.rows, ctx.chunk_size, not ctx.to_padded)
+        return None, None, None, None, *back
 
 
-class _Unpack(torch.autograd.Function):
-    """Eager unpack of tensors xs."""
-
-    @staticmethod
-    def forward(ctx, chunk_rows, size, chunk_size, *xs):
-        outs = _unpack_impl(list(xs), chunk_rows, size, chunk_size)
-        _setup(ctx, (xs, chunk_rows, size, chunk_size), outs)
-        return tuple(outs)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        (chunk_rows,) = ctx.saved_tensors
-        return None, None, None, *_pack_impl(list(grads), chunk_rows, ctx.rows, ctx.chunk_size)
+def _relayout(xs: list[torch.Tensor], chunk_rows: torch.Tensor, size: int, chunk_size: int,
+              to_padded: bool) -> list[torch.Tensor]:
+    if not xs:
+        return []
+    if any(use_custom_op(x) for x in xs):
+        return _relayout_op(list(xs), chunk_rows, size, chunk_size, to_padded)
+    return list(_Relayout.apply(to_padded, chunk_rows, size, chunk_size, *xs))
 
 
 def pack(xs: list[torch.Tensor], chunk_rows: torch.Tensor, padded: int, chunk_size: int) -> list[torch.Tensor]:
     """Each x [1, T, ...] of xs (one shape and dtype) as [1, padded, ...], zeros at the padded rows; differentiable.
     Up to MAX_X tensors a launch."""
-    if not xs:
-        return []
-    if any(use_custom_op(x) for x in xs):
-        return _pack_op(list(xs), chunk_rows, padded, chunk_size)
-    return list(_Pack.apply(chunk_rows, padded, chunk_size, *xs))
+    return _relayout(xs, chunk_rows, padded, chunk_size, True)
 
 
 def unpack(xs: list[torch.Tensor], chunk_rows: torch.Tensor, T: int, chunk_size: int) -> list[torch.Tensor]:
     """Each x [1, padded, ...] of xs (one shape and dtype) read back at the T packed rows [1, T, ...];
     differentiable."""
-    if not xs:
-        return []
-    if any(use_custom_op(x) for x in xs):
-        return _unpack_op(list(xs), chunk_rows, T, chunk_size)
-    return list(_Unpack.apply(chunk_rows, T, chunk_size, *xs))
+    return _relayout(xs, chunk_rows, T, chunk_size, False)

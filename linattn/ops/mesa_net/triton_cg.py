@@ -41,6 +41,23 @@ from .solve import cg_floor
 ROWS_PER_PROGRAM = 32  # tokens x heads per program: a [32, K] tile of each of x, r, p, y
 
 
+@triton.jit
+def _cg_update(xt, rt, pt, ap, rr, floor, TINY: tl.constexpr):
+    """One CG step per row from the product ap = A p: cg_solve's updates and freezing rule (a row whose squared
+    residual is at or below ``floor`` takes zero steps; a ratio whose denominator is below ``TINY`` is zero, so no
+    0/0). Returns (x, r, p, r.r) after the step. Both kernels below run their steps through it."""
+    active = rr > floor
+    pap = tl.sum(pt * ap, axis=1)
+    ok = active & (pap > TINY)
+    alpha = tl.where(ok, rr / tl.where(ok, pap, 1.0), 0.0)
+    xt = xt + alpha[:, None] * pt
+    rt = rt - alpha[:, None] * ap
+    rr_new = tl.sum(rt * rt, axis=1)
+    ok2 = active & (rr_new > floor) & (rr > TINY)
+    beta = tl.where(ok2, rr_new / tl.where(ok2, rr, 1.0), 0.0)
+    return xt, rt, rt + beta[:, None] * pt, rr_new
+
+
 @fast_launch
 @triton.jit(do_not_specialize=["R"])
 def _cg_step_kernel(x, r, p, y, lamb, rr, floor, R, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
@@ -55,20 +72,12 @@ def _cg_step_kernel(x, r, p, y, lamb, rr, floor, R, H: tl.constexpr, K: tl.const
     pt = tl.load(p + at, mask=m, other=0.0)
     lam = tl.load(lamb + (rows % H)[:, None] * K + cols[None, :], mask=m, other=0.0)
     ap = tl.load(y + at, mask=m, other=0.0) + lam * pt
-    rr_old = tl.load(rr + rows, mask=m_r, other=0.0)
-    fl = tl.load(floor + rows, mask=m_r, other=0.0)
-    active = rr_old > fl
-    pap = tl.sum(pt * ap, axis=1)
-    ok = active & (pap > TINY)
-    alpha = tl.where(ok, rr_old / tl.where(ok, pap, 1.0), 0.0)
-    xt = tl.load(x + at, mask=m, other=0.0) + alpha[:, None] * pt
-    rt = tl.load(r + at, mask=m, other=0.0) - alpha[:, None] * ap
-    rr_new = tl.sum(rt * rt, axis=1)
-    ok2 = active & (rr_new > fl) & (rr_old > TINY)
-    beta = tl.where(ok2, rr_new / tl.where(ok2, rr_old, 1.0), 0.0)
+    xt, rt, pt, rr_new = _cg_update(tl.load(x + at, mask=m, other=0.0), tl.load(r + at, mask=m, other=0.0), pt, ap,
+                                    tl.load(rr + rows, mask=m_r, other=0.0),
+                                    tl.load(floor + rows, mask=m_r, other=0.0), TINY)
     tl.store(x + at, xt, mask=m)
     tl.store(r + at, rt, mask=m)
-    tl.store(p + at, rt + beta[:, None] * pt, mask=m)
+    tl.store(p + at, pt, mask=m)
     tl.store(rr + rows, rr_new, mask=m_r)
 
 
@@ -169,17 +178,7 @@ def _chunk_cg_kernel(k, w, g, h, lamb, b, x, steps, T, H: tl.constexpr, K: tl.co
         A = tl.where(causal, mm(pt, kt, PREC, UP) * D, 0.0)  # selected: a later NaN key must not leak
         ap = mm(pt * decay[:, None], S, PREC, UP) + mm(A, w_fin, PREC, UP)
         ap = ap + poison[:, None] + lam[None, :] * pt
-        active = rr > floor
-        pap = tl.sum(pt * ap, axis=1)
-        ok = active & (pap > TINY)
-        alpha = tl.where(ok, rr / tl.where(ok, pap, 1.0), 0.0)
-        xt = xt + alpha[:, None] * pt
-        rt = rt - alpha[:, None] * ap
-        rr_new = tl.sum(rt * rt, axis=1)
-        ok2 = active & (rr_new > floor) & (rr > TINY)
-        beta = tl.where(ok2, rr_new / tl.where(ok2, rr, 1.0), 0.0)
-        pt = rt + beta[:, None] * pt
-        rr = rr_new
+        xt, rt, pt, rr = _cg_update(xt, rt, pt, ap, rr, floor, TINY)
     tl.store(x + row_r[:, None] * K + o_k[None, :], xt, mask=m_rk)
 
 
