@@ -32,6 +32,7 @@ PAPER_TRANSFORMER: dict[str, tuple[float | None, float]] = {
 MIXERS = ("softmax_attn", "gated_delta_rule", "delta_rule", "mamba2", "gla", "lru")
 TRANSFORMER = "softmax_attn"
 METRIC = "test_accuracy"
+EVALS = 10  # evaluations of a run whose steps are given (--steps, --run-minutes)
 
 PRESETS: dict[str, dict] = {
     # CPU, 2 cores: a small generated ListOps (trees of 20-200 tokens), 1-layer d=32 models, 400 steps
@@ -99,6 +100,22 @@ PRESETS: dict[str, dict] = {
         "seeds": [0, 1, 2],
         "lrs": [5e-4],
     },
+    # The paper's Pathfinder-32 recipe within one GPU session (docs/lra_recipe.md, "budget"): its model (4 layers,
+    # d 128, 8 heads, MLP 1x), data (160,000 training images), bidirectional classifier, AdamW without weight
+    # decay and a constant lr after warmup, but batch 128 (lr 1e-3, warmup one epoch of 1,250 steps): these small
+    # models are launch-bound on a GPU, so four times the batch costs about the same time a step and covers four
+    # times the epochs. 25,000 steps = 20 epochs (the paper: 250); pass --steps or --run-minutes to fit a
+    # session. The Transformer and Gated DeltaNet x none/causal/masked, one seed.
+    "budget": {
+        "tasks": ["pathfinder32"],
+        "task": {"data_dir": "data/lra", "pretrain_steps": 12_500, "generate": None, "bidirectional": True},
+        "model": {"d_model": 128, "n_layers": 4, "n_heads": 8, "mlp_hidden": 96},
+        "train": {"max_steps": 25_000, "batch_size": 128, "lr": 1e-3, "warmup_steps": 1250, "weight_decay": 0.0,
+                  "min_lr_ratio": 1.0, "eval_every": 1250, "eval_batch_size": 500, "log_every": 125},
+        "mixers": ["softmax_attn", "gated_delta_rule"],
+        "seeds": [0],
+        "lrs": [1e-3],
+    },
 }
 
 
@@ -112,7 +129,7 @@ def lra_study(preset: str = "smoke", *, tasks: Sequence[str] | None = None, mixe
     ``model`` and ``task_options`` (partial dicts; the last of LRA task keys: ``pretrain_steps``,
     ``generate``, ``mask_ratio``, ``bidirectional``) override the preset's, its per-task settings included.
     A preset's ``per_task`` maps a task to dotted overrides of its runs (steps, model size, data); ``steps``
-    maps a task to its total steps (SPT pretrains for half of them, evaluation twice), overriding both."""
+    maps a task to its total steps (SPT pretrains for half of them, ``EVALS`` evaluations), overriding both."""
     if preset not in PRESETS:
         raise ConfigError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
     p = PRESETS[preset]
@@ -149,12 +166,13 @@ def _per_task(preset: dict, task: str, given: dict[str, dict | None]) -> dict:
 
 
 def _steps_overrides(total: int | None) -> dict:
-    """The dotted overrides that give a task ``total`` steps: half pretraining (SPT), evaluation twice."""
+    """The dotted overrides that give a task ``total`` steps: half pretraining (SPT), an evaluation every
+    ``total / EVALS`` steps (points of the learning curves; half of them in an SPT run's fine-tuning)."""
     if total is None:
         return {}
     if isinstance(total, bool) or not isinstance(total, int) or total < 2:
         raise ConfigError(f"steps per task must be an int >= 2, got {total!r}")
-    return {"train.max_steps": total, "task.pretrain_steps": total // 2, "train.eval_every": max(1, total // 2),
+    return {"train.max_steps": total, "task.pretrain_steps": total // 2, "train.eval_every": max(1, total // EVALS),
             "train.warmup_steps": max(1, total // 20)}
 
 
@@ -260,7 +278,7 @@ def lra_study_within_budget(args: argparse.Namespace, workers: int) -> Study:
     path = Path(args.out) / BUDGET_FILE
     steps = load_budget(path, budget_s) if args.resume else None
     if steps is None:
-        probe = lra_study_from_args(args, steps={t: PROBE_STEPS for t in _tasks(args)}, train={"log_every": 5})
+        probe = lra_study_from_args(args, steps={t: PROBE_STEPS for t in _tasks(args)}, train={"log_every": 1})
         timings = measure(probe, Path(args.out) / "probe", workers=workers, device=args.device,
                           probe_steps=PROBE_STEPS, threads=getattr(args, "threads", None))
         steps = steps_for_budget(timings, budget_s)

@@ -2,7 +2,7 @@
 
 A run's speed depends on the machine and on how many runs share it, so the steps are not guessed: a
 *probe* runs every run of the real grid at the same concurrency for a few steps (``probe_steps``; SPT
-pretrains for half of them, evaluation twice, as in the real run) and measures per run
+pretrains for half of them, evaluations as often as in the real run) and measures per run
 
 * seconds per training step, from the trainer's logged ``time`` between its first and last train rows;
 * the fixed cost, ``run_wall_s - probe_steps * seconds_per_step`` (data loading, model building, the

@@ -82,7 +82,9 @@ def test_pathfinder_empty_metadata_and_empty_split(tmp_path):
     with pytest.raises(DataError, match=r"metadata/\*\.npy: no image listed"):
         get_task("pathfinder32", tmp_path, "train")
     _metadata(tmp_path, ["imgs/0 sample_0.png 0 1", "imgs/0 sample_1.png 1 0"])
-    assert len(get_task("pathfinder32", tmp_path, "train")) == 2
+    assert len(get_task("pathfinder32", tmp_path, "train", cache=False)) == 2
+    with pytest.raises(DataError, match=r"imgs/0/sample_0.png: image listed in the metadata is missing"):
+        get_task("pathfinder32", tmp_path, "train")  # the cache decodes every image up front
     with pytest.raises(DataError, match=r"no image in split 'val' \(2 listed; val takes 10% of them\)"):
         get_task("pathfinder32", tmp_path, "val")
 

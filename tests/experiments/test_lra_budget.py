@@ -131,7 +131,7 @@ def test_steps_per_task_set_every_run():
         assert r.config == check_lra_config(r.config)
         if task["name"] == "listops":
             assert (train["max_steps"], task["pretrain_steps"], train["eval_every"], train["warmup_steps"]) == (
-                100, 0 if task["spt"] == "none" else 50, 50, 5)
+                100, 0 if task["spt"] == "none" else 50, 10, 5)
         else:  # not named in steps: the preset's
             assert (train["max_steps"], task["pretrain_steps"], train["eval_every"]) == (
                 400, 0 if task["spt"] == "none" else 200, 100)

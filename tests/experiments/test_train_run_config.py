@@ -99,7 +99,8 @@ def test_build_run_refuses_another_kind():
 @pytest.mark.parametrize("argv, message", [
     (["run", "shortconv", "--preset", "h100"], "--preset: study 'shortconv' has presets smoke, full, v2; got 'h100'"),
     (["run", "shortconv", "--tasks", "listops"], "--tasks: is an option of study 'lra', not of 'shortconv'"),
-    (["run", "lra", "--preset", "huge"], "--preset: study 'lra' has presets smoke, full, h100, paper; got 'huge'"),
+    (["run", "lra", "--preset", "huge"],
+     "--preset: study 'lra' has presets smoke, full, h100, paper, budget; got 'huge'"),
     (["run", "lra", "--mixers", "gated_deltanet"], "mixers must be a non-empty list from"),
     (["run", "shortconv", "--seeds", "0,x"], "--seeds: expected a comma list of integers >= 0, got '0,x'"),
 ])

@@ -3,11 +3,14 @@
 Every ``metadata/<batch>.npy`` (a text file despite its name) lists one image a line:
 ``<folder> <file> <index> <label> ...``; the image is ``<folder>/<file>`` under the difficulty folder.
 Batches are read in numeric order; as in LRA the first 80% of the images are train, the next 10%
-val, the last 10% test. Images are decoded on access: ``size * size`` pixel tokens, row by row.
+val, the last 10% test. An image is ``size * size`` pixel tokens, row by row; each split is decoded once into
+``tokens-cache/`` beside ``metadata/`` and memory-mapped after (:mod:`.image_cache`; ``cache=False`` decodes on
+access instead).
 """
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +19,7 @@ from linattn.errors import DataError
 
 from .dataset import LRADataset
 from .files import RELEASE, check_not_empty, check_split, parse_label, require
+from .image_cache import cached_tokens
 from .pathfinder_gen import DIFFICULTIES
 from .png import read_png
 from .vocab import PIXEL_VOCAB
@@ -34,6 +38,16 @@ def _read_grey(path: Path) -> np.ndarray:
         return np.asarray(im.convert("L"), dtype=np.uint8)
 
 
+def pixel_tokens(path: Path, size: int) -> np.ndarray:
+    """The pixel tokens of the ``size`` x ``size`` image at ``path``, int16 ``[size * size]``."""
+    if not path.is_file():
+        raise DataError(f"{path}: image listed in the metadata is missing")
+    img = _read_grey(path)
+    if img.shape != (size, size):
+        raise ValueError(f"{path}: expected a {size}x{size} image, got {list(img.shape)}")
+    return PIXEL_VOCAB.encode_values(img.reshape(-1))
+
+
 class ImageTokens:
     """``ImageTokens(paths, size)(i)``: the pixel tokens of image ``paths[i]`` (a picklable loader, so
     DataLoader workers can be spawned)."""
@@ -42,10 +56,7 @@ class ImageTokens:
         self.paths, self.size = paths, size
 
     def __call__(self, i: int) -> np.ndarray:
-        img = _read_grey(self.paths[i])
-        if img.shape != (self.size, self.size):
-            raise ValueError(f"{self.paths[i]}: expected a {self.size}x{self.size} image, got {list(img.shape)}")
-        return PIXEL_VOCAB.encode_values(img.reshape(-1))
+        return pixel_tokens(self.paths[i], self.size)
 
 
 def read_metadata(folder: Path) -> list[tuple[Path, int]]:
@@ -68,8 +79,9 @@ def read_metadata(folder: Path) -> list[tuple[Path, int]]:
 
 
 def load_pathfinder(data_dir: str | Path, split: str = "train", size: int = 32,
-                    difficulty: str = "curv_contour_length_14") -> LRADataset:
-    """Pathfinder (``size`` 32) or Path-X (``size`` 128) at ``difficulty``; 2 classes (1 = connected)."""
+                    difficulty: str = "curv_contour_length_14", cache: bool = True) -> LRADataset:
+    """Pathfinder (``size`` 32) or Path-X (``size`` 128) at ``difficulty``; 2 classes (1 = connected).
+    ``cache``: decode the split once into ``tokens-cache/`` and memory-map it (module docstring)."""
     split = check_split(split)
     if difficulty not in DIFFICULTIES:
         raise ValueError(f"difficulty must be one of {', '.join(DIFFICULTIES)}; got {difficulty!r}")
@@ -86,5 +98,8 @@ def load_pathfinder(data_dir: str | Path, split: str = "train", size: int = 32,
     check_not_empty(len(items), f"{folder / 'metadata'}/*.npy",
                     f"image in split {split!r} ({listed} listed; {split} takes {hi - lo:.0%} of them)")
     name = "pathfinder32" if size == 32 else ("pathx" if size == 128 else f"pathfinder{size}")
-    load = ImageTokens([p for p, _ in items], size)
-    return LRADataset(name, split, PIXEL_VOCAB, NUM_CLASSES, [lab for _, lab in items], load=load)
+    labels = [lab for _, lab in items]
+    if cache:
+        tokens = cached_tokens(folder, split, items, size * size, partial(pixel_tokens, size=size))
+        return LRADataset(name, split, PIXEL_VOCAB, NUM_CLASSES, labels, seqs=tokens)
+    return LRADataset(name, split, PIXEL_VOCAB, NUM_CLASSES, labels, load=ImageTokens([p for p, _ in items], size))

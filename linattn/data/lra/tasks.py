@@ -57,7 +57,8 @@ def get_task(name: str, data_dir: str | Path, split: str = "train", **options: o
     """Split ``split`` (train / val / test) of LRA task ``name`` read from ``data_dir``.
 
     ``options`` go to the loader: ``max_len`` (listops, text, retrieval), ``difficulty`` (pathfinder32,
-    pathx: curv_baseline, curv_contour_length_9, curv_contour_length_14 (default)). A missing data set
+    pathx: curv_baseline, curv_contour_length_9, curv_contour_length_14 (default); ``cache``, default true:
+    decode the images once into ``tokens-cache/``). A missing data set
     raises FileNotFoundError saying which files to put where."""
     task = task_info(name)
     if not isinstance(data_dir, (str, Path)):
