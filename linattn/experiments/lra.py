@@ -105,10 +105,12 @@ PRESETS: dict[str, dict] = {
     # decay and a constant lr after warmup, but batch 128 (lr 1e-3, warmup one epoch of 1,250 steps): these small
     # models are launch-bound on a GPU, so four times the batch costs about the same time a step and covers four
     # times the epochs. 25,000 steps = 20 epochs (the paper: 250); pass --steps or --run-minutes to fit a
-    # session. The Transformer and Gated DeltaNet x none/causal/masked, one seed.
+    # session. Learning curves on the first 2,000 val images; the test split (20,000) whole at the end. The
+    # Transformer and Gated DeltaNet x none/causal/masked, one seed.
     "budget": {
         "tasks": ["pathfinder32"],
-        "task": {"data_dir": "data/lra", "pretrain_steps": 12_500, "generate": None, "bidirectional": True},
+        "task": {"data_dir": "data/lra", "pretrain_steps": 12_500, "generate": None, "bidirectional": True,
+                 "val_examples": 2000},
         "model": {"d_model": 128, "n_layers": 4, "n_heads": 8, "mlp_hidden": 96},
         "train": {"max_steps": 25_000, "batch_size": 128, "lr": 1e-3, "warmup_steps": 1250, "weight_decay": 0.0,
                   "min_lr_ratio": 1.0, "eval_every": 1250, "eval_batch_size": 500, "log_every": 125},

@@ -5,7 +5,7 @@ generic run-config checks of :func:`linattn.train.build.check_run_config` apply 
 
     kind:  lra
     task:  {name: listops, data_dir: null, spt: causal, pretrain_steps: 150, mask_ratio: null,
-            max_len: 2000, generate: {num_train: 2000, ...}, bidirectional: false}
+            max_len: 2000, generate: {num_train: 2000, ...}, bidirectional: false, val_examples: null}
     model: {mixer: gla, d_model: 32, n_layers: 1, n_heads: 2}    # ModelConfig; vocab_size from the task
     train: {max_steps: 300, batch_size: 32, lr: 0.003}            # TrainConfig of the WHOLE run
     seed: 0
@@ -16,7 +16,9 @@ Compute matching (Amos et al. 2023): ``train.max_steps`` is the total; SPT pretr
 ``spt: masked`` trains the same CausalLM architecture to restore ``<mask>`` tokens
 (:class:`MaskedLMView`, ratio ``mask_ratio`` or the task's default). Its pretrained weights (all but
 ``lm_head``) initialise a :class:`SequenceClassifier` (mean pooling, same mixer direction) before
-fine-tuning. Accuracy is measured on the val split (during training) and on the test split (at the end).
+fine-tuning. Accuracy is measured on the val split (during training; its first ``val_examples`` when set, since
+evaluating all 20,000 Pathfinder images ten times a run cost more than a third of a budgeted run) and on the whole
+test split (at the end).
 
 ``bidirectional: true`` (default false) makes the classifier bidirectional (``SequenceClassifier(...,
 bidirectional=True)``: each block sums its mixer run left to right and a second mixer run right to left
@@ -72,7 +74,8 @@ from linattn.validation import check_bool, check_choice, check_float, check_int,
 
 KIND = "lra"
 SPT_MODES = ("none", "causal", "masked")
-LRA_TASK_KEYS = ("name", "data_dir", "spt", "pretrain_steps", "mask_ratio", "max_len", "generate", "bidirectional")
+LRA_TASK_KEYS = ("name", "data_dir", "spt", "pretrain_steps", "mask_ratio", "max_len", "generate", "bidirectional",
+                 "val_examples")
 
 
 def check_lra_config(config: dict) -> dict:
@@ -102,6 +105,9 @@ def check_lra_config(config: dict) -> dict:
         check_float("task.mask_ratio", t["mask_ratio"], 0, 1, low_open=True, high_open=True)
     if t.get("max_len") is not None:
         check_int("task.max_len", t["max_len"], 1)
+    t.setdefault("val_examples", None)
+    if t["val_examples"] is not None:
+        check_int("task.val_examples", t["val_examples"], 1)
     total = cfg["train"].get("max_steps", TrainConfig.max_steps)
     if t["spt"] == "none":
         t["pretrain_steps"] = 0
@@ -206,7 +212,7 @@ def train_lra_from_config(config: dict, out_dir: str | Path | None = None, devic
         transfer_encoder(pre.model, clf)
     ft_cfg = _train_config(cfg, device, progress, max_steps=total - t["pretrain_steps"])
     ft = Trainer(clf, LRABatches(splits["train"], ft_cfg.batch_size, cfg["seed"]), ft_cfg,
-                 eval_data=whole_split(splits["val"]), out_dir=out / "finetune", run_config=cfg,
+                 eval_data=whole_split(splits["val"], t["val_examples"]), out_dir=out / "finetune", run_config=cfg,
                  override_config=override_config)
     res = ft.fit(deadline=deadline)
     wall += res.wall_s

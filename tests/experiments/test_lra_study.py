@@ -45,6 +45,7 @@ def _config(spt: str, data_dir, **task) -> dict:
     ({"colour": 1}, "unknown LRA task key"),
     ({"name": "chess"}, "name must be one of"),
     ({"generate": 5}, "task.generate"),
+    ({"val_examples": 0}, "task.val_examples"),
 ])
 def test_bad_lra_configs(change, match, tmp_path):
     cfg = _config("causal", tmp_path)
@@ -365,3 +366,15 @@ def test_bidirectional_run_end_to_end(spt, listops_dir, tmp_path):
     if spt == "causal":
         pretrained = load_checkpoint(tmp_path / "pretrain" / "checkpoint.pt")["model"]
         assert any(n.startswith("blocks.0.mixer.") for n in pretrained)
+
+
+def test_val_examples_limit_the_evaluations_not_the_test(listops_dir, tmp_path, monkeypatch):
+    seen = []
+    real = lra_run.whole_split
+    monkeypatch.setattr(lra_run, "whole_split", lambda data, limit=None: seen.append(
+        (data.split, limit)) or real(data, limit))
+    result = train_lra_from_config(_config("none", listops_dir, val_examples=7), tmp_path)
+    assert result.status == "completed"
+    assert seen == [("val", 7), ("test", None)]
+    x, y = real(get_task("listops", listops_dir, "val"), 7)
+    assert x.shape[0] == y.shape[0] == 7

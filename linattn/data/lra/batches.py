@@ -54,6 +54,8 @@ def inputs_targets(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.
     return x, batch["labels"] if "labels" in batch else batch["label"][:, None]
 
 
-def whole_split(data: LRADataset) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every example of ``data`` as one padded (inputs, targets) pair (the Trainer's eval set)."""
-    return inputs_targets(collate([data[i] for i in range(len(data))]))
+def whole_split(data: LRADataset, limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every example of ``data`` (the first ``limit`` when given) as one padded (inputs, targets) pair (the
+    Trainer's eval set)."""
+    n = len(data) if limit is None else min(limit, len(data))
+    return inputs_targets(collate([data[i] for i in range(n)]))
