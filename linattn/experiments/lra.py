@@ -227,15 +227,22 @@ def paper_table(study: Study, cells: list[Cell]) -> str:
 
 def lra_report(study: Study, study_dir: Path, rows: list[dict]) -> None:
     """The standard report (tables of test accuracy per mixer x spt, mean ± std over seeds) with a
-    computed conclusion, plus the Transformer row beside the paper's numbers."""
+    computed conclusion, the learning curves of every run (:mod:`linattn.experiments.lra_curves`) and the
+    Transformer row beside the paper's numbers."""
+    from linattn.experiments.lra_curves import plot_curves
+
     cells = write_report(study, study_dir, rows, conclusion=conclusion)
-    if TRANSFORMER not in study.axes["mixer"]:
-        return
-    extra = ["", "## Against the paper", "",
-             "Test accuracy (%). Paper: Amos et al. 2023, Transformer with RoPE (here softmax_attn), full-size "
-             "LRA, trained from scratch vs causal SPT. Ours: the preset's model size and steps (the smoke "
-             "preset's small generated ListOps is not the release data, so only the direction compares).", "",
-             paper_table(study, cells), ""]
+    extra = []
+    try:
+        extra += ["", "## Learning curves", "", *(f"![{p.stem}]({p.name})" for p in plot_curves(study_dir)), ""]
+    except ImportError:
+        extra += ["", "(no learning curves: matplotlib is not installed)", ""]
+    if TRANSFORMER in study.axes["mixer"]:
+        extra += ["", "## Against the paper", "",
+                  "Test accuracy (%). Paper: Amos et al. 2023, Transformer with RoPE (here softmax_attn), full-size "
+                  "LRA, trained from scratch vs causal SPT. Ours: the preset's model size and steps (the smoke "
+                  "preset's small generated ListOps is not the release data, so only the direction compares).", "",
+                  paper_table(study, cells), ""]
     with open(study_dir / "report.md", "a") as f:
         f.write("\n".join(extra))
 

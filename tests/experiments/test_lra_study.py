@@ -10,6 +10,7 @@ import torch
 from linattn.data.lra import BYTE_VOCAB, PAD_ID, LRABatches, collate, get_task, whole_split, write_listops
 from linattn.experiments import lra_run, run_study
 from linattn.experiments.lra import PAPER_TRANSFORMER, conclusion, lra_report, lra_study, paper_table
+from linattn.experiments.lra_curves import evaluate_checkpoints, run_curves
 from linattn.experiments.lra_run import build_models, check_lra_config, train_lra_from_config
 from linattn.experiments.report import Cell
 from linattn.models import transfer_encoder
@@ -141,6 +142,15 @@ def test_tiny_study_end_to_end(tmp_path):
     report = (sdir / "report.md").read_text()
     assert "## Conclusion" in report and "causal SPT vs scratch" in report
     assert "## Against the paper" in report and "59.2" in report and "36.4" in report
+    assert "![curves_listops](curves_listops.png)" in report and (sdir / "curves_listops.png").is_file()
+    # a finished run's checkpoint is its final model: scoring it again gives the run's own test accuracy
+    scores = evaluate_checkpoints(sdir, data_dir=sdir / "data")
+    assert sorted(scores) == sorted(r["run_id"] for r in rows)
+    for r in rows:
+        assert scores[r["run_id"]]["finished"] and scores[r["run_id"]]["finetune_step"] == int(r["finetune_steps"])
+        assert scores[r["run_id"]]["test_accuracy"] == pytest.approx(float(r["test_accuracy"]), abs=1e-6)
+    curves = run_curves(sdir / "runs" / rows[0]["run_id"])
+    assert curves["val"] and all(step > (3 if curves["spt"] != "none" else 0) for step, _ in curves["val"])
     again = run_study(study, tmp_path / "out", workers=1, progress=False, write_report=lra_report,
                       study_dir=sdir)
     assert again.finished == 3, "finished runs are not rerun"
@@ -378,3 +388,12 @@ def test_val_examples_limit_the_evaluations_not_the_test(listops_dir, tmp_path, 
     assert seen == [("val", 7), ("test", None)]
     x, y = real(get_task("listops", listops_dir, "val"), 7)
     assert x.shape[0] == y.shape[0] == 7
+
+
+def test_curves_command_names_a_folder_without_runs(tmp_path, capsys):
+    from linattn.experiments.lra_curves import main
+
+    with pytest.raises(SystemExit) as exc:
+        main([str(tmp_path)])
+    assert exc.value.code == 2
+    assert "has no runs/ folder (expected a folder made by 'linattn run lra')" in capsys.readouterr().err
