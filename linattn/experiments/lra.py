@@ -125,7 +125,7 @@ def lra_study(preset: str = "smoke", *, tasks: Sequence[str] | None = None, mixe
               spt: Sequence[str] | None = None, data_dir: str | Path | None = None,
               seeds: Sequence[int] | None = None, train: dict | None = None, model: dict | None = None,
               task_options: dict | None = None, steps: dict[str, int] | None = None) -> Study:
-    """The study at ``preset`` ("smoke", "full", "h100" or "paper"), restricted to ``tasks`` (default: the
+    """The study at ``preset`` ("smoke", "full", "h100", "paper" or "budget"), restricted to ``tasks`` (default: the
     preset's ``tasks``, else ListOps), ``mixers`` (of :data:`MIXERS`) and ``spt`` modes; ``data_dir``
     replaces the preset's (smoke: None = generate ListOps into the study folder); ``seeds``, ``train``,
     ``model`` and ``task_options`` (partial dicts; the last of LRA task keys: ``pretrain_steps``,
