@@ -229,7 +229,7 @@ def lra_report(study: Study, study_dir: Path, rows: list[dict]) -> None:
     """The standard report (tables of test accuracy per mixer x spt, mean ± std over seeds) with a
     computed conclusion, the learning curves of every run (:mod:`linattn.experiments.lra_curves`) and the
     Transformer row beside the paper's numbers."""
-    from linattn.experiments.lra_curves import plot_curves
+    from linattn.experiments.lra_curves import plot_curves, stopped_runs_table
 
     cells = write_report(study, study_dir, rows, conclusion=conclusion)
     extra = []
@@ -237,6 +237,7 @@ def lra_report(study: Study, study_dir: Path, rows: list[dict]) -> None:
         extra += ["", "## Learning curves", "", *(f"![{p.stem}]({p.name})" for p in plot_curves(study_dir)), ""]
     except ImportError:
         extra += ["", "(no learning curves: matplotlib is not installed)", ""]
+    extra += stopped_runs_table(study_dir)
     if TRANSFORMER in study.axes["mixer"]:
         extra += ["", "## Against the paper", "",
                   "Test accuracy (%). Paper: Amos et al. 2023, Transformer with RoPE (here softmax_attn), full-size "

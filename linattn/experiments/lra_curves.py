@@ -20,6 +20,7 @@ import yaml
 from linattn.train.trainer import read_metrics
 
 SPT_STYLE = {"none": "-", "causal": "--", "masked": ":"}
+CHECKPOINT_SCORES = "checkpoint-test.json"
 
 
 def run_curves(run_dir: Path) -> dict:
@@ -107,6 +108,23 @@ def evaluate_checkpoints(study_dir: str | Path, device: str = "cpu", batch_size:
     return out
 
 
+def stopped_runs_table(study_dir: str | Path) -> list[str]:
+    """Markdown lines for the runs of ``study_dir/checkpoint-test.json`` that had not finished (their test
+    accuracy at their last checkpoint); empty without the file or without such runs."""
+    path = Path(study_dir) / CHECKPOINT_SCORES
+    if not path.is_file():
+        return []
+    stopped = {k: v for k, v in json.loads(path.read_text()).items() if not v.get("finished", False)}
+    if not stopped:
+        return []
+    lines = ["## Runs stopped before their last step", "",
+             f"Test accuracy of each run's last fine-tuning checkpoint ({CHECKPOINT_SCORES}, made by "
+             "`python -m linattn.experiments.lra_curves STUDY_DIR --evaluate`); these runs are not in the tables "
+             "above.", "", "| run | fine-tuning step | test accuracy |", "| --- | ---: | ---: |"]
+    lines += [f"| {run} | {v['finetune_step']} | {v['test_accuracy']:.4f} |" for run, v in sorted(stopped.items())]
+    return lines + [""]
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m linattn.experiments.lra_curves", description=__doc__.splitlines()[0])
     p.add_argument("study_dir", type=Path)
@@ -120,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
         print(path)
     if a.evaluate:
         scores = evaluate_checkpoints(a.study_dir, a.device, data_dir=a.data_dir)
-        (a.study_dir / "checkpoint-test.json").write_text(json.dumps(scores, indent=2))
+        (a.study_dir / CHECKPOINT_SCORES).write_text(json.dumps(scores, indent=2))
         print(json.dumps(scores, indent=2))
 
 

@@ -397,3 +397,16 @@ def test_curves_command_names_a_folder_without_runs(tmp_path, capsys):
         main([str(tmp_path)])
     assert exc.value.code == 2
     assert "has no runs/ folder (expected a folder made by 'linattn run lra')" in capsys.readouterr().err
+
+
+def test_stopped_runs_are_listed_from_the_checkpoint_scores(tmp_path):
+    import json
+
+    from linattn.experiments.lra_curves import CHECKPOINT_SCORES, stopped_runs_table
+
+    assert stopped_runs_table(tmp_path) == []
+    (tmp_path / CHECKPOINT_SCORES).write_text(json.dumps({
+        "run-a": {"finetune_step": 2431, "test_accuracy": 0.85714, "finished": False},
+        "run-b": {"finetune_step": 2500, "test_accuracy": 0.9529, "finished": True}}))
+    lines = stopped_runs_table(tmp_path)
+    assert "| run-a | 2431 | 0.8571 |" in lines and not any("run-b" in line for line in lines)
