@@ -14,7 +14,6 @@ import argparse
 import json
 from pathlib import Path
 
-import torch
 import yaml
 
 from linattn.train.trainer import read_metrics
@@ -75,13 +74,22 @@ def plot_curves(study_dir: str | Path) -> list[Path]:
     return written
 
 
-def evaluate_checkpoints(study_dir: str | Path, device: str = "cpu", batch_size: int = 500,
+def evaluate_checkpoints(study_dir: str | Path, device: str | None = None,
                          data_dir: str | Path | None = None) -> dict[str, dict]:
-    """Test accuracy of each run's latest fine-tuning checkpoint: run id -> {fine-tuning step, test accuracy,
-    finished}. Runs without a fine-tuning checkpoint are left out. ``data_dir`` replaces the runs' own
-    (a study copied from another machine)."""
-    from linattn.data.lra import get_task, task_info, whole_split
-    from linattn.experiments.lra_run import build_models
+    """Test accuracy and loss of each run's latest fine-tuning checkpoint: run id -> {fine-tuning step, test
+    accuracy, test loss, finished}, scored by the run's own fine-tuning Trainer (its precision and evaluation
+    batch), as the run scores itself when it ends. Runs without a fine-tuning checkpoint are left out.
+    ``device`` replaces the runs' own; ``data_dir`` replaces the runs' data folder (a study copied from another
+    machine)."""
+    from linattn.data.lra import task_info
+    from linattn.experiments.lra_run import (
+        build_models,
+        check_lra_config,
+        finetune_trainer,
+        load_splits,
+        resolve_data_dir,
+        score_on_test,
+    )
     from linattn.train.checkpoint import load_checkpoint
 
     out = {}
@@ -89,22 +97,18 @@ def evaluate_checkpoints(study_dir: str | Path, device: str = "cpu", batch_size:
         ckpt = run / "finetune" / "checkpoint.pt"
         if not ckpt.is_file():
             continue
-        cfg = yaml.safe_load((run / "config.yaml").read_text())
+        cfg = check_lra_config(yaml.safe_load((run / "config.yaml").read_text()))
+        if data_dir is not None:
+            cfg["task"]["data_dir"] = str(data_dir)
         info = task_info(cfg["task"]["name"])
         _, clf = build_models(cfg, info.num_classes, len(info.vocab), dual=info.pair)
+        splits = load_splits(cfg["task"], resolve_data_dir(cfg["task"], run))
+        trainer = finetune_trainer(cfg, clf, splits, device, progress=False)
         state = load_checkpoint(ckpt)
-        clf.load_state_dict(state["model"])
-        clf.to(device).eval()
-        options = {} if cfg["task"].get("max_len") is None else {"max_len": cfg["task"]["max_len"]}
-        x, y = whole_split(get_task(cfg["task"]["name"], data_dir or cfg["task"]["data_dir"], "test", **options))
-        correct = 0
-        autocast = torch.autocast(torch.device(device).type, torch.bfloat16, enabled=device.startswith("cuda"))
-        with torch.no_grad(), autocast:
-            for i in range(0, len(x), batch_size):
-                logits = clf(x[i:i + batch_size].to(device)).float()
-                correct += int((logits.argmax(-1).view(-1).cpu() == y[i:i + batch_size].view(-1)).sum())
-        out[run.name] = {"finetune_step": state.get("step"), "test_accuracy": correct / len(x),
-                         "finished": (run / "result.json").is_file()}
+        trainer.model.load_state_dict(state["model"])
+        test = score_on_test(trainer, splits)
+        out[run.name] = {"finetune_step": state.get("step"), "test_accuracy": test["accuracy"],
+                         "test_loss": test["loss"], "finished": (run / "result.json").is_file()}
     return out
 
 
@@ -129,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m linattn.experiments.lra_curves", description=__doc__.splitlines()[0])
     p.add_argument("study_dir", type=Path)
     p.add_argument("--evaluate", action="store_true", help="score every run's latest checkpoint on the test split")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: each run's own device)")
     p.add_argument("--data-dir", type=Path, default=None, help="the LRA data, instead of the runs' own folder")
     a = p.parse_args(argv)
     if not (a.study_dir / "runs").is_dir():

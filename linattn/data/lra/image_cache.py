@@ -20,6 +20,7 @@ import multiprocessing
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from itertools import repeat
 from pathlib import Path
 
 import numpy as np
@@ -44,10 +45,6 @@ def _decode_all(decode: Callable[[Path], np.ndarray], paths: Sequence[Path], pix
     return out
 
 
-def _decode_chunk(args: tuple[Callable[[Path], np.ndarray], list[Path], int]) -> np.ndarray:
-    return _decode_all(*args)
-
-
 def decode_tokens(decode: Callable[[Path], np.ndarray], paths: Sequence[Path], pixels: int,
                   workers: int | None = None) -> np.ndarray:
     """``decode(path)`` (a picklable function giving ``pixels`` token ids) of every path, int16
@@ -55,10 +52,10 @@ def decode_tokens(decode: Callable[[Path], np.ndarray], paths: Sequence[Path], p
     workers = workers or os.cpu_count() or 1
     if len(paths) < PARALLEL_FROM or workers == 1:
         return _decode_all(decode, paths, pixels)
-    chunks = [(decode, list(paths[i:i + CHUNK]), pixels) for i in range(0, len(paths), CHUNK)]
+    chunks = [list(paths[i:i + CHUNK]) for i in range(0, len(paths), CHUNK)]
     # spawn: the caller may already hold CUDA, which a forked child must not inherit
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return np.concatenate(list(pool.map(_decode_chunk, chunks)))
+        return np.concatenate(list(pool.map(_decode_all, repeat(decode), chunks, repeat(pixels))))
 
 
 def cached_tokens(folder: Path, split: str, items: Sequence[tuple[Path, int]], pixels: int,
