@@ -51,6 +51,21 @@ def test_key_separates_what_triton_specialises_on(monkeypatch):
     assert key([x, x, 32, 100, "a string", True, 16]) is None, "kinds the key does not cover go through Triton"
 
 
+def test_the_launcher_gets_each_tensor_as_its_address(monkeypatch):
+    """The kept kernel's launcher takes a tensor's address as an int (no data_ptr call and no driver query per
+    pointer); every other value as given; and the key tells CUDA tensors from others."""
+    from linattn.ops.common.triton_launch import FastKernel
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    fk = FastKernel(_kernel())
+    x, y = torch.zeros(64), torch.ones(8)[1:]
+    key, raw = fk._plan([x, y, 32, 100, 0.5, True, 16], (("num_warps", 4),))
+    assert raw == [x.data_ptr(), y.data_ptr(), 32, 100, 0.5, True, 16]
+    assert all(type(r) is int for r in raw[:2])
+    assert key == fk._key([x, y, 32, 100, 0.5, True, 16], (("num_warps", 4),))
+    assert (torch.float32, True, False) in key and (torch.float32, False, False) in key, "dtype, alignment, is_cuda"
+
+
 def test_bind_orders_keyword_arguments_and_separates_options():
     from linattn.ops.common.triton_launch import FastKernel
 
@@ -59,6 +74,29 @@ def test_bind_orders_keyword_arguments_and_separates_options():
     values, options = fk._bind((x,), dict(y=x, n=3, T=5, s=0.5, FLAG=True, BLOCK=16, num_warps=4))
     assert values == [x, x, 3, 5, 0.5, True, 16] and options == (("num_warps", 4),)
     assert fk._bind((x,), dict(y=x))[0] is None, "a missing parameter leaves the launch to Triton"
+    keywords = dict(x=x, y=x, n=3, T=5, s=0.5, FLAG=True, BLOCK=16)
+    assert fk._bind((), keywords) == ([x, x, 3, 5, 0.5, True, 16], ())
+    assert fk._bind((), {**keywords, "num_warps": 4}) == ([x, x, 3, 5, 0.5, True, 16], (("num_warps", 4),))
+    assert fk._bind((), dict(y=x))[0] is None
+
+
+def test_bind_gives_a_left_out_parameter_its_default():
+    """A launch that leaves a defaulted parameter out still takes the kept kernel (its default is bound, as Triton
+    binds it), not Triton's slow path on every call."""
+    import triton.language as tl
+    from triton.runtime.jit import JITFunction
+
+    from linattn.ops.common.triton_launch import FastKernel
+
+    def k(x, n, FLAG: tl.constexpr, BLOCK: tl.constexpr = 16):
+        pass
+
+    fk = FastKernel(JITFunction(k))
+    x = torch.zeros(4)
+    assert fk._bind((), dict(x=x, n=3, FLAG=True)) == ([x, 3, True, 16], ())
+    assert fk._bind((), dict(x=x, n=3, FLAG=True, num_warps=2)) == ([x, 3, True, 16], (("num_warps", 2),))
+    assert fk._bind((x,), dict(n=3, FLAG=True, BLOCK=32)) == ([x, 3, True, 32], ())
+    assert fk._bind((), dict(x=x, n=3))[0] is None, "FLAG has no default: the launch is left to Triton"
 
 
 def test_repeated_launches_give_the_first_launchs_values():

@@ -20,9 +20,10 @@ def chunk_state_dtype(x: torch.Tensor) -> torch.dtype:
 @fast_launch
 @triton.jit(do_not_specialize=["T"])
 def chunk_output_kernel(q, k, v, g, h, o, scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                       C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+                       C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
+                       USE_G: tl.constexpr):
     """Grid (cdiv(V, BV), N, B*H): o for one chunk and value block, from the state h[b, h, n] entering the chunk
-    and the per-head log gates g (cumulated within the chunk as b):
+    and the per-head log gates g (cumulated within the chunk as b; USE_G False: no decay, g not read):
         o_t = (scale exp(b_t) q_t)^T S_n + sum_{s <= t in the chunk} scale (q_t . k_s) exp(b_t - b_s) v_s."""
     i_v, n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
@@ -34,7 +35,10 @@ def chunk_output_kernel(q, k, v, g, h, o, scale, T, H: tl.constexpr, K: tl.const
     row = (i_b * T + t) * H + i_h
     m_ck = m_t[:, None] & (o_k[None, :] < K)
     m_cv = m_t[:, None] & (o_v[None, :] < V)
-    b = tl.cumsum(tl.load(g + row, mask=m_t, other=0.0).to(tl.float32), axis=0)
+    if USE_G:
+        b = tl.cumsum(tl.load(g + row, mask=m_t, other=0.0).to(tl.float32), axis=0)
+    else:
+        b = tl.zeros([C], dtype=tl.float32)
     qc = tl.load(q + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
     kt = tl.load(k + row[None, :] * K + o_k[:, None], mask=(o_k[:, None] < K) & m_t[None, :], other=0.0)
     vc = tl.load(v + row[:, None] * V + o_v[None, :], mask=m_cv, other=0.0)

@@ -1,16 +1,21 @@
 """Kernel launches with less host time: ``@fast_launch`` over ``@triton.jit`` kernels that the library launches.
 
 Each ``kernel[grid](...)`` call makes Triton re-derive how every argument specialises the kernel, look the
-result up, read its runtime settings and canonicalise the grid before it launches: about 34 us of host time per
-launch on the H100 machine (Triton 3.6), against 11 us for the compiled kernel's launcher alone. A chunked op's
-forward and backward launch about ten kernels, and at training lengths the GPU then waits on the host.
+result up, read its runtime settings and canonicalise the grid before it launches. Its compiled launcher then
+turns every tensor argument into a device pointer by calling ``data_ptr()`` and asking the CUDA driver
+(``cuPointerGetAttribute``) whether the pointer is a device one. A chunked op's forward and backward launch about
+ten kernels of ten or more pointers each, and at training lengths the GPU then waits on the host: on the H100
+machine (Triton 3.6) a launch cost about 55 us of host time, of which the pointer queries were the larger part.
 
 :class:`FastKernel` keeps the compiled kernel of each *launch key*: the device, the constexpr arguments and
 launch options as given, and for every other argument what Triton specialises on (a tensor's dtype and whether
-its address is 16-byte aligned; an int's width, and unless the kernel does not specialise on it, whether it is 1
-and whether 16 divides it; a bool's value; float or None). The key is at least as fine as Triton's own, so a hit
-is the kernel Triton would have chosen. The first launch of a key goes through Triton (which compiles or loads
-the kernel), later ones call the compiled kernel's launcher on the current stream.
+its address is 16-byte aligned, and whether it is a CUDA tensor; an int's width, and unless the kernel does not
+specialise on it, whether it is 1 and whether 16 divides it; a bool's value; float or None). The key is at least
+as fine as Triton's own, so a hit is the kernel Triton would have chosen. The first launch of a key goes through
+Triton (which compiles or loads the kernel, and checks every pointer: a CPU tensor fails there with Triton's
+error, and its key is never kept), later ones call the compiled kernel's launcher on the current stream with
+each tensor's address as an integer, which the launcher takes as it is. That is safe because the key is only
+kept after Triton accepted the same kinds of argument, and a tensor's address is what ``data_ptr()`` returns.
 
 Launches go through Triton unchanged under its CPU interpreter, while a profiler or tool has set Triton's launch
 hooks or replaced ``JITFunction.__getitem__`` (bench/triton_resources.py), with an argument of a kind the key
@@ -20,6 +25,7 @@ does not cover, and everywhere when the setting ``fast_launch`` is off (``LINATT
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any
 
@@ -46,6 +52,9 @@ class FastKernel:
         if self.direct:
             dns = set(kernel.do_not_specialize or ())
             self.names = tuple(kernel.arg_names)
+            self.name_set = frozenset(self.names)
+            # a parameter left out of a launch takes its default, as Triton's binding gives it
+            self.defaults = {p.name: p.default for p in kernel.params if p.default is not inspect.Parameter.empty}
             self.kinds = tuple(_CONSTEXPR if p.is_constexpr else
                                _NOT_SPECIALISED if (p.num in dns or p.name in dns) else _SPECIALISED
                                for p in kernel.params)
@@ -64,41 +73,60 @@ class FastKernel:
             self.kernel[grid](*args, **kwargs)
             return
         values, options = self._bind(args, kwargs)
-        key = None if values is None else self._key(values, options)
-        compiled = None if key is None else self.compiled.get(key)
+        plan = None if values is None else self._plan(values, options)
+        compiled = None if plan is None else self.compiled.get(plan[0])
         if compiled is None:
             compiled = self.kernel[grid](*args, **kwargs)
-            if key is not None and compiled is not None:
-                self.compiled[key] = compiled.result() if hasattr(compiled, "result") else compiled
+            if plan is not None and compiled is not None:
+                self.compiled[plan[0]] = compiled.result() if hasattr(compiled, "result") else compiled
             return
-        driver = triton.runtime.driver.active
-        stream = driver.get_current_stream(key[0])
+        stream = triton.runtime.driver.active.get_current_stream(plan[0][0])
         n = len(grid)
         compiled.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream, compiled.function,
-                     compiled.packed_metadata, None, None, None, *values)
+                     compiled.packed_metadata, None, None, None, *plan[1])
 
     def _bind(self, args: tuple, kwargs: dict[str, Any]) -> tuple[list | None, tuple]:
-        """Every parameter's value in signature order, and the launch options (None when a parameter is
-        missing: the kernel's defaults are left to Triton)."""
-        if len(args) == len(self.names) and not any(n in kwargs for n in self.names):
-            return list(args), tuple(kwargs.items())
+        """Every parameter's value in signature order (a parameter left out: its default), and the launch options
+        (None when a parameter without a default is missing: the launch is then left to Triton)."""
+        if not args:  # the library launches by keyword
+            try:
+                values = [kwargs[name] for name in self.names]
+            except KeyError:  # a parameter left to its default
+                values = None
+            if values is not None:
+                if len(kwargs) == len(values):
+                    return values, ()
+                return values, tuple(item for item in kwargs.items() if item[0] not in self.name_set)
         values = list(args)
         for name in self.names[len(args):]:
-            if name not in kwargs:
+            if name in kwargs:
+                values.append(kwargs[name])
+            elif name in self.defaults:
+                values.append(self.defaults[name])
+            else:
                 return None, ()
-            values.append(kwargs[name])
-        return values, tuple((k, v) for k, v in kwargs.items() if k not in self.names)
+        return values, tuple((k, v) for k, v in kwargs.items() if k not in self.name_set)
 
     def _key(self, values: list, options: tuple) -> tuple | None:
+        """The launch key of these values and options (None: a kind the key does not cover)."""
+        plan = self._plan(values, options)
+        return None if plan is None else plan[0]
+
+    def _plan(self, values: list, options: tuple) -> tuple[tuple, list] | None:
+        """(launch key, the values as the compiled launcher takes them: each tensor as its address), or None
+        for an argument of a kind the key does not cover."""
         key: list[Any] = [torch.cuda.current_device(), options]
-        for value, kind in zip(values, self.kinds):
+        raw = list(values)
+        for i, kind in enumerate(self.kinds):
+            value = values[i]
             if kind == _CONSTEXPR:
                 key.append(value)
                 continue
             kind_of = type(value)
             if kind_of is torch.Tensor or isinstance(value, torch.Tensor):
-                key.append(value.dtype)
-                key.append(value.data_ptr() & 15 == 0)
+                address = value.data_ptr()
+                key.append((value.dtype, address & 15 == 0, value.is_cuda))
+                raw[i] = address
             elif kind_of is bool or value is None:
                 key.append(value)
             elif kind_of is int:
@@ -108,7 +136,7 @@ class FastKernel:
                 key.append(float)
             else:
                 return None
-        return tuple(key)
+        return tuple(key), raw
 
 
 def _hook_set(hook: Any) -> bool:

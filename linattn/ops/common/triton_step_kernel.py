@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from .triton_compat import patch_interpreter
+from .triton_launch import fast_launch
 from .triton_utils import block, cdiv
 
 patch_interpreter()
@@ -34,6 +35,7 @@ GATES = {"none": 0, "scalar": 1, "vector": 2}
 LAUNCH = {"BV": 16, "num_warps": 4, "max_tile": 8192}
 
 
+@fast_launch
 @triton.jit
 def _step_kernel(q, k, v, g, beta, s_in, s_out, o, scale, H,
                  sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sb_b, sb_h,

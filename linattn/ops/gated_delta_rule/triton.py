@@ -488,12 +488,11 @@ def _states(k, w, u, g, initial_state, C, cu_chunks=None):
 def _output(q, k, dlt, g, h, scale, C):
     B, T, H, K = q.shape
     V = dlt.shape[-1]
-    g = torch.zeros(B, T, H, device=q.device, dtype=torch.float32) if g is None else g
     o = torch.empty_like(dlt)
     BV = min(LAUNCH["out_BV"], _block(V))
     chunk_output_kernel[(cdiv(V, BV), cdiv(T, C), B * H)](
-        q=q, k=k, v=dlt, g=g, h=h, o=o, scale=scale, T=T, H=H, K=K, V=V, C=C, BK=_block(K), BV=BV, **_launch_args(q),
-        **_options(q, "out"))
+        q=q, k=k, v=dlt, g=o if g is None else g, h=h, o=o, scale=scale, T=T, H=H, K=K, V=V, C=C, BK=_block(K),
+        BV=BV, USE_G=g is not None, **_launch_args(q), **_options(q, "out"))
     return o
 
 
@@ -507,7 +506,7 @@ def gated_delta_triton_forward(q, k, v, g, beta, scale, initial_state, C, p=None
 
 
 def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, dht, p=None, tm=None, cu_chunks=None):
-    """Backward pass: (dq, dk, dv, dg (zeros when g is None), dbeta, d_initial_state, dp (None when p is None:
+    """Backward pass: (dq, dk, dv, dg (None when g is None), dbeta, d_initial_state, dp (None when p is None:
     the read key's gradient is then part of dk)). ``tm``: the forward pass's Tm (recomputed when None);
     ``cu_chunks``: as in :func:`gated_delta_triton_forward`."""
     B, T, H, K = q.shape
@@ -536,7 +535,7 @@ def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, d
         TLOAD=bool(LAUNCH["bscan_tload"]), **_launch_args(q), **_options(q, "bscan"))
     dq, dk, dv, dw = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(w)
     dbeta = torch.empty_like(beta)
-    dg = torch.zeros_like(beta) if g is None else torch.empty_like(g)
+    dg = dbeta if g is None else torch.empty_like(g)  # without a gate a pointer the kernels never write
     BKQ = min(LAUNCH["grads_BK"], BK)
     NKQ = cdiv(K, BKQ)
     # shares of the part of db_t from o and S', one per key block (unused without a gate)
@@ -551,7 +550,7 @@ def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, d
         dv=dv, dbeta=dbeta, db=db, dg=dg, T=T, H=H, K=K, V=V, C=C, BK=min(LAUNCH["wy_BK"], BK),
         BV=min(LAUNCH["wy_BV"], _block(V)), NKQ=NKQ, USE_G=g is not None, HAS_P=p is not None, **_launch_args(q),
         **_options(q, "wy"))
-    return dq, dk, dv, dg, dbeta, dh0, dp
+    return dq, dk, dv, (None if g is None else dg), dbeta, dh0, dp
 
 
 def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, beta: torch.Tensor,
@@ -586,12 +585,13 @@ def _bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | No
             cu_chunks: torch.Tensor | None = None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                        torch.Tensor]:
-    """The gradients of _fwd_op's tensors; dp is an empty tensor when p is None (its part is in dk). ``tm``: the
-    forward pass's Tm (None or empty: recomputed)."""
+    """The gradients of _fwd_op's tensors; dg is an empty tensor when g is None, dp when p is None (its part is in
+    dk). ``tm``: the forward pass's Tm (None or empty: recomputed)."""
     tm = None if tm is None or tm.numel() == 0 else tm
     dq, dk, dv, dg, dbeta, dh0, dp = gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, chunk_size,
                                                                  do, dht, p, tm, cu_chunks=cu_chunks)
-    return dq, dk, dv, dg, dbeta, dh0, (q.new_empty(0) if dp is None else dp)
+    return (dq, dk, dv, (q.new_empty(0) if dg is None else dg), dbeta, dh0,
+            (q.new_empty(0) if dp is None else dp))
 
 
 _bwd_op = torch.library.custom_op("linattn::gated_delta_rule_triton_bwd", _bwd, mutates_args=())
@@ -601,7 +601,7 @@ _bwd_op = torch.library.custom_op("linattn::gated_delta_rule_triton_bwd", _bwd, 
 def _(q, k, v, g, beta, initial_state, scale, chunk_size, do, dht, p=None, tm=None, cu_chunks=None):
     B, T, H, K = q.shape
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
-            torch.empty_like(beta) if g is None else torch.empty_like(g), torch.empty_like(beta),
+            q.new_empty(0) if g is None else torch.empty_like(g), torch.empty_like(beta),
             q.new_empty(_state_rows(q, cu_chunks), H, K, v.shape[-1], dtype=torch.float32),
             q.new_empty(0) if p is None else torch.empty_like(p))
 
