@@ -38,7 +38,7 @@ from linattn.ops.common.varlen import check_cu_seqlens, check_packed_batch, sequ
 
 from .cache import LayerCache
 from .checks import check_conv_cache, check_layer_input, check_short_conv, check_static_step_input, head_dims
-from .norms import rms_norm_gated
+from .norms import norm_gate_project
 from .shortconv import CONV_MODES, ShortConv
 from .static_cache import StaticLayerCache, copy_rows_, copy_state_, state_dtype
 
@@ -278,8 +278,9 @@ class MixerLayer(nn.Module):
         B, T = o.shape[:2]
         o = o.to(x.dtype)
         gate = None if self.g_proj is None else self.g_proj(x)
-        if self.o_norm is not None:  # one fused kernel on CUDA (norms.py)
-            o = rms_norm_gated(o, self.o_norm, None if gate is None else gate.view(o.shape)).reshape(B, T, -1)
+        if self.o_norm is not None:  # one fused kernel on CUDA; the norm's output is not kept (norms.py)
+            return norm_gate_project(o, self.o_norm, None if gate is None else gate.view(o.shape), self.o_proj,
+                                     (B, T, o.shape[2] * o.shape[3]))
         else:
             o = o.reshape(B, T, -1)
             if gate is not None:
