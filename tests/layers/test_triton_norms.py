@@ -171,7 +171,7 @@ def test_norm_gate_project_equals_the_composition(fused_backend, dtype, with_gat
         norm.zero_grad(), proj.zero_grad()
         saved = []
         with linattn.settings(fused_backend=fused_backend), autocast, \
-                torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+                torch.autograd.graph.saved_tensors_hooks(lambda t, saved=saved: saved.append(t) or t, lambda t: t):
             out = fn(*leaves)
         out.float().square().sum().backward()
         results.append((out, *[x.grad for x in leaves if x is not None], norm.weight.grad, proj.weight.grad,
