@@ -45,6 +45,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
 
 import linattn  # noqa: E402
+from linattn.layers import base  # noqa: E402
 from linattn.models import CausalLM, ModelConfig  # noqa: E402
 
 REFERENCE = "softmax_attn"
@@ -142,7 +143,9 @@ def _site() -> str:
     here = os.path.abspath(__file__)
     while f is not None:
         path = f.f_code.co_filename
-        if "linattn" in path and os.path.abspath(path) != here:
+        # skip this module and the layers' saved-tensor hook, which passes tensors on from where they were saved
+        hook = path.endswith(os.path.join("layers", "base.py")) and f.f_code.co_name == "pack"
+        if "linattn" in path and os.path.abspath(path) != here and not hook:
             return f"{path[path.rindex('linattn'):]}:{f.f_code.co_name}"
         f = f.f_back
     return ""
@@ -168,11 +171,17 @@ def record_saved(model: torch.nn.Module, run: callable) -> list[Saved]:
                     weight = key in params or _is_weight_copy(t)
                     seen[key] = (Saved(stack[-1] if stack else "", t.untyped_storage().nbytes(), t.dtype,
                                        tuple(t.shape), weight, _site()), [])
-                seen[key][1].append(weakref.ref(t))  # the graph holds t (what pack returns) while it needs it
+                # the graph holds t (what pack returns, or the layer's hooks keep) while it needs it
+                seen[key][1].append(weakref.ref(t))
             return t
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = run()
+        # the layers' own saved-tensor hooks (layers/base.py, ConvOutputs) hide what they are given from these
+        base.SAVED_TENSOR_OBSERVERS.append(pack)
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                out = run()
+        finally:
+            base.SAVED_TENSOR_OBSERVERS.remove(pack)
         held = [s for s, refs in seen.values() if any(r() is not None for r in refs)]
     del out
     return held
