@@ -75,3 +75,22 @@ def test_what_a_conv_layer_keeps():
     big = sorted(s.nbytes // 4 for s in saved if s.nbytes >= 2 * 37 * 32 * 4)
     # x, o and the gate (2 x 37 x 32 each), the joint projection (32 * 3 + 2 + 2 wide), the op's Tm (chunks of 64)
     assert big == [2 * 37 * 32] * 3 + [2 * 37 * 100, 2 * 37 * 2 * 64], big
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_inside_activation_checkpointing(reentrant):
+    """A layer run under torch.utils.checkpoint (the hooks nest) gives the gradients of a plain run."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    layer = mixer_class("gated_delta_rule")(32, 2)
+    x0 = torch.randn(2, 37, 32)
+    grads = []
+    for ck in (False, True):
+        layer.zero_grad()
+        x = x0.clone().requires_grad_(True)
+        run = lambda t: layer(t, use_cache=False)[0]  # noqa: E731
+        y = checkpoint(run, x, use_reentrant=reentrant) if ck else run(x)
+        y.square().sum().backward()
+        grads.append([x.grad, *[p.grad for p in layer.parameters()]])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
