@@ -9,10 +9,12 @@ Parameters, and casts of a parameter (autocast's bf16 copies of the weights), ar
 "weights": they do not grow with batch or sequence length.
 
 Most of a training step's peak memory is these activations, and they do not depend on the device, so the CPU
-shows where the peak goes. ``--backend triton`` (the default; the CPU runs the kernels under TRITON_INTERPRET=1,
-which this module sets when it is unset) forces the op, ShortConv and fused norm / gate backends that a CUDA run
-picks with "auto": an op without a Triton backend runs its CUDA choice (softmax_attn: SDPA, "parallel"), and the
-table names the op backend each mixer ran. ``--backend auto`` keeps the CPU's PyTorch paths.
+shows where the peak goes. ``--backend triton`` (the default) forces the op, ShortConv and fused norm / gate
+backends that a CUDA run picks with "auto": an op without a Triton backend runs its CUDA choice (softmax_attn:
+SDPA, "parallel"), and the table names the op backend each mixer ran. The CPU runs those kernels under
+TRITON_INTERPRET=1, which this module sets when it is unset and it runs as the program or no GPU is present;
+imported by a process with a GPU, it leaves the interpreter off, and there :func:`audit` and :func:`step_peak`
+take ``backend="auto"``. ``--backend auto`` keeps the CPU's PyTorch paths.
 
 ``--peak`` adds :func:`step_peak`: the most bytes of tensors alive at once over a forward, the loss and the
 backward pass (a dispatch mode follows every storage an op makes until its last tensor is gone), which counts the
@@ -38,11 +40,17 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is imported: the kernels then run on the CPU
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
-import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from torch.utils._pytree import tree_flatten  # noqa: E402
+# Triton reads TRITON_INTERPRET when a kernel is defined, so it is set here, before linattn's kernel modules load
+# (torch defines none). The interpreter then runs every kernel defined later in the process, and a kernel so defined
+# cannot take CUDA tensors: imported by a process with a GPU (a test session), this module would break the CUDA
+# kernels of every other caller there. So it is turned on only where there is no GPU, or when this module is the
+# program (`python -m`), whose whole process is the audit on the CPU.
+if __name__ == "__main__" or not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import linattn  # noqa: E402
 from linattn.layers import base  # noqa: E402

@@ -1,7 +1,9 @@
 """What the layers keep for the backward pass: with ShortConvs, the conv outputs and q, k, v made of them are
 recomputed in the backward pass (layers/base.py, ConvOutputs) and the output norm's result is (layers/norms.py,
 norm_gate_project); the gradients are those of autograd keeping them, bit for bit, on the PyTorch and the Triton
-backends, under autocast, and with packed sequences."""
+backends, under autocast, and with packed sequences.
+
+The Triton cases run on CUDA when present, else on the CPU through Triton's interpreter (tests/conftest.py)."""
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ from linattn.layers.registry import list_mixers, mixer_class
 from linattn.ops.common.triton_compat import triton_available
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 CONV_MIXERS = [m for m in list_mixers() if issubclass(mixer_class(m), MixerLayer)
                and mixer_class(m).default_short_conv and mixer_class(m).streams is MixerLayer.streams]
@@ -50,11 +53,11 @@ def test_recomputed_conv_outputs_give_the_same_gradients(mixer, monkeypatch):
 @pytest.mark.parametrize("packed", [False, True])
 def test_recomputed_on_the_triton_backends_under_autocast(mixer, packed, monkeypatch):
     torch.manual_seed(0)
-    layer = mixer_class(mixer)(32, 2, head_dim=16)
-    B, kw = (1, {"cu_seqlens": torch.tensor([0, 20, 70])}) if packed else (2, {})
-    x = torch.randn(B, 70, 32)
+    layer = mixer_class(mixer)(32, 2, head_dim=16).to(DEVICE)
+    B, kw = (1, {"cu_seqlens": torch.tensor([0, 20, 70], device=DEVICE)}) if packed else (2, {})
+    x = torch.randn(B, 70, 32, device=DEVICE)
     with linattn.settings(op_backend="triton", shortconv_backend="triton", fused_backend="triton"), \
-            torch.autocast("cpu", dtype=torch.bfloat16):
+            torch.autocast(DEVICE, dtype=torch.bfloat16):
         kept, recomputed = (_grads(layer, x, r, monkeypatch, **kw) for r in (False, True))
     for a, b in zip(kept, recomputed):
         assert (a is None and b is None) or torch.equal(a, b)
@@ -68,8 +71,8 @@ def test_what_a_conv_layer_keeps():
     from linattn.bench.saved_tensors import record_saved
 
     torch.manual_seed(0)
-    layer = mixer_class("gated_delta_rule")(32, 2)
-    x = torch.randn(2, 37, 32, requires_grad=True) * 1  # not a leaf: a block's input
+    layer = mixer_class("gated_delta_rule")(32, 2).to(DEVICE)
+    x = torch.randn(2, 37, 32, device=DEVICE, requires_grad=True) * 1  # not a leaf: a block's input
     with linattn.settings(op_backend="triton", shortconv_backend="triton", fused_backend="triton"):
         saved = [s for s in record_saved(layer, lambda: layer(x, use_cache=False)[0]) if not s.weight]
     big = sorted(s.nbytes // 4 for s in saved if s.nbytes >= 2 * 37 * 32 * 4)
