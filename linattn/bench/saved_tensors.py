@@ -46,7 +46,7 @@ from torch.utils._pytree import tree_flatten
 
 # Triton reads TRITON_INTERPRET when a kernel is defined, so it is set here, before linattn's kernel modules load
 # (torch defines none). The interpreter then runs every kernel defined later in the process, and a kernel so defined
-# cannot take CUDA tensors: imported by a process with a GPU (a test session), this module would break the CUDA
+# cannot take CUDA tensors: imported by a process with a GPU (a pytest run), this module would break the CUDA
 # kernels of every other caller there. So it is turned on only where there is no GPU, or when this module is the
 # program (`python -m`), whose whole process is the audit on the CPU.
 if __name__ == "__main__" or not torch.cuda.is_available():

@@ -9,7 +9,7 @@ from linattn.bench import saved_tensors as st
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 # The audit runs on the CPU. Without a GPU, Triton's interpreter is on (tests/conftest.py) and the backends a CUDA run
-# picks are forced, as the bench does by default; with one, the interpreter stays off for the session's CUDA kernels
+# picks are forced, as the bench does by default; with one, the interpreter stays off for the other tests' CUDA kernels
 # (kernels so defined take no CPU tensors), and the CPU's PyTorch paths run instead.
 BACKEND = "auto" if torch.cuda.is_available() else "triton"
 TINY = dict(d_model=32, n_layers=2, n_heads=2, vocab=64, batch=2, seq=32, backend=BACKEND)
