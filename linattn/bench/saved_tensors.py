@@ -9,10 +9,12 @@ Parameters, and casts of a parameter (autocast's bf16 copies of the weights), ar
 "weights": they do not grow with batch or sequence length.
 
 Most of a training step's peak memory is these activations, and they do not depend on the device, so the CPU
-shows where the peak goes. ``--backend triton`` (the default; the CPU runs the kernels under TRITON_INTERPRET=1,
-which this module sets when it is unset) forces the op, ShortConv and fused norm / gate backends that a CUDA run
-picks with "auto": an op without a Triton backend runs its CUDA choice (softmax_attn: SDPA, "parallel"), and the
-table names the op backend each mixer ran. ``--backend auto`` keeps the CPU's PyTorch paths.
+shows where the peak goes. ``--backend triton`` (the default) forces the op, ShortConv and fused norm / gate
+backends that a CUDA run picks with "auto": an op without a Triton backend runs its CUDA choice (softmax_attn:
+SDPA, "parallel"), and the table names the op backend each mixer ran. The CPU runs those kernels under
+TRITON_INTERPRET=1, which this module sets when it is unset and it runs as the program or no GPU is present;
+imported by a process with a GPU, it leaves the interpreter off, and there :func:`audit` and :func:`step_peak`
+take ``backend="auto"``. ``--backend auto`` keeps the CPU's PyTorch paths.
 
 ``--peak`` adds :func:`step_peak`: the most bytes of tensors alive at once over a forward, the loss and the
 backward pass (a dispatch mode follows every storage an op makes until its last tensor is gone), which counts the
@@ -38,13 +40,20 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is imported: the kernels then run on the CPU
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
-import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from torch.utils._pytree import tree_flatten  # noqa: E402
+# Triton reads TRITON_INTERPRET when a kernel is defined, so it is set here, before linattn's kernel modules load
+# (torch defines none). The interpreter then runs every kernel defined later in the process, and a kernel so defined
+# cannot take CUDA tensors: imported by a process with a GPU (a pytest run), this module would break the CUDA
+# kernels of every other caller there. So it is turned on only where there is no GPU, or when this module is the
+# program (`python -m`), whose whole process is the audit on the CPU.
+if __name__ == "__main__" or not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import linattn  # noqa: E402
+from linattn.layers import base  # noqa: E402
 from linattn.models import CausalLM, ModelConfig  # noqa: E402
 
 REFERENCE = "softmax_attn"
@@ -142,7 +151,9 @@ def _site() -> str:
     here = os.path.abspath(__file__)
     while f is not None:
         path = f.f_code.co_filename
-        if "linattn" in path and os.path.abspath(path) != here:
+        # skip this module and the layers' saved-tensor hook, which passes tensors on from where they were saved
+        hook = path.endswith(os.path.join("layers", "base.py")) and f.f_code.co_name == "pack"
+        if "linattn" in path and os.path.abspath(path) != here and not hook:
             return f"{path[path.rindex('linattn'):]}:{f.f_code.co_name}"
         f = f.f_back
     return ""
@@ -168,11 +179,17 @@ def record_saved(model: torch.nn.Module, run: callable) -> list[Saved]:
                     weight = key in params or _is_weight_copy(t)
                     seen[key] = (Saved(stack[-1] if stack else "", t.untyped_storage().nbytes(), t.dtype,
                                        tuple(t.shape), weight, _site()), [])
-                seen[key][1].append(weakref.ref(t))  # the graph holds t (what pack returns) while it needs it
+                # the graph holds t (what pack returns, or the layer's hooks keep) while it needs it
+                seen[key][1].append(weakref.ref(t))
             return t
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = run()
+        # the layers' own saved-tensor hooks (layers/base.py, ConvOutputs) hide what they are given from these
+        base.SAVED_TENSOR_OBSERVERS.append(pack)
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                out = run()
+        finally:
+            base.SAVED_TENSOR_OBSERVERS.remove(pack)
         held = [s for s, refs in seen.values() if any(r() is not None for r in refs)]
     del out
     return held

@@ -38,7 +38,7 @@ from linattn.ops.common.varlen import check_cu_seqlens, check_packed_batch, sequ
 
 from .cache import LayerCache
 from .checks import check_conv_cache, check_layer_input, check_short_conv, check_static_step_input, head_dims
-from .norms import rms_norm_gated
+from .norms import norm_gate_project
 from .shortconv import CONV_MODES, ShortConv
 from .static_cache import StaticLayerCache, copy_rows_, copy_state_, state_dtype
 
@@ -160,6 +160,10 @@ class MixerLayer(nn.Module):
         given ``cu_seqlens``), the other :meth:`x_projections` by name, and the new conv caches."""
         if isinstance(cache, LayerCache):
             check_conv_cache(cache, self.conv_modules())
+        return self.convolve(self.projected_streams(x), cache, cu_seqlens)
+
+    def projected_streams(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The projections of x by stream name, before the ShortConvs (see :meth:`streams`)."""
         out = project_jointly(x, self.x_projections())
         if "q" not in out:
             out["q"] = self.q_proj(x)
@@ -167,10 +171,38 @@ class MixerLayer(nn.Module):
             out["k"] = self.k_proj(x)
         if "v" not in out:
             out["v"] = out["k"] if self.v_proj is None else self.v_proj(x)
-        new_conv = {}
+        return out
+
+    def convolve(self, pre: dict[str, torch.Tensor], cache: LayerCache | StaticLayerCache | None,
+                 cu_seqlens: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], dict]:
+        """The streams with each ShortConv applied to its own (a new dict), and the new conv caches."""
+        out, new_conv = dict(pre), {}
         for name, conv in self.convs.items():
-            out[name], new_conv[name] = run_conv(conv, name, out[name], cache, cu_seqlens)
+            out[name], new_conv[name] = run_conv(conv, name, pre[name], cache, cu_seqlens)
         return out, new_conv
+
+    def op_inputs(self, x: torch.Tensor, s: dict[str, torch.Tensor], offset: int | torch.Tensor,
+                  cu_seqlens: torch.Tensor | None) -> MixOut:
+        """The streams after their ShortConvs -> what the op takes: (q, k, v, args, kwargs), as :meth:`forward`
+        passes them (q and k in v's dtype)."""
+        B, T, _ = x.shape
+        q = s["q"].view(B, T, -1, self.head_dim)
+        k = s["k"].view(B, T, -1, self.head_dim)
+        v = s["v"].view(B, T, -1, self.head_dim_v)
+        q, k, v, args, kwargs = self.mix_inputs(x, q, k, v, offset, s)
+        v = k if self.exact_kv else v
+        if cu_seqlens is not None:  # the op runs each packed sequence alone (step calls never see it)
+            kwargs = {**kwargs, "cu_seqlens": cu_seqlens}
+        # the op runs in the value stream's dtype (bf16 under autocast): feature maps or norms that came
+        # out in float32 would otherwise put the kernels on their exact-float32 (slow) path
+        return q.to(v.dtype), k.to(v.dtype), v, args, kwargs
+
+    def recomputes_conv_outputs(self, cache: object) -> bool:
+        """Whether this call keeps the ShortConvs' outputs and what is made of them (q, k, v: conv outputs after
+        the feature maps and norms) out of the backward pass's saved tensors (:class:`ConvOutputs`): in training
+        (gradients wanted, no cache, eager), for layers with ShortConvs and the base class's streams."""
+        return (bool(self.convs) and cache is None and torch.is_grad_enabled() and not torch.compiler.is_compiling()
+                and type(self).streams is MixerLayer.streams and any(p.requires_grad for p in self.parameters()))
 
     def forward(self, x: torch.Tensor, cache: LayerCache | StaticLayerCache | None = None, *, use_cache: bool = True,
                 cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, LayerCache | StaticLayerCache | None]:
@@ -185,20 +217,26 @@ class MixerLayer(nn.Module):
             use_cache = False
         else:
             offset = 0 if cache is None else cache.offset
-        s, new_conv = self.streams(x, cache, cu_seqlens)
-        q = s["q"].view(B, T, -1, self.head_dim)
-        k = s["k"].view(B, T, -1, self.head_dim)
-        v = s["v"].view(B, T, -1, self.head_dim_v)
-        q, k, v, args, kwargs = self.mix_inputs(x, q, k, v, offset, s)
-        v = k if self.exact_kv else v
-        if cu_seqlens is not None:  # the op runs each packed sequence alone (step calls never see it)
-            kwargs = {**kwargs, "cu_seqlens": cu_seqlens}
-        # the op runs in the value stream's dtype (bf16 under autocast): feature maps or norms that came
-        # out in float32 would otherwise put the kernels on their exact-float32 (slow) path
-        q, k = q.to(v.dtype), k.to(v.dtype)
-        # the layer makes its gates and strengths in range by construction: no host-syncing range checks
-        o, state = unchecked(self.run_op, q, k, v, args, kwargs, None if cache is None else cache.state, use_cache)
-        y = self.finish(self.skip(o, v), x)
+        state0 = None if cache is None else cache.state
+        if self.recomputes_conv_outputs(cache):
+            pre = self.projected_streams(x)
+            s, new_conv = self.convolve(pre, None, cu_seqlens)
+            saved = ConvOutputs(self, x, pre, offset, cu_seqlens)
+            saved.add(s[name] for name in self.convs)
+            with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+                q, k, v, args, kwargs = self.op_inputs(x, s, offset, cu_seqlens)
+                saved.add((q, k, v))
+                o, state = unchecked(self.run_op, q, k, v, args, kwargs, state0, use_cache)
+                o = self.skip(o, v)
+            saved.seal()
+            del s, q, k
+        else:
+            s, new_conv = self.streams(x, cache, cu_seqlens)
+            q, k, v, args, kwargs = self.op_inputs(x, s, offset, cu_seqlens)
+            # the layer makes its gates and strengths in range by construction: no host-syncing range checks
+            o, state = unchecked(self.run_op, q, k, v, args, kwargs, state0, use_cache)
+            o = self.skip(o, v)
+        y = self.finish(o, x)
         return y, (LayerCache(new_conv, state, offset + T) if use_cache else None)
 
     def run_op(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: TokenArgs, kwargs: dict[str, Any],
@@ -278,13 +316,84 @@ class MixerLayer(nn.Module):
         B, T = o.shape[:2]
         o = o.to(x.dtype)
         gate = None if self.g_proj is None else self.g_proj(x)
-        if self.o_norm is not None:  # one fused kernel on CUDA (norms.py)
-            o = rms_norm_gated(o, self.o_norm, None if gate is None else gate.view(o.shape)).reshape(B, T, -1)
+        if self.o_norm is not None:  # one fused kernel on CUDA; the norm's output is not kept (norms.py)
+            return norm_gate_project(o, self.o_norm, None if gate is None else gate.view(o.shape), self.o_proj,
+                                     (B, T, o.shape[2] * o.shape[3]))
         else:
             o = o.reshape(B, T, -1)
             if gate is not None:
                 o = o * torch.nn.functional.silu(gate)
         return self.o_proj(o)
+
+
+# Called with every tensor that ConvOutputs' hooks are given to save: saved-tensor hooks of an outer context do not
+# see those (the innermost hooks take them), so tools that audit what a forward saves (bench/saved_tensors.py)
+# register a function here as well.
+SAVED_TENSOR_OBSERVERS: list[Callable[[torch.Tensor], object]] = []
+
+
+class ConvOutputs:
+    """Saved-tensor hooks that keep a layer's ShortConv outputs, and q, k, v made of them, out of the backward
+    pass's saved tensors, recomputing them when the backward pass reads them.
+
+    Kept as autograd would keep them, a layer with ShortConvs holds both each conv's input (the projection, which
+    the conv's backward reads) and what the op and the feature maps save of its output (q, k, v, and e.g. Mamba2's
+    k beside k dt): two copies of every stream, where a Transformer layer holds one. Here the second copy is
+    rebuilt from the first in the backward pass: the ShortConvs and :meth:`MixerLayer.op_inputs` (feature maps,
+    norms, gates) run again once per layer, without gradients and under the forward's autocast state. They are
+    elementwise and per-channel kernels, cheap beside the op's backward; the values are the forward's, bit for bit
+    (the same kernels on the same inputs).
+
+    ``pack`` wraps every tensor saved while the hooks are on; ``seal`` (after the op) drops the wrapped tensor of
+    each one that is a conv output or q, k, v (same storage), keeping where it lies in that tensor; ``unpack``
+    gives either the tensor or the recomputed one's same view."""
+
+    def __init__(self, layer: MixerLayer, x: torch.Tensor, pre: dict[str, torch.Tensor], offset: Any,
+                 cu_seqlens: torch.Tensor | None) -> None:
+        self.layer, self.x, self.pre, self.offset, self.cu_seqlens = layer, x, pre, offset, cu_seqlens
+        dev = x.device.type
+        self.autocast = (dev, torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev))
+        self.targets: dict[int, int] = {}  # storage address -> index in the recomputed list
+        self.held: list[list] = []
+        self.cache: list[torch.Tensor] | None = None
+        self.n = 0
+
+    def add(self, tensors) -> None:
+        for t in tensors:
+            self.targets.setdefault(t.untyped_storage().data_ptr(), self.n)
+            self.n += 1
+
+    def pack(self, t: torch.Tensor) -> list:
+        for observe in SAVED_TENSOR_OBSERVERS:
+            observe(t)
+        box = [t, None]
+        self.held.append(box)
+        return box
+
+    def seal(self) -> None:
+        for box in self.held:
+            t = box[0]
+            i = self.targets.get(t.untyped_storage().data_ptr())
+            if i is not None:
+                box[0], box[1] = None, (i, t.shape, t.stride(), t.storage_offset())
+        self.held = []
+        self.targets = {}
+
+    def unpack(self, box: list) -> torch.Tensor:
+        if box[0] is not None:
+            return box[0]
+        i, shape, stride, offset = box[1]
+        if self.cache is None:
+            self.cache = self.recompute()
+        return self.cache[i].as_strided(shape, stride, offset)
+
+    def recompute(self) -> list[torch.Tensor]:
+        layer = self.layer
+        dev, enabled, dtype = self.autocast
+        with torch.no_grad(), torch.autocast(dev, dtype=dtype, enabled=enabled):
+            s, _ = layer.convolve(self.pre, None, self.cu_seqlens)
+            q, k, v, _, _ = layer.op_inputs(self.x, s, self.offset, self.cu_seqlens)
+        return [*(s[name] for name in layer.convs), q, k, v]
 
 
 def unchecked(fn: Callable, *args: Any) -> Any:

@@ -37,3 +37,70 @@ def rms_norm_gated(o: torch.Tensor, norm: nn.RMSNorm, gate: torch.Tensor | None)
         return rms_norm_gated_triton(o, norm.weight, gate, eps)
     y = norm(o)
     return y if gate is None else y * F.silu(gate)
+
+
+def _norm_gate(o: torch.Tensor, weight: torch.Tensor, eps: float | None, gate: torch.Tensor | None) -> torch.Tensor:
+    """:func:`rms_norm_gated` with the norm's weight and eps given as such (the weight then can be an input whose
+    gradient autograd returns)."""
+    if use_fused_kernels(o):
+        from .norms_triton import rms_norm_gated_triton
+
+        return rms_norm_gated_triton(o, weight, gate, eps if eps is not None else torch.finfo(torch.float32).eps)
+    y = F.rms_norm(o, (o.shape[-1],), weight, eps)  # what nn.RMSNorm.forward computes
+    return y if gate is None else y * F.silu(gate)
+
+
+class NormGateProject(torch.autograd.Function):
+    """out = rms_norm_gated(o, weight, gate) flattened over the heads, @ proj_weight^T; the norm's output y is
+    recomputed in the backward pass instead of being kept.
+
+    Kept as autograd would run it, the projection keeps y for its weight gradient while the norm keeps o and the
+    gate for its own: y is a third tensor of o's size. Recomputing it costs one elementwise pass over o and the
+    gate (one fused kernel on CUDA) in the backward pass, against the projection's two matmuls there, and saves
+    y's bytes in every layer from the forward pass to the backward pass. The projection's gradients are formed
+    as autograd's linear forms them (in the autocast dtype when autocast was on in the forward pass), and the
+    norm's by autograd through the recomputed y."""
+
+    @staticmethod
+    def forward(ctx, o, weight, gate, proj_weight, eps, flat_shape):
+        dev = o.device.type
+        ctx.autocast = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
+        ctx.eps, ctx.flat_shape = eps, flat_shape
+        ctx.save_for_backward(o, weight, gate, proj_weight)
+        y = _norm_gate(o, weight, eps, gate).reshape(flat_shape)
+        return F.linear(y, proj_weight)  # autocast casts y and the weight as for the layer's nn.Linear
+
+    @staticmethod
+    def backward(ctx, dout):
+        o, weight, gate, proj_weight = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        with torch.enable_grad():
+            ins = [x.detach().requires_grad_(need) for x, need in ((o, needs[0]), (weight, needs[1]))]
+            gate_in = None if gate is None else gate.detach().requires_grad_(needs[2])
+            with torch.autocast(o.device.type, dtype=ctx.autocast or torch.bfloat16, enabled=ctx.autocast is not None):
+                y = _norm_gate(ins[0], ins[1], ctx.eps, gate_in).reshape(ctx.flat_shape)
+            # the linear's operands as autocast cast them in the forward pass
+            yc = y.to(ctx.autocast) if ctx.autocast is not None else y
+        w = proj_weight.to(yc.dtype)
+        d2 = dout.reshape(-1, dout.shape[-1])
+        dproj = (d2.t() @ yc.detach().reshape(-1, yc.shape[-1])).to(proj_weight.dtype) if needs[3] else None
+        dy = (d2 @ w).view(yc.shape)
+        wrt = [x for x in (ins[0], ins[1], gate_in) if x is not None and x.requires_grad]
+        grads = iter(torch.autograd.grad(yc, wrt, dy) if wrt else ())
+        do, dweight = (next(grads) if x.requires_grad else None for x in ins)
+        dgate = next(grads) if gate_in is not None and gate_in.requires_grad else None
+        return do, dweight, dgate, dproj, None, None
+
+
+def norm_gate_project(o: torch.Tensor, norm: nn.RMSNorm, gate: torch.Tensor | None, proj: nn.Linear,
+                      flat_shape: tuple[int, ...]) -> torch.Tensor:
+    """proj(rms_norm_gated(o, norm, gate).reshape(flat_shape)) for a bias-free ``proj``, without keeping the norm's
+    output for the backward pass (:class:`NormGateProject`). Under torch.compile, and where no gradient is
+    needed, the plain composition runs (the compiler's partitioner chooses what to keep and recompute itself)."""
+    tensors = [x for x in (o, gate, norm.weight, proj.weight) if x is not None]
+    plain = (torch.compiler.is_compiling() or proj.bias is not None or norm.weight is None
+             or not torch.is_grad_enabled() or not any(x.requires_grad for x in tensors)
+             or any(type(x) is not torch.Tensor and not isinstance(x, nn.Parameter) for x in tensors))
+    if plain:
+        return proj(rms_norm_gated(o, norm, gate).reshape(flat_shape))
+    return NormGateProject.apply(o, norm.weight, gate, proj.weight, norm.eps, tuple(flat_shape))

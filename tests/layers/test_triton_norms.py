@@ -146,3 +146,39 @@ def test_mamba_gate_equals_reference(with_dt_grad, dtype, tol):
     assert rel_rmse(out, ref) <= 1e-5
     for name, x, y in zip(["a", "A_log", "dt_bias"], grads, ref_grads):
         assert rel_rmse(x.float(), y.float()) <= tol, name
+
+
+@pytest.mark.parametrize("fused_backend", ["torch", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_gate", [True, False])
+def test_norm_gate_project_equals_the_composition(fused_backend, dtype, with_gate):
+    """norm_gate_project recomputes the norm's output in the backward pass: the same output and gradients
+    (o, gate, the norm and projection weights) as proj(rms_norm_gated(...)) with autograd keeping it, under
+    autocast too; the norm's output is not among the tensors kept."""
+    torch.manual_seed(0)
+    B, T, H, V, D = 2, 19, 2, 16, 24
+    norm, proj = torch.nn.RMSNorm(V, eps=1e-5), torch.nn.Linear(H * V, D, bias=False)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    o = torch.randn(B, T, H, V, device=DEVICE)
+    gate = torch.randn(B, T, H, V, device=DEVICE) if with_gate else None
+    norm, proj = norm.to(DEVICE), proj.to(DEVICE)
+    autocast = torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16)
+    results = []
+    for fn in (lambda o, g: proj(norms.rms_norm_gated(o, norm, g).reshape(B, T, -1)),
+               lambda o, g: norms.norm_gate_project(o, norm, g, proj, (B, T, H * V))):
+        leaves = [None if x is None else x.detach().clone().requires_grad_(True) for x in (o, gate)]
+        norm.zero_grad(), proj.zero_grad()
+        saved = []
+        with linattn.settings(fused_backend=fused_backend), autocast, \
+                torch.autograd.graph.saved_tensors_hooks(lambda t, saved=saved: saved.append(t) or t, lambda t: t):
+            out = fn(*leaves)
+        out.float().square().sum().backward()
+        results.append((out, *[x.grad for x in leaves if x is not None], norm.weight.grad, proj.weight.grad,
+                        len(saved)))
+    (*plain, n_plain), (*fused_, n_fused) = results
+    for a, b in zip(plain, fused_):
+        assert a.dtype == b.dtype
+        # bit for bit in PyTorch; the Triton norm's weight gradient sums its partials in another order
+        assert torch.equal(a, b) or rel_rmse(b, a) < 1e-5
+    assert n_fused < n_plain

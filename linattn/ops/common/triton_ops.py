@@ -152,8 +152,9 @@ def gated_rnn_backend(name: str, forward: Callable, backward: Callable, saved_li
 
 
 def _pad_saved(q: torch.Tensor, saved) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exactly two tensors: what the forward kept, then empty tensors (custom ops have a fixed number of outputs)."""
-    saved = [x for x in saved if x is not None]
+    """Exactly two tensors: what the forward kept in its places (an empty tensor for a None, which the backward
+    recomputes), then empty tensors (custom ops have a fixed number of outputs)."""
+    saved = [q.new_empty(0) if x is None else x for x in saved]
     if len(saved) > 2:
         raise ValueError(f"a gated RNN forward may keep at most two tensors, got {len(saved)}")
     return tuple(saved) + tuple(q.new_empty(0) for _ in range(2 - len(saved)))

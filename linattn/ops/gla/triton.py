@@ -60,7 +60,9 @@ batch-head); the reverse scan of state gradients; the inter-chunk gradients (dv,
 of dq and dk, dL; a program per chunk and batch-head, looping over value blocks); the intra-chunk
 gradients (dq, dk and dg; a program per key block, chunk and batch-head, looping over its sub-chunks
 backwards, each against the other sub-chunks block by block).
-When a backward pass can follow, the forward keeps the states and A for it (recomputed otherwise). Block
+When a backward pass can follow, the forward keeps A for it (recomputed otherwise); the chunk states are
+recomputed by the backward pass (one state scan): kept, they would be the largest tensor of a layer's activations
+(B*H*N*K*V, twice q's size for K = V = 128 and chunks of 64), held in every layer until its backward pass. Block
 shapes depend on the head dims and the chunk size only, never on T (T is not specialised on)."""
 
 from __future__ import annotations
@@ -432,9 +434,11 @@ def _scores(q, k, g, scale, C):
 
 
 def gla_triton_forward(q, k, v, g, scale, initial_state, C, keep=False, cu_chunks=None):
-    """Forward pass: (o, final state float32), and with ``keep`` also the chunk states h and the intra-chunk scores A
-    for the backward pass (input dtype; h is B*H*N*K*V, A B*T*H*C: reading them back is cheaper than the two kernels
-    that recompute them). Inputs contiguous [B, T, H, *]; g [B, T, H, K] float32, bf16 or fp16. ``cu_chunks``:
+    """Forward pass: (o, final state float32), and with ``keep`` also (None, the intra-chunk scores A) for the
+    backward pass (A in the input dtype, B*T*H*C: reading it back is cheaper than the kernel that recomputes it).
+    The chunk states h are not kept: B*H*N*K*V is V / C times q's size, held from the forward pass to the backward
+    pass in every layer, and the backward pass recomputes them with one state scan (as simple_gla's does).
+    Inputs contiguous [B, T, H, *]; g [B, T, H, K] float32, bf16 or fp16. ``cu_chunks``:
     packed sequences in the chunk-aligned layout (common/packed_call.py); only the state scans read it, every
     other kernel works chunk by chunk (the chunk-local gate gradient needs no change)."""
     B, T, H, K = q.shape
@@ -446,7 +450,7 @@ def gla_triton_forward(q, k, v, g, scale, initial_state, C, keep=False, cu_chunk
     _output_kernel[(cdiv(V, BV), cdiv(T, C), B * H)](
         q=q, v=v, g=g, h=h, A=A, o=o, scale=scale, T=T, H=H, K=K, V=V, C=C, BK=_block(K), BV=BV, **_prec(q),
         **_options(q, "out"))
-    return (o, ht, h, A) if keep else (o, ht)
+    return (o, ht, None, A) if keep else (o, ht)
 
 
 def gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, saved=(None, None), cu_chunks=None):
@@ -483,10 +487,9 @@ def gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, saved=(Non
 
 
 def _saved_like(q, k, v, g, C):
-    """Empty tensors shaped like the forward's kept (h, A), for tracing."""
+    """Empty tensors shaped like the forward's kept (h, A), for tracing: h is not kept (an empty tensor)."""
     B, T, H, K = q.shape
-    N = cdiv(T, C)
-    return (q.new_empty(B, H, N, K, v.shape[-1], dtype=chunk_state_dtype(k)), q.new_empty(B, T, H, C))
+    return (q.new_empty(0), q.new_empty(B, T, H, C))
 
 
 gla_triton = gated_rnn_backend("gla_triton", gla_triton_forward, gla_triton_backward, _saved_like)

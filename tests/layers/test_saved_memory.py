@@ -1,0 +1,99 @@
+"""What the layers keep for the backward pass: with ShortConvs, the conv outputs and q, k, v made of them are
+recomputed in the backward pass (layers/base.py, ConvOutputs) and the output norm's result is (layers/norms.py,
+norm_gate_project); the gradients are those of autograd keeping them, bit for bit, on the PyTorch and the Triton
+backends, under autocast, and with packed sequences.
+
+The Triton cases run on CUDA when present, else on the CPU through Triton's interpreter (tests/conftest.py)."""
+
+import pytest
+import torch
+
+import linattn
+from linattn.layers.base import MixerLayer
+from linattn.layers.registry import list_mixers, mixer_class
+from linattn.ops.common.triton_compat import triton_available
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+CONV_MIXERS = [m for m in list_mixers() if issubclass(mixer_class(m), MixerLayer)
+               and mixer_class(m).default_short_conv and mixer_class(m).streams is MixerLayer.streams]
+
+
+def _grads(layer, x, recompute: bool, monkeypatch, **kw):
+    monkeypatch.setattr(MixerLayer, "recomputes_conv_outputs",
+                        (lambda self, cache: MixerLayer.__dict__["_orig"](self, cache)) if recompute
+                        else (lambda self, cache: False))
+    layer.zero_grad()
+    x = x.detach().clone().requires_grad_(True)
+    y, _ = layer(x, use_cache=False, **kw)
+    y.float().square().sum().backward()
+    return [y.detach(), x.grad, *[p.grad for p in layer.parameters()]]
+
+
+@pytest.fixture(autouse=True)
+def _orig(monkeypatch):
+    monkeypatch.setattr(MixerLayer, "_orig", MixerLayer.recomputes_conv_outputs, raising=False)
+
+
+@pytest.mark.parametrize("mixer", CONV_MIXERS)
+def test_recomputed_conv_outputs_give_the_same_gradients(mixer, monkeypatch):
+    torch.manual_seed(0)
+    layer = mixer_class(mixer)(32, 2)
+    x = torch.randn(2, 37, 32)
+    assert layer.recomputes_conv_outputs(None) and not layer.recomputes_conv_outputs(object())
+    kept, recomputed = (_grads(layer, x, r, monkeypatch) for r in (False, True))
+    for a, b in zip(kept, recomputed):
+        assert (a is None and b is None) or torch.equal(a, b)
+
+
+@pytest.mark.triton
+@pytest.mark.skipif(not triton_available(), reason="triton not installed")
+@pytest.mark.parametrize("mixer", ["gated_delta_rule", "mamba2", "comba"])
+@pytest.mark.parametrize("packed", [False, True])
+def test_recomputed_on_the_triton_backends_under_autocast(mixer, packed, monkeypatch):
+    torch.manual_seed(0)
+    layer = mixer_class(mixer)(32, 2, head_dim=16).to(DEVICE)
+    B, kw = (1, {"cu_seqlens": torch.tensor([0, 20, 70], device=DEVICE)}) if packed else (2, {})
+    x = torch.randn(B, 70, 32, device=DEVICE)
+    with linattn.settings(op_backend="triton", shortconv_backend="triton", fused_backend="triton"), \
+            torch.autocast(DEVICE, dtype=torch.bfloat16):
+        kept, recomputed = (_grads(layer, x, r, monkeypatch, **kw) for r in (False, True))
+    for a, b in zip(kept, recomputed):
+        assert (a is None and b is None) or torch.equal(a, b)
+
+
+@pytest.mark.triton
+@pytest.mark.skipif(not triton_available(), reason="triton not installed")
+def test_what_a_conv_layer_keeps():
+    """gated_delta_rule keeps its input, the joint projection (the ShortConvs' input), the output norm's input and
+    gate, and the op's small tensors: no conv output, no q, k, v."""
+    from linattn.bench.saved_tensors import record_saved
+
+    torch.manual_seed(0)
+    layer = mixer_class("gated_delta_rule")(32, 2).to(DEVICE)
+    x = torch.randn(2, 37, 32, device=DEVICE, requires_grad=True) * 1  # not a leaf: a block's input
+    with linattn.settings(op_backend="triton", shortconv_backend="triton", fused_backend="triton"):
+        saved = [s for s in record_saved(layer, lambda: layer(x, use_cache=False)[0]) if not s.weight]
+    big = sorted(s.nbytes // 4 for s in saved if s.nbytes >= 2 * 37 * 32 * 4)
+    # x, o and the gate (2 x 37 x 32 each), the joint projection (32 * 3 + 2 + 2 wide), the op's Tm (chunks of 64)
+    assert big == [2 * 37 * 32] * 3 + [2 * 37 * 100, 2 * 37 * 2 * 64], big
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_inside_activation_checkpointing(reentrant):
+    """A layer run under torch.utils.checkpoint (the hooks nest) gives the gradients of a plain run."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    layer = mixer_class("gated_delta_rule")(32, 2)
+    x0 = torch.randn(2, 37, 32)
+    grads = []
+    for ck in (False, True):
+        layer.zero_grad()
+        x = x0.clone().requires_grad_(True)
+        run = lambda t: layer(t, use_cache=False)[0]  # noqa: E731
+        y = checkpoint(run, x, use_reentrant=reentrant) if ck else run(x)
+        y.square().sum().backward()
+        grads.append([x.grad, *[p.grad for p in layer.parameters()]])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
