@@ -30,13 +30,7 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
 def rms_norm_gated(o: torch.Tensor, norm: nn.RMSNorm, gate: torch.Tensor | None) -> torch.Tensor:
     """``norm(o)`` over the last dim (a head's channels), times SiLU(gate) (``gate`` shaped like o) when given.
     Returns the gate's dtype (o's without a gate) on the Triton path; PyTorch's follows autocast."""
-    if use_fused_kernels(o):
-        from .norms_triton import rms_norm_gated_triton
-
-        eps = norm.eps if norm.eps is not None else torch.finfo(torch.float32).eps
-        return rms_norm_gated_triton(o, norm.weight, gate, eps)
-    y = norm(o)
-    return y if gate is None else y * F.silu(gate)
+    return _norm_gate(o, norm.weight, norm.eps, gate)
 
 
 def _norm_gate(o: torch.Tensor, weight: torch.Tensor, eps: float | None, gate: torch.Tensor | None) -> torch.Tensor:

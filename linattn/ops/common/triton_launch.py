@@ -107,11 +107,6 @@ class FastKernel:
                 return None, ()
         return values, tuple((k, v) for k, v in kwargs.items() if k not in self.name_set)
 
-    def _key(self, values: list, options: tuple) -> tuple | None:
-        """The launch key of these values and options (None: a kind the key does not cover)."""
-        plan = self._plan(values, options)
-        return None if plan is None else plan[0]
-
     def _plan(self, values: list, options: tuple) -> tuple[tuple, list] | None:
         """(launch key, the values as the compiled launcher takes them: each tensor as its address), or None
         for an argument of a kind the key does not cover."""
