@@ -222,6 +222,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile-scope", default="model", choices=["model", "blocks"], help="compiled mode: "
                    "torch.compile(model), or each block (identical blocks share one graph: a fraction of the "
                    "compile time)")
+    p.add_argument("--compile-mode", default="default",
+                   choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
+                   help="torch.compile mode of the compiled mode (reduce-overhead: the step's graphs replayed as "
+                   "CUDA graphs, no host time per kernel)")
     p.add_argument("--profile", action="store_true", help="profile one training step per row: top kernels, "
                    "kernel time vs wall time")
     p.add_argument("--decode-batch", help="comma-separated decoding batch sizes (cuda default 1,16)")

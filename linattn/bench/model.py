@@ -86,6 +86,7 @@ class ModelBenchPlan:
     decode_tokens: int
     decode_path: str
     seed: int = 0
+    compile_mode: str = "default"
     packed: bool = False
     doc_lengths: tuple[int, int] = (64, 4096)
 
@@ -100,6 +101,7 @@ class ModelBenchPlan:
                 "n_layers": self.n_layers, "n_heads": self.n_heads, "vocab_size": self.vocab_size,
                 "mixer_kwargs": self.mixer_kwargs, "steps": self.steps, "warmup": self.warmup,
                 "compile_backend": self.compile_backend, "compile_scope": self.compile_scope,
+                "compile_mode": self.compile_mode,
                 "decode_tokens": self.decode_tokens, "seed": self.seed, "doc_lengths": list(self.doc_lengths)}
 
     def lists(self) -> dict:
@@ -211,7 +213,7 @@ def plan_from_args(args: argparse.Namespace) -> ModelBenchPlan:
         n_layers=pick("layers"), n_heads=pick("heads"), vocab_size=pick("vocab"), mixer_kwargs=kwargs,
         shapes=[] if args.no_train else parse_shapes(pick("shapes")), modes=modes, steps=pick("steps"),
         warmup=pick("warmup"), compile_backend=args.compile_backend,
-        compile_scope=args.compile_scope, profile=args.profile,
+        compile_scope=args.compile_scope, compile_mode=getattr(args, "compile_mode", "default"), profile=args.profile,
         decode_batches=[] if args.no_decode else parse_ints(pick("decode_batch"), "--decode-batch"),
         decode_contexts=parse_ints(pick("decode_context"), "--decode-context"),
         decode_tokens=pick("decode_tokens"), decode_path=args.decode_path, seed=args.seed,
@@ -334,21 +336,25 @@ def _graph_break_count() -> int | None:
 
 
 COMPILE_SCOPES = ("model", "blocks")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
-def compile_model(model: CausalLM, backend: str, scope: str = "model") -> Callable:
+def compile_model(model: CausalLM, backend: str, scope: str = "model", mode: str = "default") -> Callable:
     """``torch.compile(model)`` ("model": one graph of the whole forward), or each block compiled in place
     ("blocks": identical blocks share one compiled graph, so compiling takes about one block's time; the
-    embedding, final norm and LM head stay eager). Dynamo's cache is reset first: entries of earlier models
-    would count towards the recompile limit, past which Dynamo silently runs eager."""
+    embedding, final norm and LM head stay eager), in torch.compile's ``mode`` (:data:`COMPILE_MODES`). Dynamo's
+    cache is reset first: entries of earlier models would count towards the recompile limit, past which Dynamo
+    silently runs eager."""
     if scope not in COMPILE_SCOPES:
         raise ValueError(f"compile scope must be one of {', '.join(COMPILE_SCOPES)}, got {scope!r}")
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"compile mode must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
     torch.compiler.reset()
     if scope == "blocks":
         for block in model.blocks:
-            block.compile(backend=backend)
+            block.compile(backend=backend, mode=None if mode == "default" else mode)
         return model
-    return torch.compile(model, backend=backend)
+    return torch.compile(model, backend=backend, mode=None if mode == "default" else mode)
 
 
 def first_compiled_step(step: Callable[[], None], device: torch.device) -> tuple[float, int | None]:
@@ -359,9 +365,10 @@ def first_compiled_step(step: Callable[[], None], device: torch.device) -> tuple
     return seconds, None if after is None or before is None else after - before
 
 
-def time_steps(step: Callable[[], None], plan: ModelBenchPlan) -> tuple[float, float | None]:
+def time_steps(step: Callable[[], None], plan: ModelBenchPlan, graphs: bool = False) -> tuple[float, float | None]:
     """(median ms of ``plan.steps`` steps after ``plan.warmup`` untimed ones, CUDA peak GiB over the timed
-    steps or None on the CPU)."""
+    steps or None on the CPU). ``graphs``: the step replays CUDA graphs (compile mode reduce-overhead), whose
+    replays allocate nothing: the peak is then the memory reserved, which holds the graphs' memory pools."""
     for _ in range(plan.warmup):
         step()
     cuda = plan.device.type == "cuda"
@@ -369,7 +376,10 @@ def time_steps(step: Callable[[], None], plan: ModelBenchPlan) -> tuple[float, f
         torch.cuda.synchronize(plan.device)
         torch.cuda.reset_peak_memory_stats(plan.device)
     ms = median_ms(step, plan.device, repeats=plan.steps, warmup=0)
-    return ms, torch.cuda.max_memory_allocated(plan.device) / GIB if cuda else None
+    if not cuda:
+        return ms, None
+    peak = torch.cuda.max_memory_reserved if graphs else torch.cuda.max_memory_allocated
+    return ms, peak(plan.device) / GIB
 
 
 def _train_once(plan: ModelBenchPlan, row: TrainRow) -> None:
@@ -379,7 +389,7 @@ def _train_once(plan: ModelBenchPlan, row: TrainRow) -> None:
     optimizer = make_optimizer(model, plan.device)
     gen = torch.Generator().manual_seed(plan.seed)
     compiled = row.mode == "compiled"
-    net = compile_model(model, plan.compile_backend, plan.compile_scope) if compiled else model
+    net = compile_model(model, plan.compile_backend, plan.compile_scope, plan.compile_mode) if compiled else model
     if row.layout == "packed":  # the same tokens per step, as documents along one row; a new packing each step
         tokens = row.batch * row.seq_len
         ids = torch.randint(0, plan.vocab_size, (1, tokens + 1), generator=gen).to(plan.device)
@@ -393,7 +403,8 @@ def _train_once(plan: ModelBenchPlan, row: TrainRow) -> None:
         step = make_train_step(net, optimizer, ids, plan.device, plan.dtype)
     if compiled:  # compile time apart, and out of the timing
         row.compile_s, row.graph_breaks = first_compiled_step(step, plan.device)
-    row.ms_per_step, row.peak_gib = time_steps(step, plan)
+    graphs = compiled and plan.compile_mode == "reduce-overhead"
+    row.ms_per_step, row.peak_gib = time_steps(step, plan, graphs)
     row.tokens_per_s = row.batch * row.seq_len / (row.ms_per_step / 1e3)
     if plan.profile:
         row.profile = profile_step(step, plan.device, row.ms_per_step)

@@ -21,7 +21,7 @@ import triton.language as tl
 
 from ..ops.common.triton_compat import patch_interpreter
 from ..ops.common.triton_launch import fast_launch
-from ..ops.common.triton_ops import eager_backward, eager_function, use_custom_op
+from ..ops.common.triton_ops import define_op, eager_backward, op_function
 from ..ops.common.triton_utils import cdiv, next_power_of_2
 
 patch_interpreter()
@@ -99,19 +99,19 @@ def _gate_bwd(a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, dg: t
     return da, part[:, 1].sum(0).to(a_log.dtype), part[:, 0].sum(0).to(dt_bias.dtype)
 
 
-_fwd_op = torch.library.custom_op("linattn::mamba_gate_fwd", _gate_fwd, mutates_args=())
-_bwd_op = torch.library.custom_op("linattn::mamba_gate_bwd", _gate_bwd, mutates_args=())
-
-
-@_fwd_op.register_fake
-def _(a, a_log, dt_bias):
+def _fwd_fake(a, a_log, dt_bias):
     g = a.new_empty(a.shape, dtype=torch.float32)
     return g, torch.empty_like(g)
 
 
-@_bwd_op.register_fake
-def _(a, a_log, dt_bias, dg, ddt):
+_fwd_op = define_op("mamba_gate_fwd", _gate_fwd, _fwd_fake)
+
+
+def _bwd_fake(a, a_log, dt_bias, dg, ddt):
     return torch.empty_like(a), torch.empty_like(a_log), torch.empty_like(dt_bias)
+
+
+_bwd_op = define_op("mamba_gate_bwd", _gate_bwd, _bwd_fake)
 
 
 def _setup(ctx, inputs, output):
@@ -125,13 +125,11 @@ def _backward(ctx, dg, ddt):
     return run(a, a_log, dt_bias, dg, None if ddt is None else ddt.contiguous())
 
 
-_fwd_op.register_autograd(_backward, setup_context=_setup)
-_Eager = eager_function("MambaGateTriton", _gate_fwd, _setup, _backward)
+_differentiable = op_function("MambaGateTriton", _gate_fwd, _fwd_op, _setup, _backward)
 
 
 def mamba_gate_triton(a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """(g, dt) float32 shaped like a [..., H]: dt = softplus(a + dt_bias), g = -exp(A_log) dt (module docstring)."""
     a = a.contiguous()
-    run = _fwd_op if use_custom_op(a) else _Eager.apply
-    return run(a, a_log.contiguous(), dt_bias.contiguous())
+    return _differentiable(a, a_log.contiguous(), dt_bias.contiguous())

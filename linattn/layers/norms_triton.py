@@ -23,7 +23,7 @@ import triton.language as tl
 
 from ..ops.common.triton_compat import patch_interpreter
 from ..ops.common.triton_launch import fast_launch
-from ..ops.common.triton_ops import eager_backward, eager_function, use_custom_op
+from ..ops.common.triton_ops import define_op, eager_backward, op_function
 from ..ops.common.triton_utils import cdiv, next_power_of_2
 
 patch_interpreter()
@@ -129,18 +129,18 @@ def _l2norm_bwd(y: torch.Tensor, r: torch.Tensor, dy: torch.Tensor, eps: float) 
     return dx
 
 
-_l2norm_fwd_op = torch.library.custom_op("linattn::l2norm_fwd", _l2norm_fwd, mutates_args=())
-_l2norm_bwd_op = torch.library.custom_op("linattn::l2norm_bwd", _l2norm_bwd, mutates_args=())
-
-
-@_l2norm_fwd_op.register_fake
-def _(x, eps):
+def _l2norm_fwd_fake(x, eps):
     return torch.empty_like(x), x.new_empty(x.shape[:-1], dtype=torch.float32)
 
 
-@_l2norm_bwd_op.register_fake
-def _(y, r, dy, eps):
+_l2norm_fwd_op = define_op("l2norm_fwd", _l2norm_fwd, _l2norm_fwd_fake)
+
+
+def _l2norm_bwd_fake(y, r, dy, eps):
     return torch.empty_like(y)
+
+
+_l2norm_bwd_op = define_op("l2norm_bwd", _l2norm_bwd, _l2norm_bwd_fake)
 
 
 def _l2norm_setup(ctx, inputs, output):
@@ -155,15 +155,14 @@ def _l2norm_backward(ctx, dy, dr):
     return run(y, r, dy.contiguous(), ctx.eps), None
 
 
-_l2norm_fwd_op.register_autograd(_l2norm_backward, setup_context=_l2norm_setup)
-_L2NormEager = eager_function("L2NormTriton", _l2norm_fwd, _l2norm_setup, _l2norm_backward, non_differentiable=(1,))
+_l2norm_differentiable = op_function("L2NormTriton", _l2norm_fwd, _l2norm_fwd_op, _l2norm_setup, _l2norm_backward,
+                              non_differentiable=(1,))
 
 
 def l2norm_triton(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """x / max(||x||, eps) over the last dim (at most 1024 wide), in x's dtype, computed in float32."""
     x = x.contiguous()
-    run = _l2norm_fwd_op if use_custom_op(x) else _L2NormEager.apply
-    return run(x, float(eps))[0]
+    return _l2norm_differentiable(x, float(eps))[0]
 
 
 def _rms_gate_fwd(o: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None, eps: float
@@ -194,20 +193,20 @@ def _rms_gate_bwd(o: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | No
     return do, dw_part.sum(0).to(weight.dtype), dgate
 
 
-_rms_fwd_op = torch.library.custom_op("linattn::rms_norm_gated_fwd", _rms_gate_fwd, mutates_args=())
-_rms_bwd_op = torch.library.custom_op("linattn::rms_norm_gated_bwd", _rms_gate_bwd, mutates_args=())
-
-
-@_rms_fwd_op.register_fake
-def _(o, weight, gate, eps):
+def _rms_fwd_fake(o, weight, gate, eps):
     y = o.new_empty(o.shape, dtype=o.dtype if gate is None else gate.dtype)
     return y, o.new_empty(o.shape[:-1], dtype=torch.float32)
 
 
-@_rms_bwd_op.register_fake
-def _(o, weight, gate, rstd, dy):
+_rms_fwd_op = define_op("rms_norm_gated_fwd", _rms_gate_fwd, _rms_fwd_fake)
+
+
+def _rms_bwd_fake(o, weight, gate, rstd, dy):
     return torch.empty_like(o), torch.empty_like(weight), (torch.empty_like(gate) if gate is not None
                                                            else o.new_empty(0))
+
+
+_rms_bwd_op = define_op("rms_norm_gated_bwd", _rms_gate_bwd, _rms_bwd_fake)
 
 
 def _rms_setup(ctx, inputs, output):
@@ -222,8 +221,8 @@ def _rms_backward(ctx, dy, drstd):
     return do, dw, (dgate if gate is not None else None), None
 
 
-_rms_fwd_op.register_autograd(_rms_backward, setup_context=_rms_setup)
-_RMSGateEager = eager_function("RMSNormGatedTriton", _rms_gate_fwd, _rms_setup, _rms_backward, non_differentiable=(1,))
+_rms_gate_differentiable = op_function("RMSNormGatedTriton", _rms_gate_fwd, _rms_fwd_op, _rms_setup, _rms_backward,
+                               non_differentiable=(1,))
 
 
 def rms_norm_gated_triton(o: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None, eps: float
@@ -232,5 +231,4 @@ def rms_norm_gated_triton(o: torch.Tensor, weight: torch.Tensor, gate: torch.Ten
     float32 arithmetic; returns gate's dtype (o's without a gate)."""
     o = o.contiguous()
     gate = None if gate is None else gate.contiguous()
-    run = _rms_fwd_op if use_custom_op(o) else _RMSGateEager.apply
-    return run(o, weight.contiguous(), gate, float(eps))[0]
+    return _rms_gate_differentiable(o, weight.contiguous(), gate, float(eps))[0]

@@ -31,7 +31,7 @@ import triton.language as tl
 
 from ..ops.common.triton_compat import patch_interpreter
 from ..ops.common.triton_launch import fast_launch
-from ..ops.common.triton_ops import eager_backward, eager_function, use_custom_op
+from ..ops.common.triton_ops import define_op, eager_backward, op_function
 from ..ops.common.triton_utils import cdiv, next_power_of_2
 
 patch_interpreter()
@@ -169,12 +169,11 @@ def _conv_fwd(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.Tensor,
     return y
 
 
-_short_conv_fwd = torch.library.custom_op("linattn::short_conv_fwd", _conv_fwd, mutates_args=())
-
-
-@_short_conv_fwd.register_fake
-def _(x, cache, weight, bias, silu):
+def _short_conv_fwd_fake(x, cache, weight, bias, silu):
     return x.new_empty(x.shape)
+
+
+_short_conv_fwd = define_op("short_conv_fwd", _conv_fwd, _short_conv_fwd_fake)
 
 
 def _conv_bwd(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -208,17 +207,16 @@ def _conv_bwd(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.Tensor,
     return dx, dcache, dw, db
 
 
-_short_conv_bwd = torch.library.custom_op("linattn::short_conv_bwd", _conv_bwd, mutates_args=())
-
-
-@_short_conv_bwd.register_fake
-def _(x, cache, weight, bias, silu, dy):
+def _short_conv_bwd_fake(x, cache, weight, bias, silu, dy):
     B, T, D = x.shape
     W = weight.shape[1]
     has_cache = cache is not None and cache.shape[1] > 0
     dcache = x.new_empty(B, W - 1 if has_cache else 0, D, dtype=x.dtype if cache is None else cache.dtype)
     db = weight.new_empty(D if bias is not None else 0, dtype=weight.dtype if bias is None else bias.dtype)
     return x.new_empty(x.shape), dcache, weight.new_empty(weight.shape), db
+
+
+_short_conv_bwd = define_op("short_conv_bwd", _conv_bwd, _short_conv_bwd_fake)
 
 
 def _setup_context(ctx, inputs, output):
@@ -234,8 +232,7 @@ def _backward(ctx, dy):
     return dx, (dcache if cache is not None else None), dw, (db if bias is not None else None), None
 
 
-_short_conv_fwd.register_autograd(_backward, setup_context=_setup_context)
-_Eager = eager_function("ShortConvTriton", _conv_fwd, _setup_context, _backward)
+_differentiable = op_function("ShortConvTriton", _conv_fwd, _short_conv_fwd, _setup_context, _backward)
 
 
 def causal_conv_triton(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -248,5 +245,4 @@ def causal_conv_triton(x: torch.Tensor, cache: torch.Tensor | None, weight: torc
         raise ValueError(f"ShortConv backend 'triton' needs CUDA tensors, got x on {x.device} "
                          "(set TRITON_INTERPRET=1 to run the kernels on the CPU)")
     cache = None if cache is None else cache.contiguous()
-    run = _short_conv_fwd if use_custom_op(x) else _Eager.apply  # custom ops for torch.compile; eagerly less host time
-    return run(x, cache, weight.contiguous(), bias, bool(silu))
+    return _differentiable(x, cache, weight.contiguous(), bias, bool(silu))

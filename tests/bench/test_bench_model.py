@@ -82,6 +82,17 @@ def test_compiled_mode(tmp_path, scope, modes):
     assert not rows_of(data, "decode")
 
 
+def test_compile_mode_reaches_torch_compile(monkeypatch):
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: seen.append(kwargs) or model)
+    model = torch.nn.Linear(2, 2)
+    bench_model.compile_model(model, "inductor", "model", "reduce-overhead")
+    bench_model.compile_model(model, "inductor")
+    assert seen == [{"backend": "inductor", "mode": "reduce-overhead"}, {"backend": "inductor", "mode": None}]
+    with pytest.raises(ValueError, match="compile mode must be one of"):
+        bench_model.compile_model(model, "inductor", "model", "fastest")
+
+
 def test_resume_measures_only_missing_rows(tmp_path, monkeypatch):
     run(tmp_path, "--mixers", "gla", "--no-decode")
     measured = []

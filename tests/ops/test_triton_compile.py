@@ -1,5 +1,5 @@
-"""The Triton backends are torch.library custom ops: torch.compile traces them without graph breaks
-(fullgraph=True), forward and backward, and gives the eager numbers."""
+"""The Triton backends are ops registered with torch.library inside autograd Functions: torch.compile traces them
+without graph breaks (fullgraph=True), forward and backward, and gives the eager numbers."""
 
 import pytest
 import torch
@@ -33,9 +33,38 @@ def test_compiles_without_graph_breaks(op):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_one_tensor_at_two_inputs_compiles():
+    """q = k: Dynamo does not trace an autograd Function given one tensor twice; the call passes a view instead."""
+    torch._dynamo.reset()
+    spec = get_op("gated_delta_rule")
+    inputs = spec.example_inputs(1, 24, 2, 16, 16, device=DEVICE)
+    x = inputs.pop("q").detach().clone().requires_grad_(True)
+    inputs.pop("k")
+
+    def loss(x):
+        o, _ = spec.fn(x, x, **inputs, backend="triton", chunk_size=16)
+        return o.float().square().sum()
+
+    want = torch.autograd.grad(loss(x), x)[0]
+    got = torch.autograd.grad(torch.compile(loss, fullgraph=True, backend="aot_eager")(x), x)[0]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_registered_ops_have_no_autograd_kernel_to_run():
+    """What a compiled graph calls pays the dispatcher alone: autograd falls through the registered ops (their
+    autograd Function differentiates them), and no torch.library.custom_op wrapper runs Python around them."""
+    import linattn.layers.norms_triton  # noqa: F401
+    import linattn.layers.shortconv_triton  # noqa: F401
+
+    for name in ("gated_delta_rule_triton_fwd", "gated_delta_rule_triton_bwd", "gla_triton_fwd", "short_conv_fwd",
+                 "rms_norm_gated_bwd", "l2norm_fwd", "relayout"):
+        assert torch._C._dispatch_kernel_for_dispatch_key_is_fallthrough(f"linattn::{name}",
+                                                                          torch._C.DispatchKey.Autograd), name
+
+
 @pytest.mark.parametrize("with_cache", [False, True])
 def test_short_conv_compiled_equals_eager(with_cache):
-    """Eagerly ShortConv's kernels run through an autograd Function, compiled through the custom ops: same numbers."""
+    """Eagerly ShortConv's Function calls the kernels' implementations, compiled the registered ops: same numbers."""
     from linattn.layers.shortconv_triton import causal_conv_triton
 
     gen = torch.Generator().manual_seed(0)

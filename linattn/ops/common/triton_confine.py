@@ -25,7 +25,7 @@ import triton.language as tl
 from .triton_compat import patch_interpreter
 from .triton_launch import fast_launch
 from .triton_masking import is_finite
-from .triton_ops import eager_function
+from .triton_ops import op_function
 from .triton_utils import cdiv, next_power_of_2
 
 patch_interpreter()
@@ -110,14 +110,14 @@ def _pass_through(ctx, dk, dv, dbad):
     return dk, dv
 
 
-_FiniteKeysValues = eager_function("_FiniteKeysValues", _finite_kv_forward, lambda ctx, inputs, output: None,
+_finite_kv_differentiable = op_function("_FiniteKeysValues", _finite_kv_forward, None, lambda ctx, inputs, output: None,
                                    _pass_through, non_differentiable=(2,))
 
 
 def finite_keys_values(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(k's finite part, v's finite part, bad [B, Tk, Hkv] int8: row (b, t, h) of k or v holds a NaN or inf) for
     k [B, Tk, Hkv, K], v [B, Tk, Hkv, V]; differentiable in k and v (module docstring)."""
-    return _FiniteKeysValues.apply(k, v)
+    return _finite_kv_differentiable(k, v)
 
 
 def _fill_rows(o: torch.Tensor, bad: torch.Tensor, causal: bool, fill: float) -> torch.Tensor:

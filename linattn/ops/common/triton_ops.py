@@ -1,4 +1,15 @@
-"""Turning a gated linear RNN's Triton forward and backward into a differentiable backend.
+"""Turning Triton forwards and backwards into differentiable backends that torch.compile traces without breaks.
+
+Every Triton op of the library is two Python implementations (forward, backward) plus autograd rules:
+
+- :func:`define_op` registers an implementation with the dispatcher as ``linattn::<name>``: one kernel for every
+  device and a fake kernel for tracing, nothing else. A compiled graph calls it at the cost of the dispatcher alone
+  (no ``torch.library.custom_op`` wrapper: its generated autograd kernel and alias checks run Python on every call,
+  about 10 us more per call on a 2-core CPU host and more on a GPU host, and a layer makes about 16 calls per
+  training step).
+- :func:`op_function` wires autograd with a ``torch.autograd.Function`` that calls the implementations directly
+  when eager (the least host time) and the registered ops under ``torch.compile`` or for tensor subclasses, which
+  Dynamo traces as a forward and a backward graph of opaque ops.
 
 simple_gla and gla share the calling convention ``forward(q, k, v, g, scale, initial_state, C, keep, cu_chunks)
 -> (o, final_state, *saved)`` and ``backward(q, k, v, g, scale, initial_state, C, do, d_final_state, saved,
@@ -6,13 +17,7 @@ cu_chunks) -> (dq, dk, dv, dg, d_initial_state)`` (``cu_chunks``: packed sequenc
 :func:`gated_rnn_backend`): with ``keep`` (a backward pass will follow) the forward may return up to two intermediate
 tensors (``saved``; e.g. gla's chunk states and intra-chunk scores) that the backward then reads
 instead of recomputing them; ``saved`` holds None where nothing was kept. :func:`gated_rnn_backend` registers the
-two as ``torch.library`` custom ops (so ``torch.compile`` graphs do not break on them), wires autograd, and
-returns the ``backend="triton"`` implementation with the op's keyword signature.
-
-Eagerly, the same forward and backward run through a plain ``torch.autograd.Function`` (:func:`eager_function`)
-instead: a custom op's Python dispatch (schema binding, alias checks, the generated autograd wrapper) costs about
-0.3 ms of host time per forward and backward on an H100 host, more than the kernels of a short sequence take on
-the device. Under ``torch.compile`` the custom ops are called, so graphs see opaque ops with fake kernels.
+two and returns the ``backend="triton"`` implementation with the op's keyword signature.
 """
 
 from __future__ import annotations
@@ -24,36 +29,76 @@ import torch
 from .checks import CHUNK_SIZES
 from .packed_call import chunk_layout, current_packing
 
+LIBRARY = torch.library.Library("linattn", "FRAGMENT")
 
-def eager_function(name: str, forward: Callable, setup_context: Callable, backward: Callable,
-                   non_differentiable: tuple[int, ...] = ()) -> type[torch.autograd.Function]:
-    """A ``torch.autograd.Function`` that runs ``forward(*inputs)`` (a custom op's implementation, not the op),
-    then ``setup_context(ctx, inputs, output)`` and, in the backward pass, ``backward(ctx, *grads)``: the same
-    rules the custom op registers with ``register_autograd``. Outputs at ``non_differentiable`` (tensors kept
-    for the backward pass) get no gradient; gradients of unused outputs arrive as None."""
+
+def define_op(name: str, implementation: Callable, fake: Callable) -> torch._ops.OpOverload:
+    """Register ``implementation`` (type-hinted; returns new tensors, mutates none) as ``linattn::<name>`` for
+    every device, with ``fake`` (same arguments: empty tensors of the outputs' shapes) for tracing; return the
+    op to call. Autograd falls through the op (outputs never require grad): :func:`op_function` differentiates
+    it."""
+    schema = torch.library.infer_schema(implementation, mutates_args=())
+    LIBRARY.define(name + schema)
+    LIBRARY.impl(name, implementation, "CompositeExplicitAutograd")
+    # autograd passes straight through (the op's Function differentiates it; no fallback kernel runs per call)
+    LIBRARY.impl(name, torch.library.fallthrough_kernel, "Autograd")
+    torch.library.register_fake(f"linattn::{name}", fake, lib=LIBRARY)
+    return getattr(torch.ops.linattn, name).default
+
+
+def op_function(name: str, forward: Callable, forward_op: Callable | None, setup_context: Callable,
+                backward: Callable, non_differentiable: tuple[int, ...] = ()) -> Callable:
+    """A differentiable call: a ``torch.autograd.Function`` that runs ``forward(*inputs)`` eagerly, or
+    ``forward_op(*inputs)`` (the same implementation registered by :func:`define_op`; None: always ``forward``)
+    under torch.compile and for tensor subclasses, then ``setup_context(ctx, inputs, output)`` and, in the backward
+    pass, ``backward(ctx, *grads)``, which calls the backward implementation or its op as :func:`eager_backward`
+    says. Outputs at ``non_differentiable`` (tensors kept for the backward pass) get no gradient; gradients of
+    unused outputs arrive as None."""
 
     def fwd(ctx, *inputs):
-        output = forward(*inputs)
+        eager = forward_op is None or not any(isinstance(x, torch.Tensor) and use_custom_op(x) for x in inputs)
+        output = (forward if eager else forward_op)(*inputs)
         setup_context(ctx, inputs, output)
-        ctx.eager = True  # the backward rule then runs the backward implementation, not the custom op
+        ctx.eager = eager
         ctx.set_materialize_grads(False)
-        ctx.mark_non_differentiable(*(output[i] for i in non_differentiable))
+        if non_differentiable:  # (Dynamo expects a tuple of outputs once this is called, even with nothing)
+            ctx.mark_non_differentiable(*(output[i] for i in non_differentiable))
         return output
 
-    return type(name, (torch.autograd.Function,), {"forward": staticmethod(fwd),
-                                                    "backward": staticmethod(backward)})
+    function = type(name, (torch.autograd.Function,), {"forward": staticmethod(fwd),
+                                                        "backward": staticmethod(backward)})
+
+    def call(*inputs):
+        if torch.compiler.is_compiling():
+            inputs = distinct_tensors(inputs)
+        return function.apply(*inputs)
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+def distinct_tensors(inputs: tuple | list) -> list:
+    """``inputs`` with a view in place of each tensor that appeared earlier in them: Dynamo does not trace an
+    autograd Function given one tensor at two inputs (q = k in a test, or packing x, g, x); a view is another
+    tensor to it, and gradients flow through it."""
+    out = []
+    for x in inputs:
+        if isinstance(x, torch.Tensor) and any(x is y for y in out):
+            x = x.view_as(x)
+        out.append(x)
+    return out
 
 
 def use_custom_op(x: torch.Tensor) -> bool:
-    """Whether a call on ``x`` goes through the custom op: under torch.compile, and for tensor subclasses (fake
-    tensors of other tracers, functional tensors); plain eager tensors take the autograd Function."""
+    """Whether a call on ``x`` goes through the registered op: under torch.compile, and for tensor subclasses
+    (fake tensors of other tracers, functional tensors); plain eager tensors call the implementation."""
     return torch.compiler.is_compiling() or type(x) is not torch.Tensor
 
 
 def eager_backward(ctx) -> bool:
-    """Whether a backward rule runs for :func:`eager_function` (call the implementation) rather than for the custom
-    op's registered autograd (call the backward custom op)."""
-    return getattr(ctx, "eager", False)
+    """Whether a backward rule of an :func:`op_function` calls the backward implementation (the forward ran eagerly)
+    rather than its registered op (the forward ran the op: torch.compile, tensor subclasses)."""
+    return ctx.eager
 
 
 def needs_backward(*tensors: torch.Tensor | None) -> bool:
@@ -89,23 +134,21 @@ def gated_rnn_backend(name: str, forward: Callable, backward: Callable, saved_li
         saved = tuple(None if x is None or x.numel() == 0 else x for x in (saved0, saved1))
         return backward(q, k, v, g, scale, initial_state, chunk_size, do, dht, saved, cu_chunks=cu_chunks)
 
-    fwd_op = torch.library.custom_op(f"linattn::{name}_fwd", fwd, mutates_args=())
-    bwd_op = torch.library.custom_op(f"linattn::{name}_bwd", bwd, mutates_args=())
-
     def final_state_like(q: torch.Tensor, v: torch.Tensor, cu_chunks: torch.Tensor | None) -> torch.Tensor:
         B, T, H, K = q.shape
         rows = B if cu_chunks is None else cu_chunks.shape[0] - 1
         return q.new_empty(rows, H, K, v.shape[-1], dtype=torch.float32)
 
-    @fwd_op.register_fake
-    def _(q, k, v, g, initial_state, scale, chunk_size, keep=False, cu_chunks=None):
+    def fwd_fake(q, k, v, g, initial_state, scale, chunk_size, keep=False, cu_chunks=None):
         saved = saved_like(q, k, v, g, chunk_size) if keep else ()
         return torch.empty_like(v), final_state_like(q, v, cu_chunks), *_pad_saved(q, saved)
 
-    @bwd_op.register_fake
-    def _(q, k, v, g, initial_state, scale, chunk_size, do, dht, saved0=None, saved1=None, cu_chunks=None):
+    def bwd_fake(q, k, v, g, initial_state, scale, chunk_size, do, dht, saved0=None, saved1=None, cu_chunks=None):
         return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g),
                 final_state_like(q, v, cu_chunks))
+
+    fwd_op = define_op(f"{name}_fwd", fwd, fwd_fake)
+    bwd_op = define_op(f"{name}_bwd", bwd, bwd_fake)
 
     def setup_context(ctx, inputs, output):
         q, k, v, g, initial_state, scale, chunk_size, keep, cu_chunks = inputs
@@ -120,8 +163,7 @@ def gated_rnn_backend(name: str, forward: Callable, backward: Callable, saved_li
                                       None if dht is None else dht.contiguous(), saved0, saved1, cu_chunks)
         return dq, dk, dv, dg, (dh0 if initial_state is not None else None), None, None, None, None
 
-    fwd_op.register_autograd(backward_rule, setup_context=setup_context)
-    eager = eager_function(f"{name}_function", fwd, setup_context, backward_rule, non_differentiable=(2, 3))
+    function = op_function(f"{name}_function", fwd, fwd_op, setup_context, backward_rule, non_differentiable=(2, 3))
 
     def implementation(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, *, scale: float,
                        initial_state: torch.Tensor | None = None, output_final_state: bool = False,
@@ -138,8 +180,8 @@ def gated_rnn_backend(name: str, forward: Callable, backward: Callable, saved_li
             layout = chunk_layout(packing, chunk_size, q.device)
             q, k, v, g = layout.pack_many(q, k, v, g)
             cu_chunks = layout.cu_chunks
-        run = fwd_op if use_custom_op(q) else eager.apply
-        o, ht, _, _ = run(q, k, v, g, s0, float(scale), chunk_size, needs_backward(q, k, v, g, s0), cu_chunks)
+        keep = needs_backward(q, k, v, g, s0)
+        o, ht, _, _ = function(q, k, v, g, s0, float(scale), chunk_size, keep, cu_chunks)
         if packing is not None:
             o = layout.unpack(o)
         return o, (ht if output_final_state else None)

@@ -39,7 +39,7 @@ import triton.language as tl
 
 from .triton_compat import patch_interpreter
 from .triton_launch import fast_launch
-from .triton_ops import use_custom_op
+from .triton_ops import define_op, distinct_tensors, eager_backward, use_custom_op
 from .triton_utils import cdiv, next_power_of_2
 
 patch_interpreter()
@@ -139,43 +139,32 @@ def _relayout_impl(xs: list[torch.Tensor], chunk_rows: torch.Tensor, size: int, 
     return outs
 
 
-_relayout_op = torch.library.custom_op("linattn::relayout", _relayout_impl, mutates_args=())
-
-
-@_relayout_op.register_fake
-def _(xs, chunk_rows, size, chunk_size, to_padded):
+def _relayout_fake(xs, chunk_rows, size, chunk_size, to_padded):
     return [x.new_empty(x.shape[0], size, *x.shape[2:]) for x in xs]
 
 
-def _setup(ctx, inputs, output):
-    xs, chunk_rows, _, chunk_size, to_padded = inputs
-    ctx.save_for_backward(chunk_rows)
-    ctx.rows, ctx.chunk_size, ctx.to_padded = xs[0].shape[1], chunk_size, to_padded
-
-
-def _backward(ctx, grads):
-    """The copy the other way: packing's gradient is read out of the layout, unpacking's written into it."""
-    (chunk_rows,) = ctx.saved_tensors
-    return _relayout_op(list(grads), chunk_rows, ctx.rows, ctx.chunk_size, not ctx.to_padded), None, None, None, None
-
-
-_relayout_op.register_autograd(_backward, setup_context=_setup)
+_relayout_op = define_op("relayout", _relayout_impl, _relayout_fake)
 
 
 class _Relayout(torch.autograd.Function):
-    """The eager copy (a custom op's Python dispatch costs host time per call: triton_ops.py). Gradients of outputs
-    that are not used arrive as zeros (materialised), and their copies give zeros."""
+    """The copy, differentiable: the implementation eagerly, the registered op under torch.compile and for tensor
+    subclasses (triton_ops.py says why). Gradients of outputs that are not used arrive as zeros (materialised),
+    and their copies give zeros."""
 
     @staticmethod
     def forward(ctx, to_padded, chunk_rows, size, chunk_size, *xs):
-        outs = _relayout_impl(list(xs), chunk_rows, size, chunk_size, to_padded)
-        _setup(ctx, (xs, chunk_rows, size, chunk_size, to_padded), outs)
+        ctx.eager = not any(use_custom_op(x) for x in xs)
+        outs = (_relayout_impl if ctx.eager else _relayout_op)(list(xs), chunk_rows, size, chunk_size, to_padded)
+        ctx.save_for_backward(chunk_rows)
+        ctx.rows, ctx.chunk_size, ctx.to_padded = xs[0].shape[1], chunk_size, to_padded
         return tuple(outs)
 
     @staticmethod
     def backward(ctx, *grads):
+        """The copy the other way: packing's gradient is read out of the layout, unpacking's written into it."""
         (chunk_rows,) = ctx.saved_tensors
-        back = _relayout_impl(list(grads), chunk_rows, ctx.rows, ctx.chunk_size, not ctx.to_padded)
+        run = _relayout_impl if eager_backward(ctx) else _relayout_op
+        back = run(list(grads), chunk_rows, ctx.rows, ctx.chunk_size, not ctx.to_padded)
         return None, None, None, None, *back
 
 
@@ -183,8 +172,8 @@ def _relayout(xs: list[torch.Tensor], chunk_rows: torch.Tensor, size: int, chunk
               to_padded: bool) -> list[torch.Tensor]:
     if not xs:
         return []
-    if any(use_custom_op(x) for x in xs):
-        return _relayout_op(list(xs), chunk_rows, size, chunk_size, to_padded)
+    if torch.compiler.is_compiling():
+        xs = distinct_tensors(xs)
     return list(_Relayout.apply(to_padded, chunk_rows, size, chunk_size, *xs))
 
 

@@ -10,8 +10,8 @@ attention over (K, U) (the flash kernels with zero gates). The solve is an autog
 the adjoint kernel (psi = (I + A)^-T dU) and then the flash backward kernels with strict visibility for the kernel
 logits' share of dk (the attention backward with dO = -b psi, O = r; see ``triton_kernels.py``); the attention's
 backward is forgetting_attn's. Memory: U, r (float32) and the log-normalisers are kept: linear in T.
-Both steps are torch.library custom ops with fake kernels (torch.compile(fullgraph=True) traces them) and run
-through plain autograd Functions in eager mode.
+Both steps are ops registered with torch.library, with fake kernels (torch.compile(fullgraph=True) traces them),
+differentiated by autograd Functions that call the implementations directly in eager mode (common/triton_ops.py).
 
 The cache (KVCache of keys and u's) is the past of both the kernel rows and the attention.
 """
@@ -22,7 +22,7 @@ import torch
 
 from ..common.checks import compute_dtype
 from ..common.kv_cache import KVCache
-from ..common.triton_ops import eager_backward, eager_function, use_custom_op
+from ..common.triton_ops import define_op, eager_backward, op_function
 from ..common.triton_utils import block, cdiv, dot_precision, launch_options, launch_overrides, upcast_dots
 from ..forgetting_attn.triton import KERNEL_DTYPES, MAX_HEAD_DIM, fox_attention, fox_backward, fox_forward
 from .triton_kernels import deltaformer_psi_kernel, deltaformer_solve_kernel
@@ -82,12 +82,7 @@ def solve_backward(k_all: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor, U
     return dk.to(dt), psi, dbeta, du_cache
 
 
-_solve_fwd_op = torch.library.custom_op("linattn::deltaformer_solve_fwd", solve_forward, mutates_args=())
-_solve_bwd_op = torch.library.custom_op("linattn::deltaformer_solve_bwd", solve_backward, mutates_args=())
-
-
-@_solve_fwd_op.register_fake
-def _(k_all, v, beta, u_cache, scale):
+def _solve_fwd_fake(k_all, v, beta, u_cache, scale):
     B, Tk, H, _ = k_all.shape
     T, V = v.shape[1], v.shape[-1]
     f32 = torch.float32
@@ -95,10 +90,15 @@ def _(k_all, v, beta, u_cache, scale):
         k_all.new_empty(B, H, T, dtype=f32)
 
 
-@_solve_bwd_op.register_fake
-def _(k_all, beta, lse, U, r, dU, scale):
+_solve_fwd_op = define_op("deltaformer_solve_fwd", solve_forward, _solve_fwd_fake)
+
+
+def _solve_bwd_fake(k_all, beta, lse, U, r, dU, scale):
     return torch.empty_like(k_all), torch.empty_like(r), torch.empty_like(beta), \
         U.new_empty(U.shape[0], U.shape[1] - r.shape[1], *U.shape[2:])
+
+
+_solve_bwd_op = define_op("deltaformer_solve_bwd", solve_backward, _solve_bwd_fake)
 
 
 def _setup_context(ctx, inputs, output):
@@ -116,8 +116,7 @@ def _backward_rule(ctx, dU, dr, dlse):
     return dk, psi.to(ctx.v_dtype), dbeta, du_cache, None
 
 
-_solve_fwd_op.register_autograd(_backward_rule, setup_context=_setup_context)
-_SolveFunction = eager_function("DeltaFormerSolve", solve_forward, _setup_context, _backward_rule,
+_solve_differentiable = op_function("DeltaFormerSolve", solve_forward, _solve_fwd_op, _setup_context, _backward_rule,
                                 non_differentiable=(1, 2))
 
 
@@ -139,8 +138,7 @@ def deltaformer_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: 
     else:
         k_all = k.to(dt).contiguous()
         u_cache = k.new_zeros(B, 0, H, V, dtype=torch.float32)
-    solve = _solve_fwd_op if use_custom_op(k_all) else _SolveFunction.apply
-    U, _, _ = solve(k_all, v.to(dt).contiguous(), beta.float().contiguous(), u_cache, float(scale))
+    U, _, _ = _solve_differentiable(k_all, v.to(dt).contiguous(), beta.float().contiguous(), u_cache, float(scale))
     o = fox_attention(q.to(dt).contiguous(), k_all, U.to(dt), _zero_gates(k_all, H), scale)
     state = None
     if output_final_state:

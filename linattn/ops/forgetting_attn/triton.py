@@ -4,10 +4,10 @@
 
 (and s > t - window_size with a sliding window). The kernels are in ``triton_kernels.py``; this module prepares
 their inputs (RoPE at the cache's offset, the cache prepended, G as a float64 cumulative sum, which autograd
-differentiates into dg = reverse cumulative sum of dG), registers the forward and backward as ``torch.library``
-custom ops with fake kernels (``torch.compile(fullgraph=True)`` traces them) and runs the same pair through a plain
-autograd Function in eager mode (``common/triton_ops.py`` says why). Nothing reads a tensor on the host, so
-decoding steps (one query against the cache) do not synchronise.
+differentiates into dg = reverse cumulative sum of dG), registers the forward and backward with ``torch.library``
+(fake kernels: ``torch.compile(fullgraph=True)`` traces them) and differentiates the pair by an autograd Function
+that calls the implementations directly in eager mode (``common/triton_ops.py`` says why). Nothing reads a tensor
+on the host, so decoding steps (one query against the cache) do not synchronise.
 
 Memory: the forward keeps q, k, v, G, o and the row log-sum-exp; no Tq x Tk tile exists anywhere.
 """
@@ -19,7 +19,7 @@ import torch
 from ..common.checks import compute_dtype
 from ..common.kv_cache import KVCache
 from ..common.positions import apply_rope, rope_config
-from ..common.triton_ops import eager_backward, eager_function, use_custom_op
+from ..common.triton_ops import define_op, eager_backward, op_function
 from ..common.triton_utils import block, cdiv, dot_precision, launch_options, launch_overrides, upcast_dots
 from .triton_kernels import fox_delta_kernel, fox_dkv_kernel, fox_dq_kernel, fox_fwd_kernel
 
@@ -95,19 +95,19 @@ def _bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Tensor, o: 
     return fox_backward(q, k, v, G, o, lse, do, scale, window)
 
 
-_fwd_op = torch.library.custom_op("linattn::forgetting_attn_triton_fwd", _fwd, mutates_args=())
-_bwd_op = torch.library.custom_op("linattn::forgetting_attn_triton_bwd", _bwd, mutates_args=())
-
-
-@_fwd_op.register_fake
-def _(q, k, v, G, scale, window):
+def _fwd_fake(q, k, v, G, scale, window):
     B, Tq, H, _ = q.shape
     return q.new_empty(B, Tq, H, v.shape[-1]), q.new_empty(B, H, Tq, dtype=torch.float32)
 
 
-@_bwd_op.register_fake
-def _(q, k, v, G, o, lse, do, scale, window):
+_fwd_op = define_op("forgetting_attn_triton_fwd", _fwd, _fwd_fake)
+
+
+def _bwd_fake(q, k, v, G, o, lse, do, scale, window):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(G)
+
+
+_bwd_op = define_op("forgetting_attn_triton_bwd", _bwd, _bwd_fake)
 
 
 def _setup_context(ctx, inputs, output):
@@ -124,8 +124,8 @@ def _backward_rule(ctx, do, dlse):
     return dq, dk, dv, dG, None, None
 
 
-_fwd_op.register_autograd(_backward_rule, setup_context=_setup_context)
-_FoxFunction = eager_function("ForgettingAttnTriton", _fwd, _setup_context, _backward_rule, non_differentiable=(1,))
+_fox_differentiable = op_function("ForgettingAttnTriton", _fwd, _fwd_op, _setup_context, _backward_rule,
+                           non_differentiable=(1,))
 KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -133,8 +133,7 @@ def fox_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Te
                   window: int = 0) -> torch.Tensor:
     """Differentiable o of :func:`fox_forward` (kernel dtypes, contiguous; G [B, H, Tk] float64): the custom op
     under torch.compile (and for tensor subclasses), the eager autograd Function otherwise."""
-    run = _fwd_op if use_custom_op(q) else _FoxFunction.apply
-    return run(q, k, v, G, float(scale), int(window))[0]
+    return _fox_differentiable(q, k, v, G, float(scale), int(window))[0]
 
 
 def forgetting_attn_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, *, scale: float,

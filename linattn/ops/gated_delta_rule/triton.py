@@ -51,7 +51,7 @@ from ..common.packed_call import chunk_layout, current_packing
 from ..common.triton_chunk_output import chunk_output_kernel, chunk_state_dtype
 from ..common.triton_launch import fast_launch
 from ..common.triton_masking import causal_dot_rest, is_finite
-from ..common.triton_ops import eager_backward, eager_function, needs_backward, use_custom_op
+from ..common.triton_ops import define_op, eager_backward, needs_backward, op_function
 from ..common.triton_tril import unit_lower_inverse
 from ..common.triton_utils import block as _block
 from ..common.triton_utils import (
@@ -564,19 +564,18 @@ def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | No
     return o, ht, (q.new_empty(0) if tm is None else tm)
 
 
-_fwd_op = torch.library.custom_op("linattn::gated_delta_rule_triton_fwd", _fwd, mutates_args=())
-
-
 def _state_rows(q: torch.Tensor, cu_chunks: torch.Tensor | None) -> int:
     return q.shape[0] if cu_chunks is None else cu_chunks.shape[0] - 1
 
 
-@_fwd_op.register_fake
-def _(q, k, v, g, beta, initial_state, scale, chunk_size, p=None, keep_tm=False, cu_chunks=None):
+def _fwd_fake(q, k, v, g, beta, initial_state, scale, chunk_size, p=None, keep_tm=False, cu_chunks=None):
     B, T, H, K = q.shape
     tm = q.new_empty(B, T, H, chunk_size) if keep_tm else q.new_empty(0)
     return (torch.empty_like(v), q.new_empty(_state_rows(q, cu_chunks), H, K, v.shape[-1], dtype=torch.float32),
             tm)
+
+
+_fwd_op = define_op("gated_delta_rule_triton_fwd", _fwd, _fwd_fake)
 
 
 def _bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, beta: torch.Tensor,
@@ -594,16 +593,15 @@ def _bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | No
             (q.new_empty(0) if dp is None else dp))
 
 
-_bwd_op = torch.library.custom_op("linattn::gated_delta_rule_triton_bwd", _bwd, mutates_args=())
-
-
-@_bwd_op.register_fake
-def _(q, k, v, g, beta, initial_state, scale, chunk_size, do, dht, p=None, tm=None, cu_chunks=None):
+def _bwd_fake(q, k, v, g, beta, initial_state, scale, chunk_size, do, dht, p=None, tm=None, cu_chunks=None):
     B, T, H, K = q.shape
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
             q.new_empty(0) if g is None else torch.empty_like(g), torch.empty_like(beta),
             q.new_empty(_state_rows(q, cu_chunks), H, K, v.shape[-1], dtype=torch.float32),
             q.new_empty(0) if p is None else torch.empty_like(p))
+
+
+_bwd_op = define_op("gated_delta_rule_triton_bwd", _bwd, _bwd_fake)
 
 
 def _setup_context(ctx, inputs, output):
@@ -622,8 +620,7 @@ def _backward(ctx, do, dht, dtm):
             None, None, (dp if p is not None else None), None, None)
 
 
-_fwd_op.register_autograd(_backward, setup_context=_setup_context)
-_Eager = eager_function("GatedDeltaTriton", _fwd, _setup_context, _backward, non_differentiable=(2,))
+_differentiable = op_function("GatedDeltaTriton", _fwd, _fwd_op, _setup_context, _backward, non_differentiable=(2,))
 
 
 def _own_dtype(x: torch.Tensor) -> torch.Tensor:
@@ -669,9 +666,8 @@ def gated_delta_triton(
         q, k, v, g, beta, p = layout.pack_many(q, k, v, g, beta, p)
         cu_chunks = layout.cu_chunks
     # Tm (a [C]-row per token, the input dtype) is kept for the backward pass only when one will follow
-    run = _fwd_op if use_custom_op(q) else _Eager.apply
-    o, ht, _ = run(q, k, v, g, beta, s0, float(scale), chunk_size, p, needs_backward(q, k, v, g, beta, s0, p),
-                   cu_chunks)
+    keep_tm = needs_backward(q, k, v, g, beta, s0, p)
+    o, ht, _ = _differentiable(q, k, v, g, beta, s0, float(scale), chunk_size, p, keep_tm, cu_chunks)
     if packing is not None:
         o = layout.unpack(o)
     state_dtype = torch.float64 if in_dtype == torch.float64 else torch.float32

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ..common.triton_launch import fast_launch
-from ..common.triton_ops import eager_backward, eager_function, use_custom_op
+from ..common.triton_ops import define_op, eager_backward, op_function
 from ..common.triton_utils import cdiv
 from ..simple_gla.triton import simple_gla_triton
 from .feature_maps import apply_feature_map
@@ -131,28 +131,18 @@ def normaliser_backward(q: torch.Tensor, k: torch.Tensor, z0: torch.Tensor | Non
     return dq, dk, dz0
 
 
-@torch.library.custom_op("linattn::linear_attn_normaliser_fwd", mutates_args=())
-def _normaliser_fwd_op(q: torch.Tensor, k: torch.Tensor, z0: torch.Tensor | None, scale: float
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    return normaliser_forward(q, k, z0, scale)
-
-
-@_normaliser_fwd_op.register_fake
-def _(q, k, z0, scale):
+def _normaliser_fwd_fake(q, k, z0, scale):
     B, T, H, K = q.shape
     return q.new_empty(B, T, H, dtype=torch.float32), q.new_empty(B, H, K, dtype=torch.float32)
 
 
-@torch.library.custom_op("linattn::linear_attn_normaliser_bwd", mutates_args=())
-def _normaliser_bwd_op(q: torch.Tensor, k: torch.Tensor, z0: torch.Tensor | None, scale: float, dden: torch.Tensor,
-                       dzt: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return normaliser_backward(q, k, z0, scale, dden, dzt)
-
-
-@_normaliser_bwd_op.register_fake
-def _(q, k, z0, scale, dden, dzt):
+def _normaliser_bwd_fake(q, k, z0, scale, dden, dzt):
     B, T, H, K = q.shape
     return torch.empty_like(q), torch.empty_like(k), q.new_empty(B, H, K, dtype=torch.float32)
+
+
+_normaliser_fwd_op = define_op("linear_attn_normaliser_fwd", normaliser_forward, _normaliser_fwd_fake)
+_normaliser_bwd_op = define_op("linear_attn_normaliser_bwd", normaliser_backward, _normaliser_bwd_fake)
 
 
 def _setup_context(ctx, inputs, output):
@@ -169,8 +159,8 @@ def _backward(ctx, dden, dzt):
     return dq, dk, (dz0 if z0 is not None else None), None
 
 
-_normaliser_fwd_op.register_autograd(_backward, setup_context=_setup_context)
-_NormaliserFunction = eager_function("linear_attn_normaliser_function", normaliser_forward, _setup_context, _backward)
+_normaliser_differentiable = op_function("linear_attn_normaliser_function", normaliser_forward, _normaliser_fwd_op,
+                                  _setup_context, _backward)
 
 
 def normaliser(q: torch.Tensor, k: torch.Tensor, z0: torch.Tensor | None, scale: float
@@ -178,8 +168,7 @@ def normaliser(q: torch.Tensor, k: torch.Tensor, z0: torch.Tensor | None, scale:
     """Differentiable (den_t = scale q_t . z_t [B, T, H], z_T [B, H, K]), both float32; q, k [B, T, H, K]."""
     q, k = q.contiguous(), k.contiguous()
     z0 = None if z0 is None else z0.float().contiguous()
-    run = _normaliser_fwd_op if use_custom_op(q) else _NormaliserFunction.apply
-    return run(q, k, z0, float(scale))
+    return _normaliser_differentiable(q, k, z0, float(scale))
 
 
 def _kernel_dtype(x: torch.Tensor) -> torch.dtype:

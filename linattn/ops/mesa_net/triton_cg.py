@@ -34,6 +34,7 @@ import triton.language as tl
 
 from ..common.triton_launch import fast_launch
 from ..common.triton_masking import is_finite
+from ..common.triton_ops import define_op
 from ..common.triton_utils import block, cdiv, dot_precision, launch_overrides, mm, upcast_dots
 from ..simple_gla.triton import simple_gla_triton_states
 from .solve import cg_floor
@@ -202,16 +203,11 @@ def chunk_cg_solve(k: torch.Tensor, w: torch.Tensor, g: torch.Tensor, s0: torch.
     return x, states.final
 
 
-@torch.library.custom_op("linattn::mesa_net_chunk_cg", mutates_args=())
-def _chunk_cg_op(k: torch.Tensor, w: torch.Tensor, g: torch.Tensor, s0: torch.Tensor | None, lamb: torch.Tensor,
-                 b: torch.Tensor, steps: int, chunk_size: int, precision: str | None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`chunk_cg_solve` as an opaque op for torch.compile graphs (forward only: the composed backend
-    differentiates the solve implicitly, by another solve)."""
-    return chunk_cg_solve(k, w, g, s0, lamb, b, steps, chunk_size, precision)
-
-
-@_chunk_cg_op.register_fake
-def _(k, w, g, s0, lamb, b, steps, chunk_size, precision):
+def _chunk_cg_fake(k, w, g, s0, lamb, b, steps, chunk_size, precision=None):
     B, _, H, K = b.shape
     return torch.empty_like(b), b.new_empty(B, H, K, K, dtype=torch.float32)
+
+
+# chunk_cg_solve as an opaque op for torch.compile graphs (forward only: the composed backend differentiates the
+# solve implicitly, by another solve)
+_chunk_cg_op = define_op("mesa_net_chunk_cg", chunk_cg_solve, _chunk_cg_fake)

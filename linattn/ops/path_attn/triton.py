@@ -7,8 +7,9 @@ moved to the chunk start Q^ = Q - tril(Q W^T) T_w, the intra-chunk logits, the c
 its keys moved to the chunk end K^ = K - T_k^T W: O(T C K) work and memory, differentiated by autograd. The
 cross-chunk attention, O(T^2 (K + K^2 / C)), runs in the kernels of ``triton_kernels.py`` (forward: the flash pass
 with the query chain in registers; backward: a bounded number of programs with a scratch for one query block's
-chain each). Memory linear in T in training. The flash pass is a torch.library custom op with fake kernels
-(torch.compile(fullgraph=True) traces it) and runs through a plain autograd Function in eager mode.
+chain each). Memory linear in T in training. The flash pass is an op registered with torch.library, with fake
+kernels (torch.compile(fullgraph=True) traces it), differentiated by an autograd Function that calls it directly
+in eager mode.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 
 from ..common.checks import compute_dtype
 from ..common.kv_cache import KVCache
-from ..common.triton_ops import eager_backward, eager_function, use_custom_op
+from ..common.triton_ops import define_op, eager_backward, op_function
 from ..common.triton_utils import (
     block,
     cdiv,
@@ -93,20 +94,20 @@ def path_flash_backward(qh: torch.Tensor, intra: torch.Tensor, E: torch.Tensor, 
     return dqh, dintra, dE, dkh, dv, ds0, dv0, dG.double()
 
 
-_fwd_op = torch.library.custom_op("linattn::path_attn_triton_fwd", path_flash_forward, mutates_args=())
-_bwd_op = torch.library.custom_op("linattn::path_attn_triton_bwd", path_flash_backward, mutates_args=())
-
-
-@_fwd_op.register_fake
-def _(qh, intra, E, kh, v, s0, v0, G, scale):
+def _fwd_fake(qh, intra, E, kh, v, s0, v0, G, scale):
     B, H, NC, _ = qh.shape
     return qh.new_empty(B, H, NC, v.shape[-1]), qh.new_empty(B, H, NC, dtype=torch.float32)
 
 
-@_bwd_op.register_fake
-def _(qh, intra, E, kh, v, s0, v0, G, o, lse, do, scale):
+_fwd_op = define_op("path_attn_triton_fwd", path_flash_forward, _fwd_fake)
+
+
+def _bwd_fake(qh, intra, E, kh, v, s0, v0, G, o, lse, do, scale):
     f32 = lambda x: torch.empty_like(x, dtype=torch.float32)
     return f32(qh), f32(intra), f32(E), f32(kh), f32(v), f32(s0), f32(v0), torch.empty_like(G)
+
+
+_bwd_op = define_op("path_attn_triton_bwd", path_flash_backward, _bwd_fake)
 
 
 def _setup_context(ctx, inputs, output):
@@ -123,8 +124,7 @@ def _backward_rule(ctx, do, dlse):
     return (*(gr.to(x.dtype) for gr, x in zip(grads, tensors)), None)
 
 
-_fwd_op.register_autograd(_backward_rule, setup_context=_setup_context)
-_PathFunction = eager_function("PathAttnTriton", path_flash_forward, _setup_context, _backward_rule,
+_path_differentiable = op_function("PathAttnTriton", path_flash_forward, _fwd_op, _setup_context, _backward_rule,
                                non_differentiable=(1,))
 
 
@@ -152,8 +152,7 @@ def path_attn_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch
     G_new = torch.cumsum(F.pad(g, (0, 0, 0, N * C - T)).transpose(1, 2).to(torch.float64), dim=-1)
     G = torch.cat([-D0.to(torch.float64), G_new], dim=-1).contiguous()  # the cache's end at G = 0
     flat = lambda x: x.reshape(B, H, N * C, x.shape[-1]).to(dt).contiguous()
-    flash = _fwd_op if use_custom_op(Qhat) else _PathFunction.apply
-    o, _ = flash(flat(Qhat), intra, E.to(dt).contiguous(), flat(Khat), flat(Vc), S0.to(dt).contiguous(),
+    o, _ = _path_differentiable(flat(Qhat), intra, E.to(dt).contiguous(), flat(Khat), flat(Vc), S0.to(dt).contiguous(),
                  V0.to(dt).contiguous(), G, float(scale))
     o = o[:, :, :T].transpose(1, 2).to(in_dtype)
     state = None

@@ -63,7 +63,7 @@ from ..common.checks import compute_dtype
 from ..common.state_scan import chunks_heads_first
 from ..common.triton_launch import fast_launch
 from ..common.triton_masking import causal_dot_rest
-from ..common.triton_ops import eager_backward, eager_function, needs_backward, use_custom_op
+from ..common.triton_ops import define_op, eager_backward, needs_backward, op_function
 from ..common.triton_utils import block as _block
 from ..common.triton_utils import cdiv, dot_precision
 from .checks import TRITON_MAX_HEAD_DIM, TRITON_MINI_BATCH_SIZES, titans_triton_takes, triton_takes
@@ -329,12 +329,7 @@ def _bwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eta: torch.Tens
     return ttt_triton_backward(q, k, v, eta, w0, w_ln, b_ln, scale, eps, b, wc, do, dwt)
 
 
-_fwd_op = torch.library.custom_op("linattn::ttt_linear_triton_fwd", _fwd_impl, mutates_args=())
-_bwd_op = torch.library.custom_op("linattn::ttt_linear_triton_bwd", _bwd_impl, mutates_args=())
-
-
-@_fwd_op.register_fake
-def _(q, k, v, eta, w0, w_ln, b_ln, scale, eps, b, keep):
+def _fwd_fake(q, k, v, eta, w0, w_ln, b_ln, scale, eps, b, keep):
     B, T, H, K = q.shape
     V = v.shape[-1]
     NC = cdiv(cdiv(T, b), max(1, TOKENS_PER_CHUNK // b))
@@ -342,13 +337,18 @@ def _(q, k, v, eta, w0, w_ln, b_ln, scale, eps, b, keep):
     return torch.empty_like(v), wt, q.new_empty((B, H, NC, K, V) if keep else (0,), dtype=torch.float32)
 
 
-@_bwd_op.register_fake
-def _(q, k, v, eta, w0, w_ln, b_ln, scale, eps, b, wc, do, dwt):
+_fwd_op = define_op("ttt_linear_triton_fwd", _fwd_impl, _fwd_fake)
+
+
+def _bwd_fake(q, k, v, eta, w0, w_ln, b_ln, scale, eps, b, wc, do, dwt):
     B, T, H, K = q.shape
     V = v.shape[-1]
     ln = q.new_empty(0, dtype=torch.float32) if w_ln is None else w_ln.new_empty(w_ln.shape, dtype=torch.float32)
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(eta),
             q.new_empty(B, H, K, V, dtype=torch.float32), ln, torch.empty_like(ln))
+
+
+_bwd_op = define_op("ttt_linear_triton_bwd", _bwd_impl, _bwd_fake)
 
 
 def _setup_context(ctx, inputs, output):
@@ -368,8 +368,7 @@ def _backward(ctx, do, dwt, d_wc):
     return (dq, dk, dv, deta, dw0 if w0 is not None else None, dwl, dbl, None, None, None, None)
 
 
-_fwd_op.register_autograd(_backward, setup_context=_setup_context)
-_Function = eager_function("ttt_linear_triton_function", _fwd_impl, _setup_context, _backward,
+_differentiable = op_function("ttt_linear_triton_function", _fwd_impl, _fwd_op, _setup_context, _backward,
                            non_differentiable=(2,))
 
 
@@ -391,10 +390,8 @@ def ttt_linear_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eta: to
     w_ln, b_ln = (None, None) if norm_weight is None else (norm_weight.float().contiguous(),
                                                            norm_bias.float().contiguous())
     keep = needs_backward(q, k, v, eta, w0, w_ln, b_ln)
-    run = _fwd_op if use_custom_op(q) else _Function.apply
-    o, wt, _ = run(q, k, v, eta, w0, w_ln, b_ln, float(scale), float(norm_eps), mini_batch_size, keep)
+    o, wt, _ = _differentiable(q, k, v, eta, w0, w_ln, b_ln, float(scale), float(norm_eps), mini_batch_size, keep)
     return o, (wt if output_final_state else None)
-
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -656,12 +653,7 @@ def _titans_bwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch
     return titans_triton_backward(q, k, v, G, cv, cx, scale, b, mc, sc, do, dmt, dst)
 
 
-_titans_fwd_op = torch.library.custom_op("linattn::titans_triton_fwd", _titans_fwd_impl, mutates_args=())
-_titans_bwd_op = torch.library.custom_op("linattn::titans_triton_bwd", _titans_bwd_impl, mutates_args=())
-
-
-@_titans_fwd_op.register_fake
-def _(q, k, v, G, cv, cx, m0, s0, scale, b, keep):
+def _titans_fwd_fake(q, k, v, G, cv, cx, m0, s0, scale, b, keep):
     B, T, H, K = q.shape
     V = v.shape[-1]
     NC = cdiv(G.shape[2], max(1, TOKENS_PER_CHUNK // b))
@@ -670,12 +662,17 @@ def _(q, k, v, G, cv, cx, m0, s0, scale, b, keep):
     return torch.empty_like(v), state, torch.empty_like(state), kept, torch.empty_like(kept)
 
 
-@_titans_bwd_op.register_fake
-def _(q, k, v, G, cv, cx, scale, b, mc, sc, do, dmt, dst):
+_titans_fwd_op = define_op("titans_triton_fwd", _titans_fwd_impl, _titans_fwd_fake)
+
+
+def _titans_bwd_fake(q, k, v, G, cv, cx, scale, b, mc, sc, do, dmt, dst):
     B, T, H, K = q.shape
     state = q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32)
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(G), torch.empty_like(cv),
             torch.empty_like(cx), state, torch.empty_like(state))
+
+
+_titans_bwd_op = define_op("titans_triton_bwd", _titans_bwd_impl, _titans_bwd_fake)
 
 
 def _titans_setup_context(ctx, inputs, output):
@@ -695,9 +692,8 @@ def _titans_backward(ctx, do, dmt, dst, d_mc, d_sc):
     return dq, dk, dv, dG, dcv, dcx, dm0, ds0, None, None, None
 
 
-_titans_fwd_op.register_autograd(_titans_backward, setup_context=_titans_setup_context)
-_TitansFunction = eager_function("titans_triton_function", _titans_fwd_impl, _titans_setup_context, _titans_backward,
-                                 non_differentiable=(3, 4))
+_titans_differentiable = op_function("titans_triton_function", _titans_fwd_impl, _titans_fwd_op, _titans_setup_context,
+                              _titans_backward, non_differentiable=(3, 4))
 
 
 def titans_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: torch.Tensor, alpha: torch.Tensor,
@@ -718,8 +714,7 @@ def titans_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: torc
     G, cv, cx = titans_gate_coefficients(theta, alpha, eta, mini_batch_size)
     m0, s0 = (None, None) if initial_state is None else (x.float().contiguous() for x in initial_state)
     keep = needs_backward(q, k, v, G, cv, cx, m0, s0)
-    run = _titans_fwd_op if use_custom_op(q) else _TitansFunction.apply
-    o, mt, st, _, _ = run(q, k, v, G, cv, cx, m0, s0, float(scale), mini_batch_size, keep)
+    o, mt, st, _, _ = _titans_differentiable(q, k, v, G, cv, cx, m0, s0, float(scale), mini_batch_size, keep)
     if not output_final_state:
         return o.to(in_dtype), None
     return o.to(in_dtype), (mt.to(state_dtype), st.to(state_dtype))  # float64 inputs: computed in float32
