@@ -105,6 +105,9 @@ class Trainer:
         elif self.dist.world > 1:
             ids = [self.dist.device.index] if self.dist.device.type == "cuda" else None
             self.ddp = nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
+        # what a training step calls: the same module, compiled when asked (evaluation calls the model eagerly)
+        self.forward = self.ddp if config.compile == "off" else torch.compile(
+            self.ddp, mode=None if config.compile == "default" else config.compile)
         decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() >= 2]
         no_decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() < 2]
         self.optimizer = torch.optim.AdamW(
@@ -201,9 +204,9 @@ class Trainer:
         # range checks of CUDA inputs (host synchronisations) run on the first step of a fit only
         with value_checks(self._check_values), self._autocast():
             if isinstance(x, PackedInputs):  # documents packed along one row: the model restarts at each offset
-                out = self.ddp(x.input_ids, cu_seqlens=x.cu_seqlens)
+                out = self.forward(x.input_ids, cu_seqlens=x.cu_seqlens)
             else:
-                out = self.ddp(x)
+                out = self.forward(x)
             ce, count, _ = token_stats(logits_of(out), y)
         self._check_values = "auto"
         totals = all_reduce_sum(torch.stack([ce.detach(), count.to(ce.dtype)]), self.dist)

@@ -43,6 +43,7 @@ def _trainer(out_dir, override: bool = False, **changes) -> Trainer:
     ("min_lr_ratio", 2, r"min_lr_ratio: expected a finite number in \[0, 1\], got 2"),
     ("target_metric", "f1", r"target_metric: expected one of 'loss', 'accuracy', 'seq_accuracy', got 'f1'"),
     ("precision", "fp8", r"precision: expected one of 'auto', 'bf16', 'fp32'"),
+    ("compile", "fastest", r"compile: expected one of 'off', 'default', 'reduce-overhead'"),
 ])
 def test_train_config_fields_are_checked_strictly(field, value, match):
     with pytest.raises(ConfigError, match=match):

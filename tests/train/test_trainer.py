@@ -257,6 +257,31 @@ def test_two_process_gloo_matches_one_process(tmp_path):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-6), (a, b)
 
 
+def test_compiled_training_gives_the_eager_losses(tmp_path, monkeypatch):
+    """train.compile: the training forward goes through torch.compile in that mode (on the CPU with the aot_eager
+    backend: the wiring, not inductor) and trains to the eager run's losses; evaluation stays eager."""
+    real, modes = torch.compile, []
+
+    def spy(model, mode=None):
+        modes.append(mode)
+        return real(model, backend="aot_eager")
+
+    monkeypatch.setattr(torch, "compile", spy)
+    runs = {}
+    for mode in ("off", "reduce-overhead"):
+        torch.manual_seed(0)
+        data = ShiftSum()
+        trainer = Trainer(TinyLM(dropout=0.0), data, _config(max_steps=6, log_every=1, eval_every=3, compile=mode),
+                          eval_data=data.make(64, torch.Generator().manual_seed(99)), out_dir=tmp_path / mode)
+        assert (trainer.forward is trainer.model) == (mode == "off")
+        trainer.fit()
+        runs[mode] = read_metrics(tmp_path / mode)
+    assert modes == ["reduce-overhead"]
+    assert [(r["split"], r["step"]) for r in runs["off"]] == [(r["split"], r["step"]) for r in runs["reduce-overhead"]]
+    for a, b in zip(runs["off"], runs["reduce-overhead"]):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-6), (a, b)
+
+
 class NaNGradientLM(TinyLM):
     """TinyLM whose training forward number ``nan_at`` (0-based) makes the gradient of its logits NaN in
     backward; the loss of that step stays finite."""

@@ -56,7 +56,8 @@ def op_function(name: str, forward: Callable, forward_op: Callable | None, setup
     unused outputs arrive as None."""
 
     def fwd(ctx, *inputs):
-        eager = forward_op is None or not any(isinstance(x, torch.Tensor) and use_custom_op(x) for x in inputs)
+        eager = forward_op is None or not (torch.compiler.is_compiling() or any(
+            isinstance(x, torch.Tensor) and type(x) is not torch.Tensor for x in inputs))
         output = (forward if eager else forward_op)(*inputs)
         setup_context(ctx, inputs, output)
         ctx.eager = eager
