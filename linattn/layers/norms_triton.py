@@ -21,9 +21,10 @@ import torch
 import triton
 import triton.language as tl
 
+from ..ops.common.registered_ops import define_op
 from ..ops.common.triton_compat import patch_interpreter
 from ..ops.common.triton_launch import fast_launch
-from ..ops.common.triton_ops import define_op, eager_backward, op_function
+from ..ops.common.triton_ops import eager_backward, op_function
 from ..ops.common.triton_utils import cdiv, next_power_of_2
 
 patch_interpreter()

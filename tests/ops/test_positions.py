@@ -96,3 +96,24 @@ def test_apply_rope_takes_a_start_per_row_and_a_position_per_token() -> None:
     positions = starts[:, None] + torch.arange(5)[None]
     torch.testing.assert_close(apply_rope(x, positions, theta=500.0, interpolation_factor=2.0), per_row,
                                rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("start", [5, "rows"])
+def test_compiled_rope_keeps_its_tables_apart(start):
+    """Under torch.compile the cos/sin tables are one opaque op (inductor would otherwise evaluate the float64
+    cos and sin once per element of x, for every head and row), and the rotation equals the eager one."""
+    torch._dynamo.reset()
+    x = torch.randn(2, 9, 3, 8)
+    offset = 5 if start == 5 else torch.tensor([3, 11])
+    targets = []
+
+    def backend(gm, example_inputs):
+        targets.extend(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        return gm
+
+    def rotate(x):
+        return apply_rope(x, offset, theta=500.0, interpolation_factor=2.0)
+
+    got = torch.compile(rotate, backend=backend, fullgraph=True)(x)
+    assert "linattn.rope_tables.default" in targets
+    torch.testing.assert_close(got, rotate(x), rtol=0, atol=0)

@@ -2,11 +2,9 @@
 
 Every Triton op of the library is two Python implementations (forward, backward) plus autograd rules:
 
-- :func:`define_op` registers an implementation with the dispatcher as ``linattn::<name>``: one kernel for every
-  device and a fake kernel for tracing, nothing else. A compiled graph calls it at the cost of the dispatcher alone
-  (no ``torch.library.custom_op`` wrapper: its generated autograd kernel and alias checks run Python on every call,
-  about 10 us more per call on a 2-core CPU host and more on a GPU host, and a layer makes about 16 calls per
-  training step).
+- :func:`~linattn.ops.common.registered_ops.define_op` registers an implementation with the dispatcher as
+  ``linattn::<name>``: one kernel for every device and a fake kernel for tracing, nothing else, so a compiled
+  graph calls it at the cost of the dispatcher alone (a layer makes about 16 such calls per training step).
 - :func:`op_function` wires autograd with a ``torch.autograd.Function`` that calls the implementations directly
   when eager (the least host time) and the registered ops under ``torch.compile`` or for tensor subclasses, which
   Dynamo traces as a forward and a backward graph of opaque ops.
@@ -28,22 +26,7 @@ import torch
 
 from .checks import CHUNK_SIZES
 from .packed_call import chunk_layout, current_packing
-
-LIBRARY = torch.library.Library("linattn", "FRAGMENT")
-
-
-def define_op(name: str, implementation: Callable, fake: Callable) -> torch._ops.OpOverload:
-    """Register ``implementation`` (type-hinted; returns new tensors, mutates none) as ``linattn::<name>`` for
-    every device, with ``fake`` (same arguments: empty tensors of the outputs' shapes) for tracing; return the
-    op to call. Autograd falls through the op (outputs never require grad): :func:`op_function` differentiates
-    it."""
-    schema = torch.library.infer_schema(implementation, mutates_args=())
-    LIBRARY.define(name + schema)
-    LIBRARY.impl(name, implementation, "CompositeExplicitAutograd")
-    # autograd passes straight through (the op's Function differentiates it; no fallback kernel runs per call)
-    LIBRARY.impl(name, torch.library.fallthrough_kernel, "Autograd")
-    torch.library.register_fake(f"linattn::{name}", fake, lib=LIBRARY)
-    return getattr(torch.ops.linattn, name).default
+from .registered_ops import define_op
 
 
 def op_function(name: str, forward: Callable, forward_op: Callable | None, setup_context: Callable,

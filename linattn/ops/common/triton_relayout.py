@@ -37,9 +37,10 @@ import torch
 import triton
 import triton.language as tl
 
+from .registered_ops import define_op
 from .triton_compat import patch_interpreter
 from .triton_launch import fast_launch
-from .triton_ops import define_op, distinct_tensors, eager_backward, use_custom_op
+from .triton_ops import distinct_tensors, eager_backward, use_custom_op
 from .triton_utils import cdiv, next_power_of_2
 
 patch_interpreter()

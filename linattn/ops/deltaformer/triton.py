@@ -22,7 +22,8 @@ import torch
 
 from ..common.checks import compute_dtype
 from ..common.kv_cache import KVCache
-from ..common.triton_ops import define_op, eager_backward, op_function
+from ..common.registered_ops import define_op
+from ..common.triton_ops import eager_backward, op_function
 from ..common.triton_utils import block, cdiv, dot_precision, launch_options, launch_overrides, upcast_dots
 from ..forgetting_attn.triton import KERNEL_DTYPES, MAX_HEAD_DIM, fox_attention, fox_backward, fox_forward
 from .triton_kernels import deltaformer_psi_kernel, deltaformer_solve_kernel

@@ -19,7 +19,8 @@ import torch
 from ..common.checks import compute_dtype
 from ..common.kv_cache import KVCache
 from ..common.positions import apply_rope, rope_config
-from ..common.triton_ops import define_op, eager_backward, op_function
+from ..common.registered_ops import define_op
+from ..common.triton_ops import eager_backward, op_function
 from ..common.triton_utils import block, cdiv, dot_precision, launch_options, launch_overrides, upcast_dots
 from .triton_kernels import fox_delta_kernel, fox_dkv_kernel, fox_dq_kernel, fox_fwd_kernel
 

@@ -48,10 +48,11 @@ import triton.language as tl
 
 from ..common.checks import DELTA_TRITON_CHUNK_SIZES
 from ..common.packed_call import chunk_layout, current_packing
+from ..common.registered_ops import define_op
 from ..common.triton_chunk_output import chunk_output_kernel, chunk_state_dtype
 from ..common.triton_launch import fast_launch
 from ..common.triton_masking import causal_dot_rest, is_finite
-from ..common.triton_ops import define_op, eager_backward, needs_backward, op_function
+from ..common.triton_ops import eager_backward, needs_backward, op_function
 from ..common.triton_tril import unit_lower_inverse
 from ..common.triton_utils import block as _block
 from ..common.triton_utils import (

@@ -24,8 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.registered_ops import define_op
 from ..common.triton_launch import fast_launch
-from ..common.triton_ops import define_op, eager_backward, op_function
+from ..common.triton_ops import eager_backward, op_function
 from ..common.triton_utils import cdiv
 from ..simple_gla.triton import simple_gla_triton
 from .feature_maps import apply_feature_map

@@ -32,9 +32,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.registered_ops import define_op
 from ..common.triton_launch import fast_launch
 from ..common.triton_masking import is_finite
-from ..common.triton_ops import define_op
 from ..common.triton_utils import block, cdiv, dot_precision, launch_overrides, mm, upcast_dots
 from ..simple_gla.triton import simple_gla_triton_states
 from .solve import cg_floor

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 
 from ..common.checks import compute_dtype
 from ..common.kv_cache import KVCache
-from ..common.triton_ops import define_op, eager_backward, op_function
+from ..common.registered_ops import define_op
+from ..common.triton_ops import eager_backward, op_function
 from ..common.triton_utils import (
     block,
     cdiv,

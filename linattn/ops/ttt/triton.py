@@ -60,10 +60,11 @@ import triton
 import triton.language as tl
 
 from ..common.checks import compute_dtype
+from ..common.registered_ops import define_op
 from ..common.state_scan import chunks_heads_first
 from ..common.triton_launch import fast_launch
 from ..common.triton_masking import causal_dot_rest
-from ..common.triton_ops import define_op, eager_backward, needs_backward, op_function
+from ..common.triton_ops import eager_backward, needs_backward, op_function
 from ..common.triton_utils import block as _block
 from ..common.triton_utils import cdiv, dot_precision
 from .checks import TRITON_MAX_HEAD_DIM, TRITON_MINI_BATCH_SIZES, titans_triton_takes, triton_takes
