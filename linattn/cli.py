@@ -226,6 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
                    help="torch.compile mode of the compiled mode (reduce-overhead: the step's graphs replayed as "
                    "CUDA graphs, no host time per kernel)")
+    p.add_argument("--profile-top", type=int, default=10, help="kernels listed per profiled row (default 10)")
     p.add_argument("--profile", action="store_true", help="profile one training step per row: top kernels, "
                    "kernel time vs wall time")
     p.add_argument("--decode-batch", help="comma-separated decoding batch sizes (cuda default 1,16)")

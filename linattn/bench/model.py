@@ -87,6 +87,7 @@ class ModelBenchPlan:
     decode_path: str
     seed: int = 0
     compile_mode: str = "default"
+    profile_top: int = 10
     packed: bool = False
     doc_lengths: tuple[int, int] = (64, 4096)
 
@@ -214,6 +215,7 @@ def plan_from_args(args: argparse.Namespace) -> ModelBenchPlan:
         shapes=[] if args.no_train else parse_shapes(pick("shapes")), modes=modes, steps=pick("steps"),
         warmup=pick("warmup"), compile_backend=args.compile_backend,
         compile_scope=args.compile_scope, compile_mode=getattr(args, "compile_mode", "default"), profile=args.profile,
+        profile_top=getattr(args, "profile_top", 10),
         decode_batches=[] if args.no_decode else parse_ints(pick("decode_batch"), "--decode-batch"),
         decode_contexts=parse_ints(pick("decode_context"), "--decode-context"),
         decode_tokens=pick("decode_tokens"), decode_path=args.decode_path, seed=args.seed,
@@ -223,6 +225,8 @@ def plan_from_args(args: argparse.Namespace) -> ModelBenchPlan:
     if plan.steps < 1 or plan.warmup < 0 or plan.decode_tokens < 1:
         raise ValueError(f"need --steps >= 1, --warmup >= 0, --decode-tokens >= 1; got {plan.steps}, "
                          f"{plan.warmup}, {plan.decode_tokens}")
+    if plan.profile_top < 1:
+        raise ValueError(f"--profile-top must be >= 1, got {plan.profile_top}")
     for mixer in plan.mixers:  # a bad size or layer argument fails now, not after an hour of measuring
         plan.model_config(mixer)
     return plan
@@ -407,7 +411,7 @@ def _train_once(plan: ModelBenchPlan, row: TrainRow) -> None:
     row.ms_per_step, row.peak_gib = time_steps(step, plan, graphs)
     row.tokens_per_s = row.batch * row.seq_len / (row.ms_per_step / 1e3)
     if plan.profile:
-        row.profile = profile_step(step, plan.device, row.ms_per_step)
+        row.profile = profile_step(step, plan.device, row.ms_per_step, top=plan.profile_top)
 
 
 def error_text(err: BaseException, limit: int = 600) -> str:

@@ -27,7 +27,7 @@ def rows_of(data: dict, kind: str) -> dict:
 
 
 def test_two_mixers_with_the_reference(tmp_path, capsys):
-    data = run(tmp_path, "--mixers", "gla,delta_rule", "--profile")
+    data = run(tmp_path, "--mixers", "gla,delta_rule", "--profile", "--profile-top", "3")
     header = data["header"]
     assert data["bench"] == "model" and {"date", "device", "torch", "triton", "command", "settings"} <= set(header)
     assert header["command"].startswith("linattn bench model --d-model 32")
@@ -41,7 +41,7 @@ def test_two_mixers_with_the_reference(tmp_path, capsys):
         ref = train[("softmax_attn", "eager")]
         assert r["speed_ratio"] == pytest.approx(r["tokens_per_s"] / ref["tokens_per_s"])
         assert r["peak_gib"] is None and r["memory_ratio"] is None  # no allocator peak on the CPU
-        assert r["profile"]["top"] and r["profile"]["wall_ms"] > 0
+        assert 1 <= len(r["profile"]["top"]) <= 3 and r["profile"]["wall_ms"] > 0
     for r in decode.values():
         assert r["error"] is None and r["ms_per_token"] > 0 and r["speed_ratio"] > 0
         assert r["tokens_per_s"] == pytest.approx(1e3 / r["ms_per_token"])  # batch 1
@@ -115,7 +115,8 @@ def test_resume_measures_only_missing_rows(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("argv", [["--mixers", "nope"], ["--shapes", "2by32"], ["--modes", "jit"],
                                   ["--decode-path", "warp"], ["--mixer-kwargs", '{"gla": 3}'],
-                                  ["--mixer-kwargs", '{"gla": {"no_such_argument": 1}}'], ["--heads", "5"]]
+                                  ["--mixer-kwargs", '{"gla": {"no_such_argument": 1}}'], ["--heads", "5"],
+                                  ["--profile-top", "0"]]
                          + ([["--device", "cuda"]] if not torch.cuda.is_available() else []))
 def test_bad_options_exit_2(argv, capsys):
     assert main(["bench", "model", *TINY, *argv]) == 2
