@@ -14,6 +14,7 @@ optimizer state whatever the strategy, so a run resumes on another number of pro
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import math
 import sys
@@ -105,6 +106,10 @@ class Trainer:
         elif self.dist.world > 1:
             ids = [self.dist.device.index] if self.dist.device.type == "cuda" else None
             self.ddp = nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
+        # a model that can return a decoding cache (CausalLM) is asked for none: training and evaluation read only
+        # the logits
+        takes_use_cache = "use_cache" in inspect.signature(self.model.forward).parameters
+        self._forward_kwargs = {"use_cache": False} if takes_use_cache else {}
         # what a training step calls: the same module, compiled when asked (evaluation calls the model eagerly)
         self.forward = self.ddp if config.compile == "off" else torch.compile(
             self.ddp, mode=None if config.compile == "default" else config.compile)
@@ -204,9 +209,9 @@ class Trainer:
         # range checks of CUDA inputs (host synchronisations) run on the first step of a fit only
         with value_checks(self._check_values), self._autocast():
             if isinstance(x, PackedInputs):  # documents packed along one row: the model restarts at each offset
-                out = self.forward(x.input_ids, cu_seqlens=x.cu_seqlens)
+                out = self.forward(x.input_ids, cu_seqlens=x.cu_seqlens, **self._forward_kwargs)
             else:
-                out = self.forward(x)
+                out = self.forward(x, **self._forward_kwargs)
             ce, count, _ = token_stats(logits_of(out), y)
         self._check_values = "auto"
         totals = all_reduce_sum(torch.stack([ce.detach(), count.to(ce.dtype)]), self.dist)
@@ -261,7 +266,7 @@ class Trainer:
             if real == 0:
                 x = self.eval_data[0][:1].to(self.dist.device)
             with self._autocast():
-                logits = logits_of(self.model(x))
+                logits = logits_of(self.model(x, **self._forward_kwargs))
             if real == 0:
                 continue
             ce, count, correct = token_stats(logits, y)

@@ -282,6 +282,28 @@ def test_compiled_training_gives_the_eager_losses(tmp_path, monkeypatch):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-6), (a, b)
 
 
+class CachingLM(TinyLM):
+    """TinyLM with a decoding-cache switch, as CausalLM has: records what each call asked for."""
+
+    def __init__(self) -> None:
+        super().__init__(dropout=0.0)
+        self.asked: list[bool] = []
+
+    def forward(self, x: torch.Tensor, use_cache: bool = True) -> tuple[torch.Tensor, None]:
+        self.asked.append(use_cache)
+        return super().forward(x)
+
+
+def test_training_asks_for_no_decoding_cache(tmp_path):
+    """A model that can return a decoding cache (CausalLM's use_cache) is asked for none in training steps and
+    evaluation; models without the switch are called as they are (TinyLM above)."""
+    torch.manual_seed(0)
+    model, data = CachingLM(), ShiftSum()
+    Trainer(model, data, _config(max_steps=3, eval_every=3), eval_data=data.make(32, torch.Generator().manual_seed(1)),
+            out_dir=tmp_path).fit()
+    assert len(model.asked) > 3 and not any(model.asked)
+
+
 class NaNGradientLM(TinyLM):
     """TinyLM whose training forward number ``nan_at`` (0-based) makes the gradient of its logits NaN in
     backward; the loss of that step stays finite."""
