@@ -200,9 +200,12 @@ class MixerLayer(nn.Module):
     def recomputes_conv_outputs(self, cache: object) -> bool:
         """Whether this call keeps the ShortConvs' outputs and what is made of them (q, k, v: conv outputs after
         the feature maps and norms) out of the backward pass's saved tensors (:class:`ConvOutputs`): in training
-        (gradients wanted, no cache, eager), for layers with ShortConvs and the base class's streams."""
-        return (bool(self.convs) and cache is None and torch.is_grad_enabled() and not torch.compiler.is_compiling()
-                and type(self).streams is MixerLayer.streams and any(p.requires_grad for p in self.parameters()))
+        (gradients wanted, no cache, eager), for layers with ShortConvs and the base class's streams. Compiling is
+        asked first: Dynamo in torch 2.11 breaks the graph on ``bool(ModuleDict)``, once per layer."""
+        if torch.compiler.is_compiling() or cache is not None or len(self.convs) == 0:
+            return False
+        return (torch.is_grad_enabled() and type(self).streams is MixerLayer.streams
+                and any(p.requires_grad for p in self.parameters()))
 
     def forward(self, x: torch.Tensor, cache: LayerCache | StaticLayerCache | None = None, *, use_cache: bool = True,
                 cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, LayerCache | StaticLayerCache | None]:

@@ -97,3 +97,17 @@ def test_inside_activation_checkpointing(reentrant):
         y.square().sum().backward()
         grads.append([x.grad, *[p.grad for p in layer.parameters()]])
     assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+def test_compiling_is_asked_before_the_conv_container(monkeypatch):
+    """Under torch.compile the recompute is off, and the answer must not come from the ShortConv ModuleDict's truth
+    value: Dynamo in torch 2.11 broke the graph on bool(ModuleDict), once in every layer of every model."""
+    layer = mixer_class("gated_delta_rule")(32, 2)
+    assert layer.recomputes_conv_outputs(None)
+
+    def untraceable(self):
+        raise AssertionError("the ModuleDict's size was read while compiling")
+
+    monkeypatch.setattr(torch.nn.ModuleDict, "__len__", untraceable)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert not layer.recomputes_conv_outputs(None)
