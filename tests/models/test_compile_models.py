@@ -92,6 +92,24 @@ def test_causal_lm_has_no_graph_breaks(mixer, chunk_size):
     assert graph_breaks(CausalLM(config(mixer, chunk_size)), lm_loss, batch()) == []
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA: the backends 'auto' picks there (Triton)")
+@pytest.mark.parametrize("mixer", ["gated_delta_rule", "comba", "softmax_attn"])
+def test_causal_lm_on_cuda_under_autocast_has_no_graph_breaks(mixer):
+    """The training setting of a GPU (default backends, bf16 autocast), traced by the torch installed there:
+    Dynamo versions differ in what they trace (torch 2.11 broke every layer on a bool(ModuleDict) that the CPU's
+    torch traces)."""
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = CausalLM(config(mixer, 64))
+    data = {"ids": batch()["ids"].cuda()}
+
+    def loss(model, data):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return lm_loss(model, data)
+
+    assert graph_breaks(model, loss, data) == []
+
+
 @pytest.mark.parametrize("bidirectional", [False, True])
 @pytest.mark.parametrize("mixer", ["gated_delta_rule", "softmax_attn"])
 def test_classifier_with_mask_has_no_graph_breaks(mixer, bidirectional):
