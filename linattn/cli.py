@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 
+from linattn.compile_modes import TORCH_COMPILE_MODES
 from linattn.errors import ConfigError, UserError
 from linattn.validation import check_device, int_arg
 
@@ -223,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "torch.compile(model), or each block (identical blocks share one graph: a fraction of the "
                    "compile time)")
     p.add_argument("--compile-mode", default="default",
-                   choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
+                   choices=list(TORCH_COMPILE_MODES),
                    help="torch.compile mode of the compiled mode (reduce-overhead: the step's graphs replayed as "
                    "CUDA graphs, no host time per kernel)")
     p.add_argument("--profile-top", type=int, default=10, help="kernels listed per profiled row (default 10)")

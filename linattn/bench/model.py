@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
+from linattn.compile_modes import TORCH_COMPILE_MODES, torch_compile_mode
 from linattn.models import CausalLM, ModelConfig, list_mixers
 from linattn.models.decode_bench import time_per_token
 
@@ -340,7 +341,7 @@ def _graph_break_count() -> int | None:
 
 
 COMPILE_SCOPES = ("model", "blocks")
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+COMPILE_MODES = TORCH_COMPILE_MODES
 
 
 def compile_model(model: CausalLM, backend: str, scope: str = "model", mode: str = "default") -> Callable:
@@ -356,9 +357,9 @@ def compile_model(model: CausalLM, backend: str, scope: str = "model", mode: str
     torch.compiler.reset()
     if scope == "blocks":
         for block in model.blocks:
-            block.compile(backend=backend, mode=None if mode == "default" else mode)
+            block.compile(backend=backend, mode=torch_compile_mode(mode))
         return model
-    return torch.compile(model, backend=backend, mode=None if mode == "default" else mode)
+    return torch.compile(model, backend=backend, mode=torch_compile_mode(mode))
 
 
 def first_compiled_step(step: Callable[[], None], device: torch.device) -> tuple[float, int | None]:

@@ -157,7 +157,7 @@ def _l2norm_backward(ctx, dy, dr):
 
 
 _l2norm_differentiable = op_function("L2NormTriton", _l2norm_fwd, _l2norm_fwd_op, _l2norm_setup, _l2norm_backward,
-                              non_differentiable=(1,))
+                                     non_differentiable=(1,))
 
 
 def l2norm_triton(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -223,7 +223,7 @@ def _rms_backward(ctx, dy, drstd):
 
 
 _rms_gate_differentiable = op_function("RMSNormGatedTriton", _rms_gate_fwd, _rms_fwd_op, _rms_setup, _rms_backward,
-                               non_differentiable=(1,))
+                                       non_differentiable=(1,))
 
 
 def rms_norm_gated_triton(o: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None, eps: float

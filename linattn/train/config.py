@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from linattn.compile_modes import TORCH_COMPILE_MODES
 from linattn.errors import ConfigError
 from linattn.validation import check_bool, check_choice, check_device, check_float, check_int, check_pair
 
@@ -17,7 +18,7 @@ EVAL_METRICS = ("loss", "accuracy", "seq_accuracy")
 PARALLEL_STRATEGIES = ("ddp", "fsdp")
 FSDP_PARAM_DTYPES = ("auto", "bf16", "fp32")
 FSDP_REDUCE_DTYPES = ("fp32", "bf16")
-COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune-no-cudagraphs")
+COMPILE_MODES = ("off", *TORCH_COMPILE_MODES)
 # fields that may differ when a run resumes: where and how visibly it trains, not what it computes
 # (checkpoints hold full, unsharded state, so a run may move between DDP and FSDP)
 RESUME_FREE_FIELDS = ("device", "progress", "tensorboard", "parallel", "prefetch", "compile")
@@ -44,7 +45,7 @@ class TrainConfig:
     plain model. ``prefetch``: build the next batch on a background thread during each step (for data
     sources that cost host time on GPU runs; the numbers are the same either way). ``compile``: the training
     forward and backward through ``torch.compile`` in that mode ("off": eager; "reduce-overhead": the step's graphs
-    replayed as CUDA graphs, no host time per kernel, the fastest on a GPU; evaluation stays eager)."""
+    replayed as CUDA graphs, no host time per kernel, for hosts slow next to their GPU; evaluation stays eager)."""
 
     max_steps: int = 1000
     batch_size: int = 32

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from linattn.compile_modes import torch_compile_mode
 from linattn.data.packed import PackedInputs
 from linattn.errors import UserError
 from linattn.ops.common.values import value_checks
@@ -112,7 +113,7 @@ class Trainer:
         self._forward_kwargs = {"use_cache": False} if takes_use_cache else {}
         # what a training step calls: the same module, compiled when asked (evaluation calls the model eagerly)
         self.forward = self.ddp if config.compile == "off" else torch.compile(
-            self.ddp, mode=None if config.compile == "default" else config.compile)
+            self.ddp, mode=torch_compile_mode(config.compile))
         decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() >= 2]
         no_decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() < 2]
         self.optimizer = torch.optim.AdamW(

@@ -111,7 +111,7 @@ def _pass_through(ctx, dk, dv, dbad):
 
 
 _finite_kv_differentiable = op_function("_FiniteKeysValues", _finite_kv_forward, None, lambda ctx, inputs, output: None,
-                                   _pass_through, non_differentiable=(2,))
+                                        _pass_through, non_differentiable=(2,))
 
 
 def finite_keys_values(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -39,8 +39,7 @@ def op_function(name: str, forward: Callable, forward_op: Callable | None, setup
     unused outputs arrive as None."""
 
     def fwd(ctx, *inputs):
-        eager = forward_op is None or not (torch.compiler.is_compiling() or any(
-            isinstance(x, torch.Tensor) and type(x) is not torch.Tensor for x in inputs))
+        eager = forward_op is None or not traced(*inputs)
         output = (forward if eager else forward_op)(*inputs)
         setup_context(ctx, inputs, output)
         ctx.eager = eager
@@ -73,10 +72,12 @@ def distinct_tensors(inputs: tuple | list) -> list:
     return out
 
 
-def use_custom_op(x: torch.Tensor) -> bool:
-    """Whether a call on ``x`` goes through the registered op: under torch.compile, and for tensor subclasses
-    (fake tensors of other tracers, functional tensors); plain eager tensors call the implementation."""
-    return torch.compiler.is_compiling() or type(x) is not torch.Tensor
+def traced(*inputs: object) -> bool:
+    """Whether a call on ``inputs`` goes through the registered op: under torch.compile, and when a tensor among
+    them is a subclass (fake tensors of other tracers, functional tensors); plain eager tensors call the
+    implementation."""
+    return torch.compiler.is_compiling() or any(
+        isinstance(x, torch.Tensor) and type(x) is not torch.Tensor for x in inputs)
 
 
 def eager_backward(ctx) -> bool:

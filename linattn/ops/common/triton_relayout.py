@@ -40,7 +40,7 @@ import triton.language as tl
 from .registered_ops import define_op
 from .triton_compat import patch_interpreter
 from .triton_launch import fast_launch
-from .triton_ops import distinct_tensors, eager_backward, use_custom_op
+from .triton_ops import distinct_tensors, eager_backward, traced
 from .triton_utils import cdiv, next_power_of_2
 
 patch_interpreter()
@@ -154,7 +154,7 @@ class _Relayout(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, to_padded, chunk_rows, size, chunk_size, *xs):
-        ctx.eager = not any(use_custom_op(x) for x in xs)
+        ctx.eager = not traced(*xs)
         outs = (_relayout_impl if ctx.eager else _relayout_op)(list(xs), chunk_rows, size, chunk_size, to_padded)
         ctx.save_for_backward(chunk_rows)
         ctx.rows, ctx.chunk_size, ctx.to_padded = xs[0].shape[1], chunk_size, to_padded

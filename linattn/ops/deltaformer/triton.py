@@ -118,7 +118,7 @@ def _backward_rule(ctx, dU, dr, dlse):
 
 
 _solve_differentiable = op_function("DeltaFormerSolve", solve_forward, _solve_fwd_op, _setup_context, _backward_rule,
-                                non_differentiable=(1, 2))
+                                    non_differentiable=(1, 2))
 
 
 def deltaformer_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *, scale: float,

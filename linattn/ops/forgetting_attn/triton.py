@@ -126,7 +126,7 @@ def _backward_rule(ctx, do, dlse):
 
 
 _fox_differentiable = op_function("ForgettingAttnTriton", _fwd, _fwd_op, _setup_context, _backward_rule,
-                           non_differentiable=(1,))
+                                  non_differentiable=(1,))
 KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 

@@ -161,7 +161,7 @@ def _backward(ctx, dden, dzt):
 
 
 _normaliser_differentiable = op_function("linear_attn_normaliser_function", normaliser_forward, _normaliser_fwd_op,
-                                  _setup_context, _backward)
+                                         _setup_context, _backward)
 
 
 def normaliser(q: torch.Tensor, k: torch.Tensor, z0: torch.Tensor | None, scale: float

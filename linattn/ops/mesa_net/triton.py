@@ -29,7 +29,7 @@ from collections.abc import Callable
 import torch
 
 from ..common.checks import CHUNK_SIZES, compute_dtype
-from ..common.triton_ops import use_custom_op
+from ..common.triton_ops import traced
 from ..simple_gla.triton import (
     simple_gla_triton_backward,
     simple_gla_triton_forward,
@@ -55,7 +55,7 @@ class TritonScan:
                 s0: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         q, k, v, g = (x.contiguous() for x in (q, k, v, g))
         s0 = None if s0 is None else s0.contiguous()
-        if use_custom_op(q):
+        if traced(q):
             y, sT, _, _ = torch.ops.linattn.simple_gla_triton_fwd(q, k, v, g, s0, 1.0, self.chunk_size, False)
             return y, sT
         y, sT = simple_gla_triton_forward(q, k, v, g, 1.0, s0, self.chunk_size, precision=self.precision)
@@ -66,7 +66,7 @@ class TritonScan:
         """The chunk states of k, v, g scanned once; each query then costs one launch of the output kernel."""
         k, v, g = (x.contiguous() for x in (k, v, g))
         s0 = None if s0 is None else s0.contiguous()
-        if use_custom_op(k):
+        if traced(k):
             return lambda q: self.forward(q, k, v, g, s0)
         states = simple_gla_triton_states(k, v, g, s0, self.chunk_size, precision=self.precision)
         return lambda q: (simple_gla_triton_read(q.contiguous(), k, v, g, 1.0, states), states.final)
@@ -75,7 +75,7 @@ class TritonScan:
               steps: int) -> torch.Tensor:
         """CG over any product, one fused kernel per step (triton_cg.py); under torch.compile cg_solve's traceable
         steps. The composed backend solves through :meth:`solve_system` instead."""
-        if use_custom_op(b):
+        if traced(b):
             return shifted_cg_solve(product, lamb, b, steps)
         return fused_cg_solve(product, lamb, b.contiguous(), steps)
 
@@ -88,7 +88,7 @@ class TritonScan:
         s0 = None if s0 is None else s0.contiguous()
         if not chunk_cg_fits(k.shape[-1]):
             return solve_by_reader(self, k, w, g, s0, lamb, b, steps)
-        if use_custom_op(b):
+        if traced(b):
             return torch.ops.linattn.mesa_net_chunk_cg(k, w, g, s0, lamb, b, steps, self.chunk_size, self.precision)
         return chunk_cg_solve(k, w, g, s0, lamb, b, steps, self.chunk_size, precision=self.precision)
 
@@ -96,7 +96,7 @@ class TritonScan:
                  dy: torch.Tensor, dST: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
         q, k, v, g, dy = (x.contiguous() for x in (q, k, v, g, dy))
         s0, dST = (None if x is None else x.contiguous() for x in (s0, dST))
-        if use_custom_op(q):
+        if traced(q):
             return torch.ops.linattn.simple_gla_triton_bwd(q, k, v, g, s0, 1.0, self.chunk_size, dy, dST, None, None)
         return simple_gla_triton_backward(q, k, v, g, 1.0, s0, self.chunk_size, dy, dST, precision=self.precision)
 

@@ -126,7 +126,7 @@ def _backward_rule(ctx, do, dlse):
 
 
 _path_differentiable = op_function("PathAttnTriton", path_flash_forward, _fwd_op, _setup_context, _backward_rule,
-                               non_differentiable=(1,))
+                                   non_differentiable=(1,))
 
 
 def path_attn_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, beta: torch.Tensor,

@@ -370,7 +370,7 @@ def _backward(ctx, do, dwt, d_wc):
 
 
 _differentiable = op_function("ttt_linear_triton_function", _fwd_impl, _fwd_op, _setup_context, _backward,
-                           non_differentiable=(2,))
+                              non_differentiable=(2,))
 
 
 def ttt_linear_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eta: torch.Tensor, *, scale: float,
@@ -694,7 +694,7 @@ def _titans_backward(ctx, do, dmt, dst, d_mc, d_sc):
 
 
 _titans_differentiable = op_function("titans_triton_function", _titans_fwd_impl, _titans_fwd_op, _titans_setup_context,
-                              _titans_backward, non_differentiable=(3, 4))
+                                     _titans_backward, non_differentiable=(3, 4))
 
 
 def titans_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: torch.Tensor, alpha: torch.Tensor,
