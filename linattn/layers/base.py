@@ -26,7 +26,7 @@ the state buffers, or a subclass's :meth:`MixerLayer.static_op_step`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -39,12 +39,21 @@ from linattn.ops.common.varlen import check_cu_seqlens, check_packed_batch, sequ
 from .cache import LayerCache
 from .checks import check_conv_cache, check_layer_input, check_short_conv, check_static_step_input, head_dims
 from .norms import norm_gate_project
-from .shortconv import CONV_MODES, ShortConv
+from .shortconv import CONV_MODES, ShortConv, last_inputs
 from .static_cache import StaticLayerCache, copy_rows_, copy_state_, state_dtype
 
 TokenArgs = dict[str, torch.Tensor | None]  # the op's inputs that vary over time ([B, T, ...]) by the op's names
 Streams = dict[str, torch.Tensor]  # projected streams by name ("q", "k", "v", ...), or their conv caches
 MixOut = tuple[torch.Tensor, torch.Tensor, torch.Tensor, TokenArgs, dict[str, Any]]  # q, k, v, args, kwargs
+
+
+class Projections(NamedTuple):
+    """The projections of a layer's input before the ShortConvs: every stream by name, and the output of the one
+    matmul whose column ranges the :meth:`MixerLayer.x_projections` streams are, in that order (None when they
+    are fewer than two: no joint matmul)."""
+
+    streams: Streams
+    joint: torch.Tensor | None
 
 
 class MixerLayer(nn.Module):
@@ -147,7 +156,8 @@ class MixerLayer(nn.Module):
     def x_projections(self) -> dict[str, nn.Linear]:
         """The bias-free projections of the layer input that :meth:`streams` computes as one matmul, by stream name:
         q, k and v where a ShortConv follows (it reads its slice of the joint output in place, so the joint output
-        costs no memory beyond the slices it keeps), and a subclass's small per-head projections (e.g. beta's).
+        costs no memory beyond the slices it keeps; on Triton all of them run as one op over the joint output,
+        :meth:`joint_conv_streams`), and a subclass's small per-head projections (e.g. beta's).
         One matmul instead of several saves the host time of each projection and of its weight's cast, forward and
         backward. Streams without a ShortConv keep their own matmul: their consumers would keep a slice, and so the
         whole joint output, for the backward pass."""
@@ -162,24 +172,64 @@ class MixerLayer(nn.Module):
             check_conv_cache(cache, self.conv_modules())
         return self.convolve(self.projected_streams(x), cache, cu_seqlens)
 
-    def projected_streams(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The projections of x by stream name, before the ShortConvs (see :meth:`streams`)."""
-        out = project_jointly(x, self.x_projections())
+    def projected_streams(self, x: torch.Tensor) -> Projections:
+        """The projections of x, before the ShortConvs (see :meth:`streams`)."""
+        joint, out = project_jointly(x, self.x_projections())
         if "q" not in out:
             out["q"] = self.q_proj(x)
         if "k" not in out:
             out["k"] = self.k_proj(x)
         if "v" not in out:
             out["v"] = out["k"] if self.v_proj is None else self.v_proj(x)
-        return out
+        return Projections(out, joint)
 
-    def convolve(self, pre: dict[str, torch.Tensor], cache: LayerCache | StaticLayerCache | None,
+    def convolve(self, pre: Projections, cache: LayerCache | StaticLayerCache | None,
                  cu_seqlens: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], dict]:
         """The streams with each ShortConv applied to its own (a new dict), and the new conv caches."""
-        out, new_conv = dict(pre), {}
+        joint = self.joint_conv_streams(pre, cache, cu_seqlens)
+        if joint:
+            return self.convolve_jointly(pre, joint)
+        out, new_conv = dict(pre.streams), {}
         for name, conv in self.convs.items():
-            out[name], new_conv[name] = run_conv(conv, name, pre[name], cache, cu_seqlens)
+            out[name], new_conv[name] = run_conv(conv, name, pre.streams[name], cache, cu_seqlens)
         return out, new_conv
+
+    def joint_conv_streams(self, pre: Projections, cache: object, cu_seqlens: torch.Tensor | None) -> list[str]:
+        """The names of the joint projection's streams when its ShortConvs run as one op over it
+        (shortconv_joint.py), else []: every ShortConv reads a leading stream of the joint projection, all with the
+        same kernel size, activation and bias or none, each on the Triton backend, over a whole sequence (no cache,
+        not packed)."""
+        if pre.joint is None or cache is not None or cu_seqlens is not None or len(self.convs) == 0:
+            return []
+        names = list(self.x_projections())
+        n = len(self.convs)
+        if len(names) < n or any(name not in self.convs for name in names[:n]):
+            return []
+        first = self.convs[names[0]]
+        for name in names[:n]:
+            conv = self.convs[name]
+            if (conv.kernel_size != first.kernel_size or conv.activation != first.activation
+                    or (conv.bias is None) != (first.bias is None)
+                    or conv._resolved_backend(pre.streams[name]) != "triton"):
+                return []
+        return names
+
+    def convolve_jointly(self, pre: Projections, names: list[str]) -> tuple[dict[str, torch.Tensor], dict]:
+        """:meth:`convolve` as one op over the joint projection (its streams ``names``, the convolved ones first):
+        the convolved streams and the other streams of the joint projection as new tensors, whose gradients the
+        op's backward writes into the joint projection's gradient in place (shortconv_joint.py)."""
+        from .shortconv_joint import conv_streams
+
+        convs = [self.convs[name] for name in names[:len(self.convs)]]
+        widths = [pre.streams[name].shape[-1] for name in names]
+        weight = torch.cat([c.weight[:, 0] for c in convs]) if len(convs) > 1 else convs[0].weight[:, 0]
+        bias = None if convs[0].bias is None else torch.cat([c.bias for c in convs])
+        streams = conv_streams(pre.joint, weight, bias, widths[:len(convs)], widths[len(convs):],
+                               convs[0].activation == "silu")
+        out = dict(pre.streams)
+        out.update(zip(names, streams))
+        W = convs[0].kernel_size
+        return out, {name: last_inputs(pre.streams[name], None, W) for name in names[:len(convs)]}
 
     def op_inputs(self, x: torch.Tensor, s: dict[str, torch.Tensor], offset: int | torch.Tensor,
                   cu_seqlens: torch.Tensor | None) -> MixOut:
@@ -351,7 +401,7 @@ class ConvOutputs:
     each one that is a conv output or q, k, v (same storage), keeping where it lies in that tensor; ``unpack``
     gives either the tensor or the recomputed one's same view."""
 
-    def __init__(self, layer: MixerLayer, x: torch.Tensor, pre: dict[str, torch.Tensor], offset: Any,
+    def __init__(self, layer: MixerLayer, x: torch.Tensor, pre: Projections, offset: Any,
                  cu_seqlens: torch.Tensor | None) -> None:
         self.layer, self.x, self.pre, self.offset, self.cu_seqlens = layer, x, pre, offset, cu_seqlens
         dev = x.device.type
@@ -408,14 +458,16 @@ def unchecked(fn: Callable, *args: Any) -> Any:
         return fn(*args)
 
 
-def project_jointly(x: torch.Tensor, linears: dict[str, nn.Linear]) -> dict[str, torch.Tensor]:
-    """{name: linear(x)} for bias-free Linears over x's last dim, computed as one matmul with their weights
-    concatenated; the results are slices of its output along the last dim (unit stride within a row)."""
+def project_jointly(x: torch.Tensor, linears: dict[str, nn.Linear]
+                    ) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+    """(y, {name: linear(x)}) for bias-free Linears over x's last dim, computed as one matmul y with their weights
+    concatenated; the results are slices of y along the last dim (unit stride within a row). With fewer than two
+    Linears, no joint matmul: y is None."""
     if len(linears) <= 1:
-        return {name: m(x) for name, m in linears.items()}
+        return None, {name: m(x) for name, m in linears.items()}
     weight = torch.cat([m.weight for m in linears.values()])
     y = torch.nn.functional.linear(x, weight)
-    return dict(zip(linears, y.split([m.out_features for m in linears.values()], dim=-1)))
+    return y, dict(zip(linears, y.split([m.out_features for m in linears.values()], dim=-1)))
 
 
 def run_conv(conv: ShortConv, name: str, x: torch.Tensor, cache: LayerCache | StaticLayerCache | None,

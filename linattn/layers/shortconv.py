@@ -237,7 +237,7 @@ class ShortConv(nn.Module):
     def _forward_backend(self, x: torch.Tensor, cache: torch.Tensor | None, backend: str
                          ) -> tuple[torch.Tensor, torch.Tensor]:
         """The "conv1d" or "triton" backend (same result as the multiply-adds); cache None means zeros."""
-        (B, T, D), W, w = x.shape, self.kernel_size, self.weight[:, 0]
+        (_, T, D), W, w = x.shape, self.kernel_size, self.weight[:, 0]
         if backend == "triton" and T == 1 and cache is not None and not self._records_grad(x, cache):
             from .shortconv_step import conv_step_triton
 
@@ -256,10 +256,18 @@ class ShortConv(nn.Module):
         else:
             raise ValueError(f"ShortConv.backend must be one of {', '.join(map(repr, CONV_BACKENDS))}; "
                              f"got {backend!r}")
-        if T >= W - 1:
-            return y, x[:, T - (W - 1):].clone()  # a copy: a view would keep all of x alive in the cache
-        before = x.new_zeros(B, W - 1, D) if cache is None else cache.to(x.dtype)
-        return y, torch.cat([before[:, T:], x], dim=1)
+        return y, last_inputs(x, cache, W)
+
+
+def last_inputs(x: torch.Tensor, cache: torch.Tensor | None, kernel_size: int) -> torch.Tensor:
+    """The cache a ShortConv of ``kernel_size`` W returns after input x [B, T, D] that followed ``cache``
+    ([B, W-1, D], or None: zeros): the last W-1 inputs, a new tensor in x's dtype."""
+    B, T, D = x.shape
+    W = kernel_size
+    if T >= W - 1:
+        return x[:, T - (W - 1):].clone()  # a copy: a view would keep all of x alive in the cache
+    before = x.new_zeros(B, W - 1, D) if cache is None else cache.to(x.dtype)
+    return torch.cat([before[:, T:], x], dim=1)
 
 
 def set_shortconv_backend(model: nn.Module, backend: str) -> int:

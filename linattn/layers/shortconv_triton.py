@@ -12,11 +12,14 @@ Backward, with dz_s = dy_s ⊙ act'(z_s) (z recomputed from x, never stored; SiL
 Forward: a program per (time block, channel block, batch) sums W shifted [BT, BD] tiles (re-reads hit the
 cache), adds the bias and applies SiLU in registers: x is read once and y written once from memory.
 Backward: two kernels. The first, a program per (run of time blocks, channel block, batch), recomputes z once per
-row, stores dz in float32 and accumulates per-program float32 partial sums of dw and dbias from the same xp tiles,
+row, stores dz and accumulates per-program float32 partial sums of dw and dbias from the same xp tiles,
 which PyTorch adds (deterministic). The second sums W shifted dz tiles into dx and the cache's gradient. (Computing
 dxp in one pass would need dz at W shifted row sets, i.e. z recomputed W times from W^2 tile loads: on an H100 that
 took 0.25 ms for [8, 2048, 1024] bf16, several times the cost of the memory traffic.)
-Arithmetic is float32 for every input dtype. Both are torch custom ops (``linattn::short_conv_fwd`` /
+dz is stored in the input's dtype for bf16/fp16 inputs (float32 otherwise); all other arithmetic is float32.
+Streams: one launch of each kernel may cover up to three streams of adjacent channels of x (q, k and v of a joint
+projection, shortconv_joint.py), each with its own output and output gradient tensor (no block straddles two);
+dx may be written into the columns of a wider tensor. Both are torch ops (``linattn::short_conv_fwd`` /
 ``_bwd``) with autograd for torch.compile, and run eagerly through a plain autograd Function (less host time).
 Runs on CUDA tensors, or on the CPU under TRITON_INTERPRET=1.
 """
@@ -72,11 +75,25 @@ def _preact(x, cache, w, bias, i_b, s, o_d, m_d, T, D, sx_b, sx_t, W: tl.constex
     return z
 
 
+@triton.jit
+def _stream_at(c0, E0, E1, D, p0, p1, p2):
+    """Where channel c0 lies among up to three streams of channels [0, E0), [E0, E1), [E1, D): (the stream's
+    tensor, its first channel, its width). One stream: E0 = E1 = D."""
+    if c0 < E0:
+        p, first, width = p0, 0, E0
+    elif c0 < E1:
+        p, first, width = p1, E0, E1 - E0
+    else:
+        p, first, width = p2, E1, D - E1
+    return p, first, width
+
+
 @fast_launch
 @triton.jit(do_not_specialize=["T"])
-def _conv_fwd_kernel(x, cache, w, bias, y, T, D, sx_b, sx_t, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-                     HAS_CACHE: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
-    """Grid (cdiv(T, BT), cdiv(D, BD), B): y[b, s] for one block of rows s and channels."""
+def _conv_fwd_kernel(x, cache, w, bias, y0, y1, y2, T, D, E0, E1, sx_b, sx_t, W: tl.constexpr, BT: tl.constexpr,
+                     BD: tl.constexpr, HAS_CACHE: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
+    """Grid (cdiv(T, BT), cdiv(D, BD), B): y[b, s] for one block of rows s and channels, written to the output of
+    the channels' stream (y0, y1, y2: [B, T, width] each; no block straddles two streams)."""
     i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     s = i_t * BT + tl.arange(0, BT)
     o_d = i_d * BD + tl.arange(0, BD)
@@ -84,34 +101,38 @@ def _conv_fwd_kernel(x, cache, w, bias, y, T, D, sx_b, sx_t, W: tl.constexpr, BT
     z = _preact(x, cache, w, bias, i_b, s, o_d, m_d, T, D, sx_b, sx_t, W, HAS_CACHE, HAS_BIAS)
     if SILU:
         z = z * tl.sigmoid(z)
-    tl.store(y + (i_b * T + s)[:, None] * D + o_d[None, :], z.to(y.dtype.element_ty),
+    y, first, width = _stream_at(i_d * BD, E0, E1, D, y0, y1, y2)
+    tl.store(y + (i_b * T + s)[:, None] * width + (o_d - first)[None, :], z.to(y.dtype.element_ty),
              mask=(s < T)[:, None] & m_d[None, :])
 
 
 @fast_launch
 @triton.jit(do_not_specialize=["T", "NP", "NB"])
-def _conv_dz_kernel(x, cache, w, bias, dy, dz, dw_part, db_part, T, D, sx_b, sx_t, NP, NB, W: tl.constexpr,
-                    BW: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, HAS_CACHE: tl.constexpr,
+def _conv_dz_kernel(x, cache, w, bias, dy0, dy1, dy2, dz, dw_part, db_part, T, D, E0, E1, sx_b, sx_t, NP, NB,
+                    W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, HAS_CACHE: tl.constexpr,
                     HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
-    """Grid (NP = cdiv(T, NB * BT), cdiv(D, BD), B): dz = dy ⊙ act'(z) (z recomputed) for NB consecutive blocks of
-    BT output rows s, stored in float32, and this program's partial sums of dw_i = sum_s dz_s xp_{s+i} and dbias,
+    """Grid (NP = cdiv(T, NB * BT), cdiv(D, BD), B): dz = dy ⊙ act'(z) (z recomputed; dy read from the gradient of
+    the channels' stream, dy0, dy1, dy2 as the forward's y0, y1, y2) for NB consecutive blocks of BT output rows s,
+    stored in dz's dtype, and this program's float32 partial sums of dw_i = sum_s dz_s xp_{s+i} and dbias,
     accumulated in registers (the xp tiles are the ones z was computed from, re-read from the cache)."""
     i_p, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
+    dy, first, width = _stream_at(i_d * BD, E0, E1, D, dy0, dy1, dy2)
     o_w = tl.arange(0, BW)
     dw_acc = tl.zeros([BW, BD], dtype=tl.float32)
     db_acc = tl.zeros([BD], dtype=tl.float32)
     for j in range(NB):
         s = (i_p * NB + j) * BT + tl.arange(0, BT)
         m_s = s < T
-        g = tl.load(dy + (i_b * T + s)[:, None] * D + o_d[None, :], mask=m_s[:, None] & m_d[None, :],
+        g = tl.load(dy + (i_b * T + s)[:, None] * width + (o_d - first)[None, :], mask=m_s[:, None] & m_d[None, :],
                     other=0.0).to(tl.float32)
         if SILU:
             z = _preact(x, cache, w, bias, i_b, s, o_d, m_d, T, D, sx_b, sx_t, W, HAS_CACHE, HAS_BIAS)
             sig = tl.sigmoid(z)
             g = g * sig * (1.0 + z * (1.0 - sig))
-        tl.store(dz + (i_b * T + s)[:, None] * D + o_d[None, :], g, mask=m_s[:, None] & m_d[None, :])
+        tl.store(dz + (i_b * T + s)[:, None] * D + o_d[None, :], g.to(dz.dtype.element_ty),
+                 mask=m_s[:, None] & m_d[None, :])
         for i in tl.static_range(W):
             xp_i = _load_xp(x, cache, i_b, s + i, o_d, m_d, T, D, sx_b, sx_t, W, HAS_CACHE)
             dw_acc += tl.where(o_w[:, None] == i, tl.sum(g * xp_i, axis=0)[None, :], 0.0)
@@ -124,10 +145,11 @@ def _conv_dz_kernel(x, cache, w, bias, dy, dz, dw_part, db_part, T, D, sx_b, sx_
 
 @fast_launch
 @triton.jit(do_not_specialize=["T"])
-def _conv_dx_kernel(w, dz, dx, dcache, T, D, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+def _conv_dx_kernel(w, dz, dx, dcache, T, D, sdx_b, sdx_t, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
                     HAS_CACHE: tl.constexpr):
-    """Grid (cdiv(T + W - 1, BT), cdiv(D, BD), B): dxp_p = sum_i w_i ⊙ dz_{p-i} for one block of padded rows p,
-    written to dx (rows p >= W - 1) and to the cache's gradient (rows p < W - 1)."""
+    """Grid (cdiv(T + W - 1, BT), cdiv(D, BD), B): dxp_p = sum_i w_i ⊙ dz_{p-i} (float32) for one block of padded
+    rows p, written to dx (rows p >= W - 1; batch and time strides sdx_b, sdx_t: it may be the columns of a wider
+    gradient) and to the cache's gradient (rows p < W - 1)."""
     i_p, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
@@ -138,9 +160,9 @@ def _conv_dx_kernel(w, dz, dx, dcache, T, D, W: tl.constexpr, BT: tl.constexpr, 
         m_s = (s >= 0) & (s < T)
         w_i = tl.load(w + o_d * W + i, mask=m_d, other=0.0).to(tl.float32)
         dxp += tl.load(dz + (i_b * T + s)[:, None] * D + o_d[None, :], mask=m_s[:, None] & m_d[None, :],
-                       other=0.0) * w_i[None, :]
+                       other=0.0).to(tl.float32) * w_i[None, :]
     s = p - (W - 1)
-    tl.store(dx + (i_b * T + s)[:, None] * D + o_d[None, :], dxp.to(dx.dtype.element_ty),
+    tl.store(dx + i_b * sdx_b + s[:, None] * sdx_t + o_d[None, :], dxp.to(dx.dtype.element_ty),
              mask=((s >= 0) & (s < T))[:, None] & m_d[None, :])
     if HAS_CACHE:
         tl.store(dcache + (i_b * (W - 1) + p)[:, None] * D + o_d[None, :], dxp.to(dcache.dtype.element_ty),
@@ -156,23 +178,66 @@ def _has_cache(cache: torch.Tensor | None) -> bool:
     return cache is not None and cache.shape[1] > 0
 
 
-def _blocks(D: int, phase: str) -> tuple[int, int]:
-    """(rows, channels) of a tile of the ``phase`` ("fwd" or "bwd") kernels."""
-    return LAUNCH[f"{phase}_BT"], min(LAUNCH[f"{phase}_BD"], max(16, next_power_of_2(D)))
+def _blocks(widths: list[int], phase: str) -> tuple[int, int]:
+    """(rows, channels) of a tile of the ``phase`` ("fwd" or "bwd") kernels over streams of these widths: as many
+    channels as LAUNCH gives, fewer where that keeps a block inside one stream."""
+    BD = min(LAUNCH[f"{phase}_BD"], max(16, next_power_of_2(sum(widths))))
+    while len(widths) > 1 and BD > 16 and any(d % BD for d in widths[:-1]):
+        BD //= 2
+    return LAUNCH[f"{phase}_BT"], BD
+
+
+def stream_groups(widths: list[int], phase: str) -> list[tuple[int, list[int]]]:
+    """The launches that cover streams of these widths (adjacent channels of one input): (first channel, widths)
+    of up to three streams each, whose blocks of the ``phase`` kernels never straddle two streams; a stream of a
+    width no block size of 16 or more divides gets a launch of its own."""
+    groups, first, i = [], 0, 0
+    while i < len(widths):
+        group = widths[i:i + 3]
+        while len(group) > 1 and any(d % 16 for d in group[:-1]):
+            group = group[:-1]
+        groups.append((first, group))
+        first += sum(group)
+        i += len(group)
+    return groups
+
+
+def _ends(widths: list[int]) -> tuple[int, int]:
+    """The stream ends E0, E1 the kernels take (streams [0, E0), [E0, E1), [E1, D))."""
+    ends = [sum(widths[:i + 1]) for i in range(len(widths))] + [sum(widths)] * 2
+    return ends[0], ends[1]
+
+
+def conv_streams_fwd(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
+                     silu: bool, widths: list[int]) -> list[torch.Tensor]:
+    """y = act(conv(x)) of x [B, T, D] (unit channel stride) as one tensor [B, T, width] per stream of adjacent
+    channels (``widths`` sum to D); weight [D, W], bias [D] or None, cache [B, W-1, D] or None."""
+    B, T, D = x.shape
+    W = weight.shape[1]
+    has_cache = _has_cache(cache)
+    if has_cache and len(widths) > 1:
+        raise ValueError(f"a ShortConv cache goes with one stream, got {len(widths)}")
+    outs = [torch.empty(B, T, d, device=x.device, dtype=x.dtype) for d in widths]
+    i = 0
+    for first, group in stream_groups(widths, "fwd"):
+        n = sum(group)
+        xs = x if n == D else x[..., first:first + n]
+        ys = outs[i:i + len(group)]
+        ys += [ys[0]] * (3 - len(ys))
+        E0, E1 = _ends(group)
+        BT, BD = _blocks(group, "fwd")
+        _conv_fwd_kernel[(cdiv(T, BT), cdiv(n, BD), B)](
+            x=xs, cache=cache if has_cache else xs,
+            w=weight[first:first + n], bias=bias[first:first + n] if bias is not None else weight, y0=ys[0], y1=ys[1],
+            y2=ys[2], T=T, D=n, E0=E0, E1=E1, sx_b=x.stride(0), sx_t=x.stride(1), W=W, BT=BT, BD=BD,
+            HAS_CACHE=has_cache, HAS_BIAS=bias is not None, SILU=silu, num_warps=LAUNCH["fwd_warps"])
+        i += len(group)
+    return outs
 
 
 def _conv_fwd(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
-                    silu: bool) -> torch.Tensor:
-    B, T, D = x.shape
-    W = weight.shape[1]
-    x = _rows_contiguous(x)
-    y = torch.empty(B, T, D, device=x.device, dtype=x.dtype)
-    BT, BD = _blocks(D, "fwd")
-    _conv_fwd_kernel[(cdiv(T, BT), cdiv(D, BD), B)](
-        x=x, cache=cache if _has_cache(cache) else x, w=weight, bias=bias if bias is not None else weight, y=y, T=T,
-        D=D, sx_b=x.stride(0), sx_t=x.stride(1), W=W, BT=BT, BD=BD, HAS_CACHE=_has_cache(cache),
-        HAS_BIAS=bias is not None, SILU=silu, num_warps=LAUNCH["fwd_warps"])
-    return y
+              silu: bool) -> torch.Tensor:
+    return conv_streams_fwd(_rows_contiguous(x), cache, weight, bias, silu, [x.shape[-1]])[0]
 
 
 def _short_conv_fwd_fake(x, cache, weight, bias, silu):
@@ -182,35 +247,61 @@ def _short_conv_fwd_fake(x, cache, weight, bias, silu):
 _short_conv_fwd = define_op("short_conv_fwd", _conv_fwd, _short_conv_fwd_fake)
 
 
-def _conv_bwd(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
-                    silu: bool, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx, d_cache ([B, 0, D] without a cache), d_weight [D, W], d_bias ([D] zeros without a bias))."""
+def conv_streams_bwd(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
+                     silu: bool, dys: list[torch.Tensor], dx: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward of :func:`conv_streams_fwd` given the gradients ``dys`` of its outputs (one per stream,
+    [B, T, width]): (dx, d_cache ([B, 0, D] without a cache), d_weight [D, W], d_bias ([D] zeros without a bias)).
+    ``dx``: a [B, T, D] tensor with unit channel stride (e.g. columns of a wider gradient) to write dx into."""
     B, T, D = x.shape
     W = weight.shape[1]
-    x, dy = _rows_contiguous(x), dy.contiguous()
-    BT, BD = _blocks(D, "bwd")
-    # each program of the dz kernel walks NB row blocks, so the float32 partial sums of dw stay small next to x
-    # (<= 1/16 of the blocks for long inputs) while about LAUNCH["bwd_programs"] programs keep the GPU busy
-    blocks = cdiv(T, BT)
-    NB = max(1, min(LAUNCH["bwd_max_blocks"], blocks * cdiv(D, BD) * B // LAUNCH["bwd_programs"]))
-    NP = cdiv(blocks, NB)
-    dz = torch.empty(B, T, D, device=x.device, dtype=torch.float32)
-    dx = torch.empty(B, T, D, device=x.device, dtype=x.dtype)
-    dcache = torch.empty(B, W - 1 if _has_cache(cache) else 0, D, device=x.device,
+    has_cache = _has_cache(cache)
+    widths = [g.shape[-1] for g in dys]
+    dys = [g.contiguous() for g in dys]
+    dx = torch.empty(B, T, D, device=x.device, dtype=x.dtype) if dx is None else dx
+    dcache = torch.empty(B, W - 1 if has_cache else 0, D, device=x.device,
                          dtype=x.dtype if cache is None else cache.dtype)
-    dw_part = torch.empty(B, NP, W, D, device=x.device, dtype=torch.float32)
-    db_part = torch.empty(B, NP, D if bias is not None else 0, device=x.device, dtype=torch.float32)
-    _conv_dz_kernel[(NP, cdiv(D, BD), B)](
-        x=x, cache=cache if _has_cache(cache) else x, w=weight, bias=bias if bias is not None else weight, dy=dy,
-        dz=dz, dw_part=dw_part, db_part=db_part if bias is not None else dw_part, T=T, D=D, sx_b=x.stride(0),
-        sx_t=x.stride(1), NP=NP, NB=NB, W=W, BW=next_power_of_2(W), BT=BT, BD=BD, HAS_CACHE=_has_cache(cache),
-        HAS_BIAS=bias is not None, SILU=silu, num_warps=LAUNCH["bwd_warps"])
-    _conv_dx_kernel[(cdiv(T + W - 1, BT), cdiv(D, BD), B)](
-        w=weight, dz=dz, dx=dx, dcache=dcache if _has_cache(cache) else dx, T=T, D=D, W=W, BT=BT, BD=BD,
-        HAS_CACHE=_has_cache(cache), num_warps=LAUNCH["bwd_warps"])
-    dw = dw_part.sum((0, 1)).transpose(0, 1).contiguous().to(weight.dtype)  # [W, D] -> [D, W]
-    db = db_part.sum((0, 1)).to(weight.dtype if bias is None else bias.dtype)
-    return dx, dcache, dw, db
+    if has_cache and len(widths) > 1:
+        raise ValueError(f"a ShortConv cache goes with one stream, got {len(widths)}")
+    dw_parts, db_parts, i = [], [], 0
+    for first, group in stream_groups(widths, "bwd"):
+        n = sum(group)
+        sl = slice(first, first + n)
+        xs, dxs = (x, dx) if n == D else (x[..., sl], dx[..., sl])
+        # dz in the input's dtype for bf16/fp16 (half the bytes written and read back; dw is summed from the
+        # float32 values in registers), float32 otherwise
+        dz = torch.empty(B, T, n, device=x.device, dtype=torch.float32 if x.dtype == torch.float64 else x.dtype)
+        gs = dys[i:i + len(group)]
+        gs += [gs[0]] * (3 - len(gs))
+        E0, E1 = _ends(group)
+        BT, BD = _blocks(group, "bwd")
+        # each program of the dz kernel walks NB row blocks, so the float32 partial sums of dw stay small next to x
+        # (<= 1/16 of the blocks for long inputs) while about LAUNCH["bwd_programs"] programs keep the GPU busy
+        blocks = cdiv(T, BT)
+        NB = max(1, min(LAUNCH["bwd_max_blocks"], blocks * cdiv(n, BD) * B // LAUNCH["bwd_programs"]))
+        NP = cdiv(blocks, NB)
+        dw_part = torch.empty(B, NP, W, n, device=x.device, dtype=torch.float32)
+        db_part = torch.empty(B, NP, n if bias is not None else 0, device=x.device, dtype=torch.float32)
+        _conv_dz_kernel[(NP, cdiv(n, BD), B)](
+            x=xs, cache=cache if has_cache else xs, w=weight[sl], bias=bias[sl] if bias is not None else weight,
+            dy0=gs[0], dy1=gs[1], dy2=gs[2], dz=dz, dw_part=dw_part, db_part=db_part if bias is not None else dw_part,
+            T=T, D=n, E0=E0, E1=E1, sx_b=x.stride(0), sx_t=x.stride(1), NP=NP, NB=NB, W=W, BW=next_power_of_2(W),
+            BT=BT, BD=BD, HAS_CACHE=has_cache, HAS_BIAS=bias is not None, SILU=silu, num_warps=LAUNCH["bwd_warps"])
+        _conv_dx_kernel[(cdiv(T + W - 1, BT), cdiv(n, BD), B)](
+            w=weight[sl], dz=dz, dx=dxs, dcache=dcache if has_cache else dxs, T=T, D=n, sdx_b=dx.stride(0),
+            sdx_t=dx.stride(1), W=W, BT=BT, BD=BD, HAS_CACHE=has_cache, num_warps=LAUNCH["bwd_warps"])
+        dw_parts.append(dw_part.sum((0, 1)))
+        db_parts.append(db_part.sum((0, 1)))
+        i += len(group)
+    dw = (dw_parts[0] if len(dw_parts) == 1 else torch.cat(dw_parts, 1)).transpose(0, 1).contiguous()
+    db = db_parts[0] if len(db_parts) == 1 else torch.cat(db_parts)
+    return dx, dcache, dw.to(weight.dtype), db.to(weight.dtype if bias is None else bias.dtype)
+
+
+def _conv_bwd(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
+              silu: bool, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, d_cache ([B, 0, D] without a cache), d_weight [D, W], d_bias ([D] zeros without a bias))."""
+    return conv_streams_bwd(_rows_contiguous(x), cache, weight, bias, silu, [dy])
 
 
 def _short_conv_bwd_fake(x, cache, weight, bias, silu, dy):

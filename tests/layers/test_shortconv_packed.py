@@ -17,12 +17,14 @@ CU = torch.tensor([0, 2, 3, 10, 13], dtype=torch.int32)
 @pytest.mark.parametrize("with_cache", [False, True], ids=["zeros", "cache"])
 @pytest.mark.parametrize("backend", ["muladd", "conv1d", "triton"])
 def test_packed_equals_separate(backend: str, with_cache: bool) -> None:
+    # the Triton kernels take CUDA tensors where there is a GPU (else the CPU interpreter runs them)
+    device = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
-    conv = ShortConv(D, kernel_size=W, bias=True)
+    conv = ShortConv(D, kernel_size=W, bias=True).to(device)
     conv.backend = backend
-    x = torch.randn(1, sum(LENGTHS), D, requires_grad=True)
-    cache = torch.randn(len(LENGTHS), W - 1, D, requires_grad=True) if with_cache else None
-    y, new_cache = conv(x, cache, cu_seqlens=CU)
+    x = torch.randn(1, sum(LENGTHS), D, device=device, requires_grad=True)
+    cache = torch.randn(len(LENGTHS), W - 1, D, device=device, requires_grad=True) if with_cache else None
+    y, new_cache = conv(x, cache, cu_seqlens=CU.to(device))
 
     ys, caches = [], []
     for i, (s, e) in enumerate(zip(CU[:-1].tolist(), CU[1:].tolist(), strict=True)):
@@ -34,7 +36,7 @@ def test_packed_equals_separate(backend: str, with_cache: bool) -> None:
     torch.testing.assert_close(new_cache, cache_ref, rtol=0, atol=0)
 
     leaves = [x, conv.weight, conv.bias] + ([cache] if with_cache else [])
-    w = torch.linspace(-1, 1, y.numel()).reshape(y.shape)
+    w = torch.linspace(-1, 1, y.numel(), device=device).reshape(y.shape)
     assert_same_gradients((y * w).sum() + new_cache.sum(), (y_ref * w).sum() + cache_ref.sum(), leaves,
                           rtol=1e-5, atol=1e-5)
 
