@@ -39,7 +39,7 @@ from linattn.ops.common.varlen import check_cu_seqlens, check_packed_batch, sequ
 from .cache import LayerCache
 from .checks import check_conv_cache, check_layer_input, check_short_conv, check_static_step_input, head_dims
 from .norms import norm_gate_project
-from .shortconv import CONV_MODES, ShortConv, last_inputs
+from .shortconv import CONV_MODES, ShortConv, last_inputs, packed_last_inputs
 from .static_cache import StaticLayerCache, copy_rows_, copy_state_, state_dtype
 
 TokenArgs = dict[str, torch.Tensor | None]  # the op's inputs that vary over time ([B, T, ...]) by the op's names
@@ -186,20 +186,20 @@ class MixerLayer(nn.Module):
     def convolve(self, pre: Projections, cache: LayerCache | StaticLayerCache | None,
                  cu_seqlens: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], dict]:
         """The streams with each ShortConv applied to its own (a new dict), and the new conv caches."""
-        joint = self.joint_conv_streams(pre, cache, cu_seqlens)
+        joint = self.joint_conv_streams(pre, cache)
         if joint:
-            return self.convolve_jointly(pre, joint)
+            return self.convolve_jointly(pre, joint, cu_seqlens)
         out, new_conv = dict(pre.streams), {}
         for name, conv in self.convs.items():
             out[name], new_conv[name] = run_conv(conv, name, pre.streams[name], cache, cu_seqlens)
         return out, new_conv
 
-    def joint_conv_streams(self, pre: Projections, cache: object, cu_seqlens: torch.Tensor | None) -> list[str]:
+    def joint_conv_streams(self, pre: Projections, cache: object) -> list[str]:
         """The names of the joint projection's streams when its ShortConvs run as one op over it
         (shortconv_joint.py), else []: every ShortConv reads a leading stream of the joint projection, all with the
-        same kernel size, activation and bias or none, each on the Triton backend, over a whole sequence (no cache,
-        not packed)."""
-        if pre.joint is None or cache is not None or cu_seqlens is not None or len(self.convs) == 0:
+        same kernel size, activation and bias or none, each on the Triton backend, over whole sequences (no cache;
+        packed sequences included)."""
+        if pre.joint is None or cache is not None or len(self.convs) == 0:
             return []
         names = list(self.x_projections())
         n = len(self.convs)
@@ -214,22 +214,32 @@ class MixerLayer(nn.Module):
                 return []
         return names
 
-    def convolve_jointly(self, pre: Projections, names: list[str]) -> tuple[dict[str, torch.Tensor], dict]:
+    def convolve_jointly(self, pre: Projections, names: list[str], cu_seqlens: torch.Tensor | None = None
+                         ) -> tuple[dict[str, torch.Tensor], dict]:
         """:meth:`convolve` as one op over the joint projection (its streams ``names``, the convolved ones first):
         the convolved streams and the other streams of the joint projection as new tensors, whose gradients the
-        op's backward writes into the joint projection's gradient in place (shortconv_joint.py)."""
+        op's backward writes into the joint projection's gradient in place (shortconv_joint.py). ``cu_seqlens``:
+        packed sequences, each convolved alone (the kernels read each token's position inside its sequence)."""
         from .shortconv_joint import conv_streams
 
         convs = [self.convs[name] for name in names[:len(self.convs)]]
         widths = [pre.streams[name].shape[-1] for name in names]
         weight = torch.cat([c.weight[:, 0] for c in convs]) if len(convs) > 1 else convs[0].weight[:, 0]
         bias = None if convs[0].bias is None else torch.cat([c.bias for c in convs])
+        W, conv_names = convs[0].kernel_size, names[:len(convs)]
+        if cu_seqlens is None:
+            pos = None
+            caches = {name: last_inputs(pre.streams[name], None, W) for name in conv_names}
+        else:
+            check_packed_batch("x", pre.joint)
+            offsets = check_cu_seqlens(cu_seqlens, pre.joint.shape[1], pre.joint.device)
+            pos = sequence_positions(offsets, pre.joint.device, cu_seqlens)
+            caches = {name: packed_last_inputs(pre.streams[name], offsets, cu_seqlens, W) for name in conv_names}
         streams = conv_streams(pre.joint, weight, bias, widths[:len(convs)], widths[len(convs):],
-                               convs[0].activation == "silu")
+                               convs[0].activation == "silu", pos)
         out = dict(pre.streams)
         out.update(zip(names, streams))
-        W = convs[0].kernel_size
-        return out, {name: last_inputs(pre.streams[name], None, W) for name in names[:len(convs)]}
+        return out, caches
 
     def op_inputs(self, x: torch.Tensor, s: dict[str, torch.Tensor], offset: int | torch.Tensor,
                   cu_seqlens: torch.Tensor | None) -> MixOut:

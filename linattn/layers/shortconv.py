@@ -38,7 +38,7 @@ from torch import nn
 from linattn import switches
 from linattn.ops.common.packed_call import device_offsets, kept
 from linattn.ops.common.triton_compat import triton_importable
-from linattn.ops.common.varlen import check_cu_seqlens, check_packed_batch
+from linattn.ops.common.varlen import check_cu_seqlens, check_packed_batch, sequence_positions
 
 CONV_MODES = ("learned", "shift", "identity")
 ACTIVATIONS = ("silu", None)
@@ -151,6 +151,12 @@ class ShortConv(nn.Module):
         backend = self._resolved_backend(x)
         if backend == "muladd":
             return self._packed_muladd(x, cache, offsets)
+        if backend == "triton" and cache is None:  # the kernels keep every tap inside its row's own sequence
+            from .shortconv_triton import causal_conv_triton
+
+            pos = sequence_positions(offsets, x.device, cu_seqlens)
+            y = causal_conv_triton(x, None, self.weight[:, 0], self.bias, self.activation == "silu", pos=pos)
+            return y, packed_last_inputs(x, offsets, cu_seqlens, self.kernel_size)
         return self._packed_gapped(x, cache, offsets, backend, cu_seqlens)
 
     def _packed_gapped(self, x: torch.Tensor, cache: torch.Tensor | None, offsets: list[int], backend: str,
@@ -268,6 +274,22 @@ def last_inputs(x: torch.Tensor, cache: torch.Tensor | None, kernel_size: int) -
         return x[:, T - (W - 1):].clone()  # a copy: a view would keep all of x alive in the cache
     before = x.new_zeros(B, W - 1, D) if cache is None else cache.to(x.dtype)
     return torch.cat([before[:, T:], x], dim=1)
+
+
+def packed_last_inputs(x: torch.Tensor, offsets: list[int], cu_seqlens: torch.Tensor, kernel_size: int
+                       ) -> torch.Tensor:
+    """The caches a ShortConv of ``kernel_size`` W returns after packed input x [1, T, D] (sequences at ``offsets``,
+    read from ``cu_seqlens``; no cache in): each sequence's last W-1 inputs [N, W-1, D], zeros before its start."""
+    N, W, D = len(offsets) - 1, kernel_size, x.shape[-1]
+
+    def rows() -> tuple[torch.Tensor, torch.Tensor]:
+        cu = device_offsets(cu_seqlens, offsets, x.device)
+        index = cu[1:, None] - (W - 1) + torch.arange(W - 1, device=x.device)[None]
+        return index.clamp_min(0).flatten(), (index >= cu[:-1, None])[..., None]
+
+    index, inside = kept(cu_seqlens, ("shortconv_last", W, str(x.device)), rows)
+    last = x[0].index_select(0, index).view(N, W - 1, D)
+    return torch.where(inside, last, last.new_zeros(()))
 
 
 def set_shortconv_backend(model: nn.Module, backend: str) -> int:

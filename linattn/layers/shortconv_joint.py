@@ -12,7 +12,8 @@ what a consumer keeps of one stream does not keep the others alive), and a copy 
 y's gradient is written in place, each conv stream's dx by the dx kernel straight into its columns and each small
 stream's gradient copied into its columns. Convolved one slice at a time instead, autograd assembles y's gradient
 from a gradient per slice: a concatenation when eager, and under torch.compile a copy kernel per slice (on an
-H100, 2.3 ms of the benchmark model's 75 ms training step).
+H100, 2.3 ms of the benchmark model's 75 ms training step). Packed sequences (y [1, T, ...]) pass ``pos``, each
+row's position inside its own sequence: every sequence is convolved alone (shortconv_triton.py).
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ from .shortconv_triton import conv_streams_bwd, conv_streams_fwd
 
 
 def _fwd(y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv_widths: list[int],
-         pass_widths: list[int], silu: bool) -> list[torch.Tensor]:
+         pass_widths: list[int], silu: bool, pos: torch.Tensor | None = None) -> list[torch.Tensor]:
     Dc = sum(conv_widths)
-    outs = conv_streams_fwd(y if Dc == y.shape[-1] else y[..., :Dc], None, weight, bias, silu, conv_widths)
+    outs = conv_streams_fwd(y if Dc == y.shape[-1] else y[..., :Dc], None, weight, bias, silu, conv_widths, pos)
     first = Dc
     for width in pass_widths:
         outs.append(y[..., first:first + width].contiguous())
@@ -35,7 +36,7 @@ def _fwd(y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv_
     return outs
 
 
-def _fwd_fake(y, weight, bias, conv_widths, pass_widths, silu):
+def _fwd_fake(y, weight, bias, conv_widths, pass_widths, silu, pos=None):
     B, T, _ = y.shape
     return [y.new_empty(B, T, width) for width in (*conv_widths, *pass_widths)]
 
@@ -44,14 +45,14 @@ _fwd_op = define_op("short_conv_streams_fwd", _fwd, _fwd_fake)
 
 
 def _bwd(y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv_widths: list[int],
-         pass_widths: list[int], silu: bool, grads: list[torch.Tensor | None]
+         pass_widths: list[int], silu: bool, grads: list[torch.Tensor | None], pos: torch.Tensor | None = None
          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dy, d_weight, d_bias (empty without a bias)) from the gradients of the outputs (None: zeros)."""
     Dc, n = sum(conv_widths), len(conv_widths)
     dy = torch.empty_like(y)
     conv_grads = [torch.zeros_like(y[..., :w]) if g is None else g for g, w in zip(grads[:n], conv_widths)]
     _, _, dw, db = conv_streams_bwd(y if Dc == y.shape[-1] else y[..., :Dc], None, weight, bias, silu, conv_grads,
-                                    dx=dy if Dc == y.shape[-1] else dy[..., :Dc])
+                                    dx=dy if Dc == y.shape[-1] else dy[..., :Dc], pos=pos)
     first = Dc
     for width, g in zip(pass_widths, grads[n:]):
         if g is None:
@@ -62,7 +63,7 @@ def _bwd(y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv_
     return dy, dw, db
 
 
-def _bwd_fake(y, weight, bias, conv_widths, pass_widths, silu, grads):
+def _bwd_fake(y, weight, bias, conv_widths, pass_widths, silu, grads, pos=None):
     db = weight.new_empty(weight.shape[0] if bias is not None else 0,
                           dtype=weight.dtype if bias is None else bias.dtype)
     return torch.empty_like(y), weight.new_empty(weight.shape), db
@@ -72,16 +73,16 @@ _bwd_op = define_op("short_conv_streams_bwd", _bwd, _bwd_fake)
 
 
 def _setup_context(ctx, inputs, output):
-    y, weight, bias, conv_widths, pass_widths, silu = inputs
-    ctx.save_for_backward(y, weight, bias)
+    y, weight, bias, conv_widths, pass_widths, silu, pos = inputs
+    ctx.save_for_backward(y, weight, bias, pos)
     ctx.widths, ctx.silu = (conv_widths, pass_widths), silu
 
 
 def _backward(ctx, *grads):
-    y, weight, bias = ctx.saved_tensors
+    y, weight, bias, pos = ctx.saved_tensors
     run_bwd = _bwd if eager_backward(ctx) else _bwd_op
-    dy, dw, db = run_bwd(y, weight, bias, *ctx.widths, ctx.silu, list(grads))
-    return dy, dw, (db if bias is not None else None), None, None, None
+    dy, dw, db = run_bwd(y, weight, bias, *ctx.widths, ctx.silu, list(grads), pos)
+    return dy, dw, (db if bias is not None else None), None, None, None, None
 
 
 _differentiable = op_function("ShortConvStreams", lambda *args: tuple(_fwd(*args)),
@@ -89,10 +90,11 @@ _differentiable = op_function("ShortConvStreams", lambda *args: tuple(_fwd(*args
 
 
 def conv_streams(y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv_widths: list[int],
-                 pass_widths: list[int], silu: bool) -> tuple[torch.Tensor, ...]:
+                 pass_widths: list[int], silu: bool, pos: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """The streams of a joint projection y [B, T, sum(conv_widths) + sum(pass_widths)] (contiguous): one
     ShortConv output per conv stream (``weight`` [sum(conv_widths), W], ``bias`` the same rows or None; SiLU when
     ``silu``), then a copy of each other stream; each [B, T, width]. Differentiable in y, weight and bias (module
-    docstring). CUDA tensors, or the CPU under TRITON_INTERPRET=1; checked by the layer."""
+    docstring). ``pos``: packed sequences (y [1, T, ...]), each row's position inside its own sequence. CUDA
+    tensors, or the CPU under TRITON_INTERPRET=1; checked by the layer."""
     return _differentiable(y.contiguous(), weight.contiguous(), bias, list(conv_widths), list(pass_widths),
-                           bool(silu))
+                           bool(silu), None if pos is None else pos.contiguous())

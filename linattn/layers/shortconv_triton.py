@@ -19,7 +19,11 @@ took 0.25 ms for [8, 2048, 1024] bf16, several times the cost of the memory traf
 dz is stored in the input's dtype for bf16/fp16 inputs (float32 otherwise); all other arithmetic is float32.
 Streams: one launch of each kernel may cover up to three streams of adjacent channels of x (q, k and v of a joint
 projection, shortconv_joint.py), each with its own output and output gradient tensor (no block straddles two);
-dx may be written into the columns of a wider tensor. Both are torch ops (``linattn::short_conv_fwd`` /
+dx may be written into the columns of a wider tensor.
+Packed sequences (B = 1, no cache): ``pos`` [T] gives each row's position inside its own sequence, and a tap that
+would reach back past the sequence's start (lag W-1-i > pos_s) reads zero instead, in all three kernels, so no
+document reads another and the result equals convolving each alone (the gradients likewise stay inside each
+document) with no copy into a gapped layout. Both are torch ops (``linattn::short_conv_fwd`` /
 ``_bwd``) with autograd for torch.compile, and run eagerly through a plain autograd Function (less host time).
 Runs on CUDA tensors, or on the CPU under TRITON_INTERPRET=1.
 """
@@ -63,13 +67,33 @@ def _load_xp(x, cache, i_b, p, o_d, m_d, T, D, sx_b, sx_t, W: tl.constexpr, HAS_
 
 
 @triton.jit
-def _preact(x, cache, w, bias, i_b, s, o_d, m_d, T, D, sx_b, sx_t, W: tl.constexpr, HAS_CACHE: tl.constexpr,
-            HAS_BIAS: tl.constexpr):
-    """z at output rows s: sum_i w_i xp_{s+i} (+ bias), float32."""
+def _tap_xp(x, cache, pos_s, i_b, s, i, o_d, m_d, T, D, sx_b, sx_t, W: tl.constexpr, HAS_CACHE: tl.constexpr,
+            PACKED: tl.constexpr):
+    """What tap i of output rows s reads, xp_{s+i} (float32 [len(s), BD]); PACKED: zero where the tap's lag W-1-i
+    reaches back past the start of the row's own sequence (pos_s: the rows' positions inside their sequences)."""
+    val = _load_xp(x, cache, i_b, s + i, o_d, m_d, T, D, sx_b, sx_t, W, HAS_CACHE)
+    if PACKED:
+        val = tl.where((pos_s >= W - 1 - i)[:, None], val, 0.0)
+    return val
+
+
+@triton.jit
+def _positions(pos, s, T, PACKED: tl.constexpr):
+    """The positions of rows s inside their own sequences (PACKED; else zeros, never read)."""
+    if PACKED:
+        return tl.load(pos + s, mask=(s >= 0) & (s < T), other=0)
+    else:
+        return tl.zeros([s.shape[0]], dtype=tl.int32)
+
+
+@triton.jit
+def _preact(x, cache, w, bias, pos_s, i_b, s, o_d, m_d, T, D, sx_b, sx_t, W: tl.constexpr, HAS_CACHE: tl.constexpr,
+            HAS_BIAS: tl.constexpr, PACKED: tl.constexpr):
+    """z at output rows s: sum_i w_i xp_{s+i} (+ bias), float32 (PACKED: taps within the rows' own sequences)."""
     z = tl.zeros([s.shape[0], o_d.shape[0]], dtype=tl.float32)
     for i in tl.static_range(W):
         w_i = tl.load(w + o_d * W + i, mask=m_d, other=0.0).to(tl.float32)
-        z += _load_xp(x, cache, i_b, s + i, o_d, m_d, T, D, sx_b, sx_t, W, HAS_CACHE) * w_i[None, :]
+        z += _tap_xp(x, cache, pos_s, i_b, s, i, o_d, m_d, T, D, sx_b, sx_t, W, HAS_CACHE, PACKED) * w_i[None, :]
     if HAS_BIAS:
         z += tl.load(bias + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :]
     return z
@@ -90,15 +114,17 @@ def _stream_at(c0, E0, E1, D, p0, p1, p2):
 
 @fast_launch
 @triton.jit(do_not_specialize=["T"])
-def _conv_fwd_kernel(x, cache, w, bias, y0, y1, y2, T, D, E0, E1, sx_b, sx_t, W: tl.constexpr, BT: tl.constexpr,
-                     BD: tl.constexpr, HAS_CACHE: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
+def _conv_fwd_kernel(x, cache, w, bias, pos, y0, y1, y2, T, D, E0, E1, sx_b, sx_t, W: tl.constexpr, BT: tl.constexpr,
+                     BD: tl.constexpr, HAS_CACHE: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+                     PACKED: tl.constexpr):
     """Grid (cdiv(T, BT), cdiv(D, BD), B): y[b, s] for one block of rows s and channels, written to the output of
     the channels' stream (y0, y1, y2: [B, T, width] each; no block straddles two streams)."""
     i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     s = i_t * BT + tl.arange(0, BT)
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
-    z = _preact(x, cache, w, bias, i_b, s, o_d, m_d, T, D, sx_b, sx_t, W, HAS_CACHE, HAS_BIAS)
+    z = _preact(x, cache, w, bias, _positions(pos, s, T, PACKED), i_b, s, o_d, m_d, T, D, sx_b, sx_t, W, HAS_CACHE,
+                HAS_BIAS, PACKED)
     if SILU:
         z = z * tl.sigmoid(z)
     y, first, width = _stream_at(i_d * BD, E0, E1, D, y0, y1, y2)
@@ -108,9 +134,9 @@ def _conv_fwd_kernel(x, cache, w, bias, y0, y1, y2, T, D, E0, E1, sx_b, sx_t, W:
 
 @fast_launch
 @triton.jit(do_not_specialize=["T", "NP", "NB"])
-def _conv_dz_kernel(x, cache, w, bias, dy0, dy1, dy2, dz, dw_part, db_part, T, D, E0, E1, sx_b, sx_t, NP, NB,
+def _conv_dz_kernel(x, cache, w, bias, pos, dy0, dy1, dy2, dz, dw_part, db_part, T, D, E0, E1, sx_b, sx_t, NP, NB,
                     W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, HAS_CACHE: tl.constexpr,
-                    HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
+                    HAS_BIAS: tl.constexpr, SILU: tl.constexpr, PACKED: tl.constexpr):
     """Grid (NP = cdiv(T, NB * BT), cdiv(D, BD), B): dz = dy ⊙ act'(z) (z recomputed; dy read from the gradient of
     the channels' stream, dy0, dy1, dy2 as the forward's y0, y1, y2) for NB consecutive blocks of BT output rows s,
     stored in dz's dtype, and this program's float32 partial sums of dw_i = sum_s dz_s xp_{s+i} and dbias,
@@ -127,14 +153,15 @@ def _conv_dz_kernel(x, cache, w, bias, dy0, dy1, dy2, dz, dw_part, db_part, T, D
         m_s = s < T
         g = tl.load(dy + (i_b * T + s)[:, None] * width + (o_d - first)[None, :], mask=m_s[:, None] & m_d[None, :],
                     other=0.0).to(tl.float32)
+        pos_s = _positions(pos, s, T, PACKED)
         if SILU:
-            z = _preact(x, cache, w, bias, i_b, s, o_d, m_d, T, D, sx_b, sx_t, W, HAS_CACHE, HAS_BIAS)
+            z = _preact(x, cache, w, bias, pos_s, i_b, s, o_d, m_d, T, D, sx_b, sx_t, W, HAS_CACHE, HAS_BIAS, PACKED)
             sig = tl.sigmoid(z)
             g = g * sig * (1.0 + z * (1.0 - sig))
         tl.store(dz + (i_b * T + s)[:, None] * D + o_d[None, :], g.to(dz.dtype.element_ty),
                  mask=m_s[:, None] & m_d[None, :])
         for i in tl.static_range(W):
-            xp_i = _load_xp(x, cache, i_b, s + i, o_d, m_d, T, D, sx_b, sx_t, W, HAS_CACHE)
+            xp_i = _tap_xp(x, cache, pos_s, i_b, s, i, o_d, m_d, T, D, sx_b, sx_t, W, HAS_CACHE, PACKED)
             dw_acc += tl.where(o_w[:, None] == i, tl.sum(g * xp_i, axis=0)[None, :], 0.0)
         db_acc += tl.sum(g, axis=0)
     part = i_b * NP + i_p
@@ -145,11 +172,12 @@ def _conv_dz_kernel(x, cache, w, bias, dy0, dy1, dy2, dz, dw_part, db_part, T, D
 
 @fast_launch
 @triton.jit(do_not_specialize=["T"])
-def _conv_dx_kernel(w, dz, dx, dcache, T, D, sdx_b, sdx_t, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-                    HAS_CACHE: tl.constexpr):
+def _conv_dx_kernel(w, dz, pos, dx, dcache, T, D, sdx_b, sdx_t, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+                    HAS_CACHE: tl.constexpr, PACKED: tl.constexpr):
     """Grid (cdiv(T + W - 1, BT), cdiv(D, BD), B): dxp_p = sum_i w_i ⊙ dz_{p-i} (float32) for one block of padded
     rows p, written to dx (rows p >= W - 1; batch and time strides sdx_b, sdx_t: it may be the columns of a wider
-    gradient) and to the cache's gradient (rows p < W - 1)."""
+    gradient) and to the cache's gradient (rows p < W - 1). PACKED: output row s = p - i contributes only when its
+    tap i stays inside its own sequence (pos_s >= W-1-i), as in the forward pass."""
     i_p, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
@@ -158,6 +186,8 @@ def _conv_dx_kernel(w, dz, dx, dcache, T, D, sdx_b, sdx_t, W: tl.constexpr, BT: 
     for i in tl.static_range(W):
         s = p - i
         m_s = (s >= 0) & (s < T)
+        if PACKED:
+            m_s = m_s & (_positions(pos, s, T, PACKED) >= W - 1 - i)
         w_i = tl.load(w + o_d * W + i, mask=m_d, other=0.0).to(tl.float32)
         dxp += tl.load(dz + (i_b * T + s)[:, None] * D + o_d[None, :], mask=m_s[:, None] & m_d[None, :],
                        other=0.0).to(tl.float32) * w_i[None, :]
@@ -208,15 +238,30 @@ def _ends(widths: list[int]) -> tuple[int, int]:
     return ends[0], ends[1]
 
 
+def _check_packed(x: torch.Tensor, cache: torch.Tensor | None, pos: torch.Tensor | None) -> None:
+    """Packed rows (``pos`` given) come as one batch row [1, T, D] with no cache (every sequence starts from zeros);
+    ``pos`` holds an int position per row."""
+    if pos is None:
+        return
+    if x.shape[0] != 1 or _has_cache(cache):
+        raise ValueError(f"packed ShortConv kernels take x [1, T, D] and no cache, got x {list(x.shape)} and "
+                         f"cache {None if cache is None else list(cache.shape)}")
+    if pos.numel() != x.shape[1] or pos.is_floating_point():
+        raise ValueError(f"pos must hold one integer position per row of x ({x.shape[1]}), got {list(pos.shape)} "
+                         f"{pos.dtype}")
+
+
 def conv_streams_fwd(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
-                     silu: bool, widths: list[int]) -> list[torch.Tensor]:
+                     silu: bool, widths: list[int], pos: torch.Tensor | None = None) -> list[torch.Tensor]:
     """y = act(conv(x)) of x [B, T, D] (unit channel stride) as one tensor [B, T, width] per stream of adjacent
-    channels (``widths`` sum to D); weight [D, W], bias [D] or None, cache [B, W-1, D] or None."""
+    channels (``widths`` sum to D); weight [D, W], bias [D] or None, cache [B, W-1, D] or None. ``pos`` (packed
+    sequences: x [1, T, D], no cache): each row's position inside its own sequence, contiguous [T] or [1, T]."""
     B, T, D = x.shape
     W = weight.shape[1]
     has_cache = _has_cache(cache)
     if has_cache and len(widths) > 1:
         raise ValueError(f"a ShortConv cache goes with one stream, got {len(widths)}")
+    _check_packed(x, cache, pos)
     outs = [torch.empty(B, T, d, device=x.device, dtype=x.dtype) for d in widths]
     i = 0
     for first, group in stream_groups(widths, "fwd"):
@@ -228,19 +273,20 @@ def conv_streams_fwd(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.
         BT, BD = _blocks(group, "fwd")
         _conv_fwd_kernel[(cdiv(T, BT), cdiv(n, BD), B)](
             x=xs, cache=cache if has_cache else xs,
-            w=weight[first:first + n], bias=bias[first:first + n] if bias is not None else weight, y0=ys[0], y1=ys[1],
-            y2=ys[2], T=T, D=n, E0=E0, E1=E1, sx_b=x.stride(0), sx_t=x.stride(1), W=W, BT=BT, BD=BD,
-            HAS_CACHE=has_cache, HAS_BIAS=bias is not None, SILU=silu, num_warps=LAUNCH["fwd_warps"])
+            w=weight[first:first + n], bias=bias[first:first + n] if bias is not None else weight,
+            pos=weight if pos is None else pos, y0=ys[0], y1=ys[1], y2=ys[2], T=T, D=n, E0=E0, E1=E1,
+            sx_b=x.stride(0), sx_t=x.stride(1), W=W, BT=BT, BD=BD, HAS_CACHE=has_cache, HAS_BIAS=bias is not None,
+            SILU=silu, PACKED=pos is not None, num_warps=LAUNCH["fwd_warps"])
         i += len(group)
     return outs
 
 
 def _conv_fwd(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
-              silu: bool) -> torch.Tensor:
-    return conv_streams_fwd(_rows_contiguous(x), cache, weight, bias, silu, [x.shape[-1]])[0]
+              silu: bool, pos: torch.Tensor | None = None) -> torch.Tensor:
+    return conv_streams_fwd(_rows_contiguous(x), cache, weight, bias, silu, [x.shape[-1]], pos)[0]
 
 
-def _short_conv_fwd_fake(x, cache, weight, bias, silu):
+def _short_conv_fwd_fake(x, cache, weight, bias, silu, pos=None):
     return x.new_empty(x.shape)
 
 
@@ -248,14 +294,16 @@ _short_conv_fwd = define_op("short_conv_fwd", _conv_fwd, _short_conv_fwd_fake)
 
 
 def conv_streams_bwd(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
-                     silu: bool, dys: list[torch.Tensor], dx: torch.Tensor | None = None
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                     silu: bool, dys: list[torch.Tensor], dx: torch.Tensor | None = None,
+                     pos: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward of :func:`conv_streams_fwd` given the gradients ``dys`` of its outputs (one per stream,
     [B, T, width]): (dx, d_cache ([B, 0, D] without a cache), d_weight [D, W], d_bias ([D] zeros without a bias)).
-    ``dx``: a [B, T, D] tensor with unit channel stride (e.g. columns of a wider gradient) to write dx into."""
+    ``dx``: a [B, T, D] tensor with unit channel stride (e.g. columns of a wider gradient) to write dx into;
+    ``pos``: the forward's packed positions."""
     B, T, D = x.shape
     W = weight.shape[1]
     has_cache = _has_cache(cache)
+    _check_packed(x, cache, pos)
     widths = [g.shape[-1] for g in dys]
     dys = [g.contiguous() for g in dys]
     dx = torch.empty(B, T, D, device=x.device, dtype=x.dtype) if dx is None else dx
@@ -284,12 +332,15 @@ def conv_streams_bwd(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.
         db_part = torch.empty(B, NP, n if bias is not None else 0, device=x.device, dtype=torch.float32)
         _conv_dz_kernel[(NP, cdiv(n, BD), B)](
             x=xs, cache=cache if has_cache else xs, w=weight[sl], bias=bias[sl] if bias is not None else weight,
-            dy0=gs[0], dy1=gs[1], dy2=gs[2], dz=dz, dw_part=dw_part, db_part=db_part if bias is not None else dw_part,
+            pos=weight if pos is None else pos, dy0=gs[0], dy1=gs[1], dy2=gs[2], dz=dz, dw_part=dw_part,
+            db_part=db_part if bias is not None else dw_part,
             T=T, D=n, E0=E0, E1=E1, sx_b=x.stride(0), sx_t=x.stride(1), NP=NP, NB=NB, W=W, BW=next_power_of_2(W),
-            BT=BT, BD=BD, HAS_CACHE=has_cache, HAS_BIAS=bias is not None, SILU=silu, num_warps=LAUNCH["bwd_warps"])
+            BT=BT, BD=BD, HAS_CACHE=has_cache, HAS_BIAS=bias is not None, SILU=silu, PACKED=pos is not None,
+            num_warps=LAUNCH["bwd_warps"])
         _conv_dx_kernel[(cdiv(T + W - 1, BT), cdiv(n, BD), B)](
-            w=weight[sl], dz=dz, dx=dxs, dcache=dcache if has_cache else dxs, T=T, D=n, sdx_b=dx.stride(0),
-            sdx_t=dx.stride(1), W=W, BT=BT, BD=BD, HAS_CACHE=has_cache, num_warps=LAUNCH["bwd_warps"])
+            w=weight[sl], dz=dz, pos=weight if pos is None else pos, dx=dxs, dcache=dcache if has_cache else dxs,
+            T=T, D=n, sdx_b=dx.stride(0), sdx_t=dx.stride(1), W=W, BT=BT, BD=BD, HAS_CACHE=has_cache,
+            PACKED=pos is not None, num_warps=LAUNCH["bwd_warps"])
         dw_parts.append(dw_part.sum((0, 1)))
         db_parts.append(db_part.sum((0, 1)))
         i += len(group)
@@ -299,12 +350,13 @@ def conv_streams_bwd(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.
 
 
 def _conv_bwd(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
-              silu: bool, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+              silu: bool, dy: torch.Tensor, pos: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, d_cache ([B, 0, D] without a cache), d_weight [D, W], d_bias ([D] zeros without a bias))."""
-    return conv_streams_bwd(_rows_contiguous(x), cache, weight, bias, silu, [dy])
+    return conv_streams_bwd(_rows_contiguous(x), cache, weight, bias, silu, [dy], pos=pos)
 
 
-def _short_conv_bwd_fake(x, cache, weight, bias, silu, dy):
+def _short_conv_bwd_fake(x, cache, weight, bias, silu, dy, pos=None):
     B, T, D = x.shape
     W = weight.shape[1]
     has_cache = cache is not None and cache.shape[1] > 0
@@ -317,29 +369,31 @@ _short_conv_bwd = define_op("short_conv_bwd", _conv_bwd, _short_conv_bwd_fake)
 
 
 def _setup_context(ctx, inputs, output):
-    x, cache, weight, bias, silu = inputs
-    ctx.save_for_backward(x, cache, weight, bias)
+    x, cache, weight, bias, silu, pos = inputs
+    ctx.save_for_backward(x, cache, weight, bias, pos)
     ctx.silu = silu
 
 
 def _backward(ctx, dy):
-    x, cache, weight, bias = ctx.saved_tensors
+    x, cache, weight, bias, pos = ctx.saved_tensors
     run_bwd = _conv_bwd if eager_backward(ctx) else _short_conv_bwd
-    dx, dcache, dw, db = run_bwd(x, cache, weight, bias, ctx.silu, torch.zeros_like(x) if dy is None else dy)
-    return dx, (dcache if cache is not None else None), dw, (db if bias is not None else None), None
+    dx, dcache, dw, db = run_bwd(x, cache, weight, bias, ctx.silu, torch.zeros_like(x) if dy is None else dy, pos)
+    return dx, (dcache if cache is not None else None), dw, (db if bias is not None else None), None, None
 
 
 _differentiable = op_function("ShortConvTriton", _conv_fwd, _short_conv_fwd, _setup_context, _backward)
 
 
 def causal_conv_triton(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
-                       silu: bool) -> torch.Tensor:
+                       silu: bool, pos: torch.Tensor | None = None) -> torch.Tensor:
     """y = act(sum_i w_i ⊙ xp_{s+i} + bias), xp = [cache; x] (module docstring), differentiable in x, cache,
     weight and bias. x [B, T, D] (unit channel stride preferred), cache [B, W-1, D] or None (zeros),
-    weight [D, W], bias [D] or None; silu applies SiLU. Inputs are checked by ShortConv. Returns y [B, T, D]
-    in x's dtype."""
+    weight [D, W], bias [D] or None; silu applies SiLU; ``pos`` (packed sequences, x [1, T, D], no cache): each
+    row's position inside its own sequence ([T] or [1, T] integers; each sequence is convolved alone). Inputs are
+    checked by ShortConv. Returns y [B, T, D] in x's dtype."""
     if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError(f"ShortConv backend 'triton' needs CUDA tensors, got x on {x.device} "
                          "(set TRITON_INTERPRET=1 to run the kernels on the CPU)")
     cache = None if cache is None else cache.contiguous()
-    return _differentiable(x, cache, weight.contiguous(), bias, bool(silu))
+    pos = None if pos is None else pos.contiguous()
+    return _differentiable(x, cache, weight.contiguous(), bias, bool(silu), pos)

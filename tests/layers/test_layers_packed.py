@@ -83,9 +83,11 @@ TRITON_NATIVE = ["gated_delta_rule", "gla", "mamba2", "comba"]
 @pytest.mark.triton
 @pytest.mark.parametrize("conv", ["conv1d", "triton"])
 @pytest.mark.parametrize("name", TRITON_NATIVE)
-def test_packed_layer_on_the_triton_kernels_equals_separate(name: str, conv: str) -> None:
+def test_packed_layer_on_the_triton_kernels_equals_separate(name: str, conv: str, monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
     """The ops' Triton kernels run the packed sequences in one call (the chunk-aligned layout), the ShortConvs in
-    one conv1d or Triton call (a gap before every sequence): the outputs and gradients of separate calls."""
+    one conv1d call (a gap before every sequence) or one Triton op over the joint projection (every tap kept inside
+    its token's sequence): the outputs and gradients of separate calls."""
     import linattn
     from linattn.ops.common.triton_compat import triton_available
 
@@ -94,8 +96,20 @@ def test_packed_layer_on_the_triton_kernels_equals_separate(name: str, conv: str
     device = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU: under the interpreter (tests/conftest.py)
     layer = _layer(name).to(device)
     x = torch.randn(1, sum(LENGTHS), D, generator=torch.Generator().manual_seed(1)).to(device).requires_grad_()
+    calls = []
+    if conv == "triton":  # the layer's ShortConvs run as one op over the joint projection, packed too
+        from linattn.layers import shortconv_joint
+
+        def counted(*args, **kwargs):
+            calls.append(kwargs.get("pos", args[6] if len(args) > 6 else None))
+            return conv_streams(*args, **kwargs)
+
+        conv_streams = shortconv_joint.conv_streams
+        monkeypatch.setattr(shortconv_joint, "conv_streams", counted)
     with linattn.settings(op_backend="triton", shortconv_backend=conv):
         y, _ = layer(x, cu_seqlens=CU)
+        if conv == "triton":
+            assert len(calls) == 1 and calls[0] is not None, "the packed call did not convolve jointly"
         y_ref = torch.cat([layer(x[:, s:e], use_cache=False)[0]
                            for s, e in zip(CU[:-1].tolist(), CU[1:].tolist(), strict=True)], dim=1)
         torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)

@@ -109,7 +109,7 @@ def test_layers_convolve_jointly_and_equal_multiply_adds(mixer, expected):
     results = {}
     for backend in ("muladd", "triton"):
         with linattn.settings(shortconv_backend=backend):
-            assert layer.joint_conv_streams(layer.projected_streams(x), None, None) == (
+            assert layer.joint_conv_streams(layer.projected_streams(x), None) == (
                 expected if backend == "triton" else [])
             leaf = x.clone().requires_grad_(True)
             layer.zero_grad()
@@ -130,13 +130,12 @@ def test_layers_keep_separate_convs_with_a_cache_or_mixed_convs():
     with linattn.settings(shortconv_backend="triton"):
         pre = layer.projected_streams(x)
         _, cache = layer(x)
-        assert layer.joint_conv_streams(pre, cache, None) == []
+        assert layer.joint_conv_streams(pre, cache) == []
         layer.convs["k"].backend = "muladd"
-        assert layer.joint_conv_streams(pre, None, None) == []
+        assert layer.joint_conv_streams(pre, None) == []
     one = build_mixer("gated_delta_rule", 64, 2, short_conv="k", backend="chunk").to(DEVICE)
     with linattn.settings(shortconv_backend="triton"):  # q and v have matmuls of their own: k leads the joint one
-        assert one.joint_conv_streams(one.projected_streams(x), None, None) == ["k", "b", "a"]
-        assert one.joint_conv_streams(one.projected_streams(x), None, torch.tensor([0, 4, 9])) == []
+        assert one.joint_conv_streams(one.projected_streams(x), None) == ["k", "b", "a"]
 
 
 def test_registered_ops():

@@ -78,3 +78,52 @@ def test_packed_multiply_adds_at_other_kernel_sizes(kernel_size: int) -> None:
     pieces = [conv(x[:, s:e], cache[i:i + 1]) for i, (s, e) in enumerate(bounds)]
     torch.testing.assert_close(y, torch.cat([p[0] for p in pieces], dim=1), rtol=1e-5, atol=1e-5)
     assert torch.equal(new_cache, torch.cat([p[1] for p in pieces], dim=0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("kernel_size", [1, 2, 5])
+def test_packed_triton_kernels_keep_taps_inside_each_sequence(kernel_size: int, dtype: torch.dtype) -> None:
+    """Without a cache the Triton kernels run the packed row in place (no gapped copy): outputs, new caches and
+    gradients of each sequence alone, at kernel sizes below and above the shortest sequences."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(3)
+    conv = ShortConv(D, kernel_size=kernel_size, bias=True).to(device)
+    conv.backend = "triton"
+    x = torch.randn(1, sum(LENGTHS), D, device=device, dtype=dtype, requires_grad=True)
+    y, new_cache = conv(x, cu_seqlens=CU.to(device))
+    bounds = list(zip(CU[:-1].tolist(), CU[1:].tolist(), strict=True))
+    pieces = [conv(x[:, s:e]) for s, e in bounds]
+    y_ref, cache_ref = torch.cat([p[0] for p in pieces], dim=1), torch.cat([p[1] for p in pieces], dim=0)
+    assert torch.equal(y, y_ref), "the packed outputs differ from each sequence's own"
+    assert torch.equal(new_cache, cache_ref)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    w = torch.linspace(-1, 1, y.numel(), device=device).reshape(y.shape)
+    assert_same_gradients((y.float() * w).sum() + new_cache.float().sum(),
+                          (y_ref.float() * w).sum() + cache_ref.float().sum(), [x, conv.weight, conv.bias],
+                          rtol=tol, atol=tol)
+
+
+def test_packed_triton_kernels_confine_non_finite_inputs() -> None:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    conv = ShortConv(D, kernel_size=W).to(device)
+    conv.backend = "triton"
+    x = torch.randn(1, sum(LENGTHS), D, device=device)
+    x[0, 9] = float("nan")  # the third document's last token
+    x.requires_grad_()
+    y, _ = conv(x, cu_seqlens=CU.to(device))
+    assert torch.isfinite(y[0, :9]).all() and torch.isfinite(y[0, 10:]).all()
+    (y[0, 10:].sum()).backward()
+    # (doc 3's own rows get NaN gradients, dy = 0 times act'(NaN), as in any batched op; no other document does)
+    assert torch.isfinite(x.grad[0, :4]).all() and torch.isfinite(x.grad[0, 10:]).all()
+
+
+def test_packed_triton_kernels_refuse_a_batch_or_a_cache() -> None:
+    from linattn.layers.shortconv_triton import causal_conv_triton
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    weight = torch.randn(D, W, device=device)
+    pos = torch.zeros(13, dtype=torch.int64, device=device)
+    with pytest.raises(ValueError, match=r"packed ShortConv kernels take x \[1, T, D\] and no cache"):
+        causal_conv_triton(torch.randn(2, 13, D, device=device), None, weight, None, True, pos=pos)
+    with pytest.raises(ValueError, match=r"pos must hold one integer position per row of x \(12\)"):
+        causal_conv_triton(torch.randn(1, 12, D, device=device), None, weight, None, True, pos=pos)
