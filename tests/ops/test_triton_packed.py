@@ -113,6 +113,23 @@ def test_native_path_runs_once_and_other_backends_split(monkeypatch: pytest.Monk
     assert calls == {"native": 1, "split": 1}
 
 
+@pytest.mark.parametrize("name", ["gated_delta_rule", "comba"])
+def test_delta_family_reads_packed_tokens_where_they_lie(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The delta family's kernels take each chunk's tokens from the layout's chunk rows: no copy into the
+    chunk-aligned layout or back, forward or backward."""
+    from linattn.ops.common import packed_call, triton_relayout
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the delta family copied packed tokens into the chunk-aligned layout")
+
+    monkeypatch.setattr(triton_relayout, "pack", refuse)
+    monkeypatch.setattr(triton_relayout, "unpack", refuse)
+    monkeypatch.setattr(packed_call, "RELAYOUT_KERNELS", "always")
+    (o, final), (o_ref, final_ref), leaves = _packed_and_separate(name, (5, 1, 37, 16), torch.float32, False)
+    torch.testing.assert_close(o, o_ref, rtol=1e-5, atol=1e-5)
+    assert_same_gradients(_loss(o, final), _loss(o_ref, final_ref), leaves, rtol=1e-5, atol=1e-5)
+
+
 def test_bad_states_are_named_on_the_native_path() -> None:
     spec = get_op("gated_delta_rule")
     inputs = _inputs("gated_delta_rule", 20, torch.float32)

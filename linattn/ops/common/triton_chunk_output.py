@@ -17,22 +17,39 @@ def chunk_state_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float32 if x.dtype == torch.float32 else x.dtype
 
 
+@triton.jit
+def chunk_span(chunk_rows, n, i_b, T, C: tl.constexpr, PACKED: tl.constexpr):
+    """(first, count) of chunk n of batch row i_b: the index of its first token among all B * T tokens (int64) and how
+    many tokens it has. PACKED (packed sequences read where they lie, B = 1): from ``chunk_rows`` [chunks, 2] (first
+    packed token, tokens; common/packed_call.py's ChunkLayout), every chunk inside one sequence and the rows past
+    ``count`` another sequence's, which every load and store masks; else tokens n*C.. of the row, at most T - n*C."""
+    if PACKED:
+        first = tl.load(chunk_rows + 2 * n).to(tl.int64)
+        count = tl.load(chunk_rows + 2 * n + 1).to(tl.int32)
+    else:
+        first = i_b.to(tl.int64) * T + n * C
+        count = tl.minimum(T - n * C, C).to(tl.int32)
+    return first, count
+
+
 @fast_launch
-@triton.jit(do_not_specialize=["T"])
-def chunk_output_kernel(q, k, v, g, h, o, scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                       C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
-                       USE_G: tl.constexpr):
-    """Grid (cdiv(V, BV), N, B*H): o for one chunk and value block, from the state h[b, h, n] entering the chunk
-    and the per-head log gates g (cumulated within the chunk as b; USE_G False: no decay, g not read):
-        o_t = (scale exp(b_t) q_t)^T S_n + sum_{s <= t in the chunk} scale (q_t . k_s) exp(b_t - b_s) v_s."""
+@triton.jit(do_not_specialize=["T", "NC"])
+def chunk_output_kernel(q, k, v, g, h, o, rows, scale, T, NC, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                        C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
+                        USE_G: tl.constexpr, PACKED: tl.constexpr):
+    """Grid (cdiv(V, BV), NC, B*H): o for one chunk and value block, from the state h[b, h, n] entering the chunk
+    (NC chunks a batch row) and the per-head log gates g (cumulated within the chunk as b; USE_G False: no decay, g
+    not read):
+        o_t = (scale exp(b_t) q_t)^T S_n + sum_{s <= t in the chunk} scale (q_t . k_s) exp(b_t - b_s) v_s.
+    PACKED: the chunks' tokens from ``rows`` (:func:`chunk_span`)."""
     i_v, n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    N = tl.cdiv(T, C)
+    N = NC
     o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
     o_v = i_v * BV + tl.arange(0, BV)
-    t = n * C + o_c
-    m_t = t < T
-    row = (i_b * T + t) * H + i_h
+    first, count = chunk_span(rows, n, i_b, T, C, PACKED)
+    m_t = o_c < count
+    row = (first + o_c) * H + i_h
     m_ck = m_t[:, None] & (o_k[None, :] < K)
     m_cv = m_t[:, None] & (o_v[None, :] < V)
     if USE_G:

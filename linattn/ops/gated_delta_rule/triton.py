@@ -34,6 +34,10 @@ per-chunk input gradients in two kernels (through o and S', a program per key bl
 U and Tm, looping over key blocks; only "prepare" and this kernel read p). When a backward pass can follow, the
 forward's "prepare" also stores Tm ([B, T, H, C], input dtype), which the backward's "prepare" (W and U only)
 and the WY-gradient kernel read back, so neither forms A or inverts it; the states are recomputed, not kept.
+Packed sequences (B = 1, cu_seqlens) are read where they lie: every kernel takes each chunk's first token and token
+count from the layout's chunk rows (common/triton_chunk_output.py's chunk_span; a chunk never spans two sequences,
+and the rows past its count, another sequence's, are masked), and the scans run each sequence's own chunks; no copy
+into a chunk-aligned layout or back. The kernels' intermediates (W, U, Tm, delta) lie at the packed tokens too.
 Block shapes depend on the head dims and the chunk size only, never on T (T is not specialised on).
 Prepare, the scans and the output hold the whole key dimension in one block (K <= 128 intended).
 Pointers are an int64 scalar base per chunk plus int32 tile offsets (64-bit offsets per element cost
@@ -42,6 +46,8 @@ a register pair each; see docs/triton.md for the register budget).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -49,7 +55,7 @@ import triton.language as tl
 from ..common.checks import DELTA_TRITON_CHUNK_SIZES
 from ..common.packed_call import chunk_layout, current_packing
 from ..common.registered_ops import define_op
-from ..common.triton_chunk_output import chunk_output_kernel, chunk_state_dtype
+from ..common.triton_chunk_output import chunk_output_kernel, chunk_span, chunk_state_dtype
 from ..common.triton_launch import fast_launch
 from ..common.triton_masking import causal_dot_rest, is_finite
 from ..common.triton_ops import eager_backward, needs_backward, op_function
@@ -96,17 +102,17 @@ def _read_key(p, kc, offs, mask, HAS_P: tl.constexpr):
 
 @fast_launch
 @triton.jit(do_not_specialize=["T"])
-def _prepare_kernel(k, p, v, beta, g, tm, w, u, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+def _prepare_kernel(k, p, v, beta, g, tm, w, u, rows, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, HAS_P: tl.constexpr,
-                    TM_MODE: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+                    TM_MODE: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, PACKED: tl.constexpr):
     """Grid (N, B*H): Tm = (I + A)^-1, W = Tm diag(beta gamma) R, U = Tm diag(beta) V of one chunk.
     TM_MODE 0: Tm computed; 1: computed and stored to tm [B, T, H, C]; 2: loaded from tm (no A, no inverse)."""
     n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
-    t = n * C + o_c
-    m_t = t < T
-    r0 = (i_b.to(tl.int64) * T + n * C) * H + i_h  # row of the chunk's first token
+    first, count = chunk_span(rows, n, i_b, T, C, PACKED)
+    m_t = o_c < count
+    r0 = first * H + i_h  # row of the chunk's first token
     row = o_c * H
     m_ck = m_t[:, None] & (o_k[None, :] < K)
     b, b_last = _chunk_gate(g + r0, row, m_t, o_c, C, USE_G)
@@ -140,16 +146,17 @@ def _prepare_kernel(k, p, v, beta, g, tm, w, u, T, H: tl.constexpr, K: tl.conste
 
 
 @fast_launch
-@triton.jit(do_not_specialize=["T"])
-def _state_fwd_kernel(k, w, u, g, h, dlt, h0, ht, cu, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+@triton.jit(do_not_specialize=["T", "NC"])
+def _state_fwd_kernel(k, w, u, g, h, dlt, h0, ht, cu, rows, T, NC, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
                       HAS_H0: tl.constexpr, PACKED: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
-    """Grid (cdiv(V, BV), B*H; packed: N*H): h[b, h, n] = state entering chunk n, delta = U - W S; ht = final
-    state. PACKED (inputs in the chunk-aligned layout of common/packed_call.py): program n*H + h scans sequence n's
-    chunks [cu[n], cu[n + 1]), from its initial state h0[n, h] to its final state ht[n, h]."""
+    """Grid (cdiv(V, BV), B*H; packed: S*H): h[b, h, n] = state entering chunk n (NC chunks a row), delta = U - W S;
+    ht = final state. PACKED (packed sequences where they lie, chunk n's tokens from ``rows``: chunk_span): program
+    s*H + h scans sequence s's chunks [cu[s], cu[s + 1]), from its initial state h0[s, h] to its final state
+    ht[s, h]."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_h = i_bh % H
-    N = tl.cdiv(T, C)
+    N = NC
     if PACKED:  # sequence i_bh // H: its chunks of the one batch row, its states at row i_h of h
         c0 = tl.load(cu + i_bh // H).to(tl.int64)
         c1 = tl.load(cu + i_bh // H + 1).to(tl.int64)
@@ -165,9 +172,9 @@ def _state_fwd_kernel(k, w, u, g, h, dlt, h0, ht, cu, T, H: tl.constexpr, K: tl.
         S += tl.load(h0 + i_bh.to(tl.int64) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
     for n in range(c0, c1):
         tl.store(h + (i_hb.to(tl.int64) * N + n) * K * V + kv, S.to(h.dtype.element_ty), mask=m_kv)
-        t = n * C + o_c
-        m_t = t < T
-        r0 = (i_b.to(tl.int64) * T + n * C) * H + i_h  # row of the chunk's first token
+        first, count = chunk_span(rows, n, i_b, T, C, PACKED)
+        m_t = o_c < count
+        r0 = first * H + i_h  # row of the chunk's first token
         row = o_c * H
         m_cv = m_t[:, None] & (o_v[None, :] < V)
         b, b_last = _chunk_gate(g + r0, row, m_t, o_c, C, USE_G)
@@ -184,17 +191,17 @@ def _state_fwd_kernel(k, w, u, g, h, dlt, h0, ht, cu, T, H: tl.constexpr, K: tl.
 
 @fast_launch
 @triton.jit(do_not_specialize=["T"])
-def _dv_local_kernel(q, k, g, do, dd, scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+def _dv_local_kernel(q, k, g, do, dd, rows, scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                      C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
-                     PREC: tl.constexpr, UP: tl.constexpr):
+                     PREC: tl.constexpr, UP: tl.constexpr, PACKED: tl.constexpr):
     """Grid (cdiv(V, BV), N, B*H): dd = P^T do, the in-chunk part of the gradient of delta."""
     i_v, n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
     o_v = i_v * BV + tl.arange(0, BV)
-    t = n * C + o_c
-    m_t = t < T
-    r0 = (i_b.to(tl.int64) * T + n * C) * H + i_h  # row of the chunk's first token
+    first, count = chunk_span(rows, n, i_b, T, C, PACKED)
+    m_t = o_c < count
+    r0 = first * H + i_h  # row of the chunk's first token
     row = o_c * H
     m_ck = m_t[:, None] & (o_k[None, :] < K)
     m_cv = m_t[:, None] & (o_v[None, :] < V)
@@ -208,18 +215,18 @@ def _dv_local_kernel(q, k, g, do, dd, scale, T, H: tl.constexpr, K: tl.constexpr
 
 
 @fast_launch
-@triton.jit(do_not_specialize=["T"])
-def _state_bwd_kernel(q, k, w, g, do, dd, dh, dht, dh0, cu, scale, T, H: tl.constexpr, K: tl.constexpr,
+@triton.jit(do_not_specialize=["T", "NC"])
+def _state_bwd_kernel(q, k, w, g, do, dd, dh, dht, dh0, cu, rows, scale, T, NC, H: tl.constexpr, K: tl.constexpr,
                       V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
                       HAS_DHT: tl.constexpr, PACKED: tl.constexpr, TLOAD: tl.constexpr, PREC: tl.constexpr,
                       UP: tl.constexpr):
-    """Grid (cdiv(V, BV), B*H; packed: N*H): dh[b, h, n] = gradient of the state leaving chunk n,
-    dd += Khat dh (= ddelta); dh0 = gradient of the initial state (PACKED: program n*H + h runs sequence n's chunks
-    in reverse, from dht[n, h] to dh0[n, h]). TLOAD: Q^T and W^T are read transposed from memory (strided loads)
+    """Grid (cdiv(V, BV), B*H; packed: S*H): dh[b, h, n] = gradient of the state leaving chunk n,
+    dd += Khat dh (= ddelta); dh0 = gradient of the initial state (PACKED: program s*H + h runs sequence s's chunks
+    in reverse, from dht[s, h] to dh0[s, h]). TLOAD: Q^T and W^T are read transposed from memory (strided loads)
     instead of being transposed in registers."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_h = i_bh % H
-    N = tl.cdiv(T, C)
+    N = NC
     if PACKED:  # sequence i_bh // H: its chunks of the one batch row, its states at row i_h of h
         c0 = tl.load(cu + i_bh // H).to(tl.int64)
         c1 = tl.load(cu + i_bh // H + 1).to(tl.int64)
@@ -236,9 +243,9 @@ def _state_bwd_kernel(q, k, w, g, do, dd, dh, dht, dh0, cu, scale, T, H: tl.cons
     for i in range(c1 - c0):
         n = c1 - 1 - i
         tl.store(dh + (i_hb.to(tl.int64) * N + n) * K * V + kv, dS.to(dh.dtype.element_ty), mask=m_kv)
-        t = n * C + o_c
-        m_t = t < T
-        r0 = (i_b.to(tl.int64) * T + n * C) * H + i_h  # row of the chunk's first token
+        first, count = chunk_span(rows, n, i_b, T, C, PACKED)
+        m_t = o_c < count
+        r0 = first * H + i_h  # row of the chunk's first token
         row = o_c * H
         m_ck = m_t[:, None] & (o_k[None, :] < K)
         m_cv = m_t[:, None] & (o_v[None, :] < V)
@@ -267,20 +274,20 @@ def _state_bwd_kernel(q, k, w, g, do, dd, dh, dht, dh0, cu, scale, T, H: tl.cons
 
 
 @fast_launch
-@triton.jit(do_not_specialize=["T"])
-def _grads_qk_kernel(q, k, g, h, dlt, dd, do, dh, dq, dk, dw, db, scale, T, H: tl.constexpr, K: tl.constexpr,
-                     V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
-                     PREC: tl.constexpr, UP: tl.constexpr):
+@triton.jit(do_not_specialize=["T", "NC"])
+def _grads_qk_kernel(q, k, g, h, dlt, dd, do, dh, dq, dk, dw, db, rows, scale, T, NC, H: tl.constexpr,
+                     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                     USE_G: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, PACKED: tl.constexpr):
     """Grid (cdiv(K, BK), N, B*H), looping over value blocks: for one key block, dq, the part of dk from
     o and S' (written to dk), dW = -ddelta S^T, and this key block's share of the part of db_t from o
     and S' (written to db[i_k]: the shares are linear in sums over keys and add up)."""
     i_k, n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
-    N = tl.cdiv(T, C)
+    N = NC
     o_k, o_c = i_k * BK + tl.arange(0, BK), tl.arange(0, C)
-    t = n * C + o_c
-    m_t = t < T
-    r0 = (i_b.to(tl.int64) * T + n * C) * H + i_h  # row of the chunk's first token
+    first, count = chunk_span(rows, n, i_b, T, C, PACKED)
+    m_t = o_c < count
+    r0 = first * H + i_h  # row of the chunk's first token
     row = o_c * H
     m_ck = m_t[:, None] & (o_k[None, :] < K)
     ck = row[:, None] * K + o_k[None, :]
@@ -325,15 +332,16 @@ def _grads_qk_kernel(q, k, g, h, dlt, dd, do, dh, dq, dk, dw, db, scale, T, H: t
         x = cc * tl.sum(kc.to(tl.float32) * dkh, axis=1)
         dbv += tl.sum(PP, axis=1) - tl.sum(PP, axis=0) - x
         # the chunk-end terms (through b_C) go to the last token of the chunk that exists
-        dbv += tl.where((o_c == C - 1) | (t == T - 1), tl.sum(x, axis=0) + tl.exp(b_last) * tl.sum(sds, axis=0), 0.0)
+        dbv += tl.where(o_c == count - 1, tl.sum(x, axis=0) + tl.exp(b_last) * tl.sum(sds, axis=0), 0.0)
         tl.store(db + i_k * (tl.num_programs(2).to(tl.int64) * T) + r0 + row, dbv, mask=m_t)
 
 
 @fast_launch
 @triton.jit(do_not_specialize=["T"])
-def _grads_wy_kernel(k, p, v, beta, g, tm, dd, dw, dk, dp, dv, dbeta, db, dg, T, H: tl.constexpr, K: tl.constexpr,
+def _grads_wy_kernel(k, p, v, beta, g, tm, dd, dw, dk, dp, dv, dbeta, db, dg, rows, T, H: tl.constexpr, K: tl.constexpr,
                      V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NKQ: tl.constexpr,
-                     USE_G: tl.constexpr, HAS_P: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+                     USE_G: tl.constexpr, HAS_P: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
+                     PACKED: tl.constexpr):
     """Grid (N, B*H), looping over value and key blocks: the gradients through W = Tm diag(beta gamma) R,
     U = Tm diag(beta) V and Tm = (I + A)^-1 (Tm read from tm, kept by the forward pass): dv, dbeta, dp (HAS_P;
     else added to dk), the rest of dk (added to dk), and dg = reverse cumulative sum within the chunk of db_t
@@ -343,9 +351,9 @@ def _grads_wy_kernel(k, p, v, beta, g, tm, dd, dw, dk, dp, dv, dbeta, db, dg, T,
     n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_c = tl.arange(0, C)
-    t = n * C + o_c
-    m_t = t < T
-    r0 = (i_b.to(tl.int64) * T + n * C) * H + i_h  # row of the chunk's first token
+    first, count = chunk_span(rows, n, i_b, T, C, PACKED)
+    m_t = o_c < count
+    r0 = first * H + i_h  # row of the chunk's first token
     row = o_c * H
     bet = tl.load(beta + r0 + row, mask=m_t, other=0.0).to(tl.float32)
     b, b_last = _chunk_gate(g + r0, row, m_t, o_c, C, USE_G)
@@ -449,7 +457,25 @@ def _prepare_upcasts(k: torch.Tensor, BV: int) -> bool:
     return upcast_dots(k.dtype) or (k.dtype != torch.float32 and min(_block(k.shape[-1]), BV) < 32)
 
 
-def _prepare(k, v, beta, g, C, p=None, tm=None, keep_tm=False):
+class Chunks(NamedTuple):
+    """The chunks the kernels run: ``n`` a batch row; packed sequences (B = 1, read where they lie) add ``rows``
+    ([n, 2] int64: each chunk's first token and token count) and ``cu`` ([S + 1] int32: each sequence's first chunk,
+    then n), from common/packed_call.py's ChunkLayout."""
+
+    n: int
+    rows: torch.Tensor | None = None
+    cu: torch.Tensor | None = None
+
+    @property
+    def packed(self) -> bool:
+        return self.rows is not None
+
+
+def _chunks(T: int, C: int, cu_chunks: torch.Tensor | None, chunk_rows: torch.Tensor | None) -> Chunks:
+    return Chunks(cdiv(T, C)) if chunk_rows is None else Chunks(chunk_rows.shape[0], chunk_rows, cu_chunks)
+
+
+def _prepare(k, v, beta, g, C, chunks: Chunks, p=None, tm=None, keep_tm=False):
     """W [B, T, H, K] and U [B, T, H, V] in the input dtype (p None: read key = k), and Tm [B, T, H, C] (input
     dtype) when ``keep_tm`` (else None). With ``tm`` given, Tm is read from it instead of being recomputed."""
     B, T, H, K = k.shape
@@ -459,80 +485,85 @@ def _prepare(k, v, beta, g, C, p=None, tm=None, keep_tm=False):
     if keep_tm:
         tm = torch.empty(B, T, H, C, device=k.device, dtype=k.dtype)
     BV = min(LAUNCH["prep_BV"], _block(V))
-    _prepare_kernel[(cdiv(T, C), B * H)](
+    _prepare_kernel[(chunks.n, B * H)](
         k=k, p=k if p is None else p, v=v, beta=beta, g=w if g is None else g, tm=w if tm is None else tm, w=w, u=u,
-        T=T, H=H, K=K, V=V, C=C, BK=_block(K), BV=BV, USE_G=g is not None, HAS_P=p is not None, TM_MODE=mode,
-        PREC=dot_precision(k.dtype), UP=_prepare_upcasts(k, BV), **_options(k, "prep"))
+        rows=beta if chunks.rows is None else chunks.rows, T=T, H=H, K=K, V=V, C=C, BK=_block(K), BV=BV,
+        USE_G=g is not None, HAS_P=p is not None, TM_MODE=mode, PREC=dot_precision(k.dtype),
+        UP=_prepare_upcasts(k, BV), PACKED=chunks.packed, **_options(k, "prep"))
     return w, u, (tm if keep_tm else None)
 
 
-def _states(k, w, u, g, initial_state, C, cu_chunks=None):
-    """(h [B, H, N, K, V]: states entering the chunks, delta [B, T, H, V], final state float32). ``cu_chunks``
-    (packed inputs in the chunk-aligned layout): each sequence's first chunk, [S + 1] int32; the initial and final
-    states then have a row per sequence [S, H, K, V]."""
+def _states(k, w, u, g, initial_state, C, chunks: Chunks):
+    """(h [B, H, N, K, V]: states entering the chunks, delta [B, T, H, V], final state float32). Packed ``chunks``:
+    the initial and final states have a row per sequence [S, H, K, V]."""
     B, T, H, K = k.shape
     V = u.shape[-1]
-    N = cdiv(T, C)
-    rows = B if cu_chunks is None else cu_chunks.shape[0] - 1
-    h = torch.empty(B, H, N, K, V, device=k.device, dtype=chunk_state_dtype(k))
+    rows = B if chunks.cu is None else chunks.cu.shape[0] - 1
+    h = torch.empty(B, H, chunks.n, K, V, device=k.device, dtype=chunk_state_dtype(k))
     dlt = torch.empty_like(u)
     ht = torch.empty(rows, H, K, V, device=k.device, dtype=torch.float32)
     BV = min(LAUNCH["scan_BV"], _block(V))
     _state_fwd_kernel[(cdiv(V, BV), rows * H)](
         k=k, w=w, u=u, g=ht if g is None else g, h=h, dlt=dlt, h0=ht if initial_state is None else initial_state,
-        ht=ht, cu=ht if cu_chunks is None else cu_chunks, T=T, H=H, K=K, V=V, C=C, BK=_block(K), BV=BV,
-        USE_G=g is not None, HAS_H0=initial_state is not None, PACKED=cu_chunks is not None, **_launch_args(k),
-        **_options(k, "scan"))
+        ht=ht, cu=ht if chunks.cu is None else chunks.cu, rows=ht if chunks.rows is None else chunks.rows, T=T,
+        NC=chunks.n, H=H, K=K, V=V, C=C, BK=_block(K), BV=BV, USE_G=g is not None, HAS_H0=initial_state is not None,
+        PACKED=chunks.packed, **_launch_args(k), **_options(k, "scan"))
     return h, dlt, ht
 
 
-def _output(q, k, dlt, g, h, scale, C):
+def _output(q, k, dlt, g, h, scale, C, chunks: Chunks):
     B, T, H, K = q.shape
     V = dlt.shape[-1]
     o = torch.empty_like(dlt)
     BV = min(LAUNCH["out_BV"], _block(V))
-    chunk_output_kernel[(cdiv(V, BV), cdiv(T, C), B * H)](
-        q=q, k=k, v=dlt, g=o if g is None else g, h=h, o=o, scale=scale, T=T, H=H, K=K, V=V, C=C, BK=_block(K),
-        BV=BV, USE_G=g is not None, **_launch_args(q), **_options(q, "out"))
+    chunk_output_kernel[(cdiv(V, BV), chunks.n, B * H)](
+        q=q, k=k, v=dlt, g=o if g is None else g, h=h, o=o, rows=o if chunks.rows is None else chunks.rows,
+        scale=scale, T=T, NC=chunks.n, H=H, K=K, V=V, C=C, BK=_block(K), BV=BV, USE_G=g is not None,
+        PACKED=chunks.packed, **_launch_args(q), **_options(q, "out"))
     return o
 
 
-def gated_delta_triton_forward(q, k, v, g, beta, scale, initial_state, C, p=None, keep_tm=False, cu_chunks=None):
+def gated_delta_triton_forward(q, k, v, g, beta, scale, initial_state, C, p=None, keep_tm=False, cu_chunks=None,
+                               chunk_rows=None):
     """Forward pass: (o, final state float32, Tm [B, T, H, C] for the backward pass, or None unless ``keep_tm``).
     Inputs contiguous [B, T, H, *]; g (or None), beta [B, T, H] (bf16, fp16 or float32); p (or None: p = k) like k.
-    ``cu_chunks``: packed sequences in the chunk-aligned layout (see :func:`_states`)."""
-    w, u, tm = _prepare(k, v, beta, g, C, p, keep_tm=keep_tm)
-    h, dlt, ht = _states(k, w, u, g, initial_state, C, cu_chunks)
-    return _output(q, k, dlt, g, h, scale, C), ht, tm
+    ``cu_chunks`` and ``chunk_rows``: packed sequences (B = 1) by chunk (:class:`Chunks`)."""
+    chunks = _chunks(q.shape[1], C, cu_chunks, chunk_rows)
+    w, u, tm = _prepare(k, v, beta, g, C, chunks, p, keep_tm=keep_tm)
+    h, dlt, ht = _states(k, w, u, g, initial_state, C, chunks)
+    return _output(q, k, dlt, g, h, scale, C, chunks), ht, tm
 
 
-def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, dht, p=None, tm=None, cu_chunks=None):
+def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, dht, p=None, tm=None, cu_chunks=None,
+                                chunk_rows=None):
     """Backward pass: (dq, dk, dv, dg (None when g is None), dbeta, d_initial_state, dp (None when p is None:
     the read key's gradient is then part of dk)). ``tm``: the forward pass's Tm (recomputed when None);
-    ``cu_chunks``: as in :func:`gated_delta_triton_forward`."""
+    ``cu_chunks``, ``chunk_rows``: as in :func:`gated_delta_triton_forward`."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    N = cdiv(T, C)
+    chunks = _chunks(T, C, cu_chunks, chunk_rows)
+    N = chunks.n
     BK = _block(K)
     gp = beta if g is None else g  # pointer placeholder when there is no gate
+    rp = beta if chunks.rows is None else chunks.rows  # likewise for the chunks' tokens
     if tm is None:
-        w, u, tm = _prepare(k, v, beta, g, C, p, keep_tm=True)
+        w, u, tm = _prepare(k, v, beta, g, C, chunks, p, keep_tm=True)
     else:
-        w, u, _ = _prepare(k, v, beta, g, C, p, tm=tm)
-    h, dlt, _ = _states(k, w, u, g, initial_state, C, cu_chunks)
+        w, u, _ = _prepare(k, v, beta, g, C, chunks, p, tm=tm)
+    h, dlt, _ = _states(k, w, u, g, initial_state, C, chunks)
     dd = torch.empty_like(dlt)
     BV = min(LAUNCH["dv_BV"], _block(V))
     _dv_local_kernel[(cdiv(V, BV), N, B * H)](
-        q=q, k=k, g=gp, do=do, dd=dd, scale=scale, T=T, H=H, K=K, V=V, C=C, BK=BK, BV=BV, USE_G=g is not None,
-        **_launch_args(q), **_options(q, "dv"))
+        q=q, k=k, g=gp, do=do, dd=dd, rows=rp, scale=scale, T=T, H=H, K=K, V=V, C=C, BK=BK, BV=BV,
+        USE_G=g is not None, PACKED=chunks.packed, **_launch_args(q), **_options(q, "dv"))
     dh = torch.empty_like(h)
-    rows = B if cu_chunks is None else cu_chunks.shape[0] - 1
+    rows = B if chunks.cu is None else chunks.cu.shape[0] - 1
     dh0 = torch.empty(rows, H, K, V, device=q.device, dtype=torch.float32)
     BV = min(LAUNCH["bscan_BV"], _block(V))
     _state_bwd_kernel[(cdiv(V, BV), rows * H)](
         q=q, k=k, w=w, g=gp, do=do, dd=dd, dh=dh, dht=dh0 if dht is None else dht, dh0=dh0,
-        cu=dh0 if cu_chunks is None else cu_chunks, scale=scale, T=T, H=H, K=K, V=V, C=C, BK=BK, BV=BV,
-        USE_G=g is not None, HAS_DHT=dht is not None, PACKED=cu_chunks is not None,
+        cu=dh0 if chunks.cu is None else chunks.cu, rows=rp, scale=scale, T=T, NC=N, H=H, K=K, V=V, C=C, BK=BK,
+        BV=BV, USE_G=g is not None, HAS_DHT=dht is not None, PACKED=chunks.packed,
         TLOAD=bool(LAUNCH["bscan_tload"]), **_launch_args(q), **_options(q, "bscan"))
     dq, dk, dv, dw = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(w)
     dbeta = torch.empty_like(beta)
@@ -543,25 +574,27 @@ def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, d
     db = dg if g is None else torch.empty(NKQ, *g.shape, device=g.device, dtype=torch.float32)
     BV = min(LAUNCH["grads_BV"], _block(V))
     _grads_qk_kernel[(NKQ, N, B * H)](
-        q=q, k=k, g=gp, h=h, dlt=dlt, dd=dd, do=do, dh=dh, dq=dq, dk=dk, dw=dw, db=db, scale=scale, T=T, H=H, K=K, V=V,
-        C=C, BK=BKQ, BV=BV, USE_G=g is not None, **_launch_args(q), **_options(q, "grads"))
+        q=q, k=k, g=gp, h=h, dlt=dlt, dd=dd, do=do, dh=dh, dq=dq, dk=dk, dw=dw, db=db, rows=rp, scale=scale, T=T,
+        NC=N, H=H, K=K, V=V, C=C, BK=BKQ, BV=BV, USE_G=g is not None, PACKED=chunks.packed, **_launch_args(q),
+        **_options(q, "grads"))
     dp = None if p is None else torch.empty_like(p)
     _grads_wy_kernel[(N, B * H)](
         k=k, p=k if p is None else p, v=v, beta=beta, g=gp, tm=tm, dd=dd, dw=dw, dk=dk, dp=dk if p is None else dp,
-        dv=dv, dbeta=dbeta, db=db, dg=dg, T=T, H=H, K=K, V=V, C=C, BK=min(LAUNCH["wy_BK"], BK),
-        BV=min(LAUNCH["wy_BV"], _block(V)), NKQ=NKQ, USE_G=g is not None, HAS_P=p is not None, **_launch_args(q),
-        **_options(q, "wy"))
+        dv=dv, dbeta=dbeta, db=db, dg=dg, rows=rp, T=T, H=H, K=K, V=V, C=C, BK=min(LAUNCH["wy_BK"], BK),
+        BV=min(LAUNCH["wy_BV"], _block(V)), NKQ=NKQ, USE_G=g is not None, HAS_P=p is not None, PACKED=chunks.packed,
+        **_launch_args(q), **_options(q, "wy"))
     return dq, dk, dv, (None if g is None else dg), dbeta, dh0, dp
 
 
 def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, beta: torch.Tensor,
             initial_state: torch.Tensor | None, scale: float, chunk_size: int, p: torch.Tensor | None = None,
-            keep_tm: bool = False, cu_chunks: torch.Tensor | None = None
+            keep_tm: bool = False, cu_chunks: torch.Tensor | None = None, chunk_rows: torch.Tensor | None = None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(o, final state, Tm [B, T, H, C] kept for the backward pass when ``keep_tm``, else an empty tensor).
-    ``cu_chunks``: packed sequences in the chunk-aligned layout, [N + 1] int32 (states [N, H, K, V])."""
+    ``cu_chunks`` [S + 1] int32 and ``chunk_rows`` [chunks, 2] int64: packed sequences (:class:`Chunks`; states
+    [S, H, K, V])."""
     o, ht, tm = gated_delta_triton_forward(q, k, v, g, beta, scale, initial_state, chunk_size, p, keep_tm,
-                                            cu_chunks=cu_chunks)
+                                            cu_chunks=cu_chunks, chunk_rows=chunk_rows)
     return o, ht, (q.new_empty(0) if tm is None else tm)
 
 
@@ -569,7 +602,8 @@ def _state_rows(q: torch.Tensor, cu_chunks: torch.Tensor | None) -> int:
     return q.shape[0] if cu_chunks is None else cu_chunks.shape[0] - 1
 
 
-def _fwd_fake(q, k, v, g, beta, initial_state, scale, chunk_size, p=None, keep_tm=False, cu_chunks=None):
+def _fwd_fake(q, k, v, g, beta, initial_state, scale, chunk_size, p=None, keep_tm=False, cu_chunks=None,
+              chunk_rows=None):
     B, T, H, K = q.shape
     tm = q.new_empty(B, T, H, chunk_size) if keep_tm else q.new_empty(0)
     return (torch.empty_like(v), q.new_empty(_state_rows(q, cu_chunks), H, K, v.shape[-1], dtype=torch.float32),
@@ -582,19 +616,21 @@ _fwd_op = define_op("gated_delta_rule_triton_fwd", _fwd, _fwd_fake)
 def _bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, beta: torch.Tensor,
             initial_state: torch.Tensor | None, scale: float, chunk_size: int, do: torch.Tensor,
             dht: torch.Tensor | None, p: torch.Tensor | None = None, tm: torch.Tensor | None = None,
-            cu_chunks: torch.Tensor | None = None
+            cu_chunks: torch.Tensor | None = None, chunk_rows: torch.Tensor | None = None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                        torch.Tensor]:
     """The gradients of _fwd_op's tensors; dg is an empty tensor when g is None, dp when p is None (its part is in
     dk). ``tm``: the forward pass's Tm (None or empty: recomputed)."""
     tm = None if tm is None or tm.numel() == 0 else tm
     dq, dk, dv, dg, dbeta, dh0, dp = gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, chunk_size,
-                                                                 do, dht, p, tm, cu_chunks=cu_chunks)
+                                                                 do, dht, p, tm, cu_chunks=cu_chunks,
+                                                                 chunk_rows=chunk_rows)
     return (dq, dk, dv, (q.new_empty(0) if dg is None else dg), dbeta, dh0,
             (q.new_empty(0) if dp is None else dp))
 
 
-def _bwd_fake(q, k, v, g, beta, initial_state, scale, chunk_size, do, dht, p=None, tm=None, cu_chunks=None):
+def _bwd_fake(q, k, v, g, beta, initial_state, scale, chunk_size, do, dht, p=None, tm=None, cu_chunks=None,
+              chunk_rows=None):
     B, T, H, K = q.shape
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
             q.new_empty(0) if g is None else torch.empty_like(g), torch.empty_like(beta),
@@ -606,19 +642,19 @@ _bwd_op = define_op("gated_delta_rule_triton_bwd", _bwd, _bwd_fake)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, g, beta, initial_state, scale, chunk_size, p, keep_tm, cu_chunks = inputs
-    ctx.save_for_backward(q, k, v, g, beta, initial_state, p, output[2], cu_chunks)
+    q, k, v, g, beta, initial_state, scale, chunk_size, p, keep_tm, cu_chunks, chunk_rows = inputs
+    ctx.save_for_backward(q, k, v, g, beta, initial_state, p, output[2], cu_chunks, chunk_rows)
     ctx.scale, ctx.chunk_size = scale, chunk_size
 
 
 def _backward(ctx, do, dht, dtm):
-    q, k, v, g, beta, initial_state, p, tm, cu_chunks = ctx.saved_tensors
+    q, k, v, g, beta, initial_state, p, tm, cu_chunks, chunk_rows = ctx.saved_tensors
     run_bwd = _bwd if eager_backward(ctx) else _bwd_op
     do = torch.zeros_like(v) if do is None else do.contiguous()
     dq, dk, dv, dg, dbeta, dh0, dp = run_bwd(q, k, v, g, beta, initial_state, ctx.scale, ctx.chunk_size, do,
-                                             None if dht is None else dht.contiguous(), p, tm, cu_chunks)
+                                             None if dht is None else dht.contiguous(), p, tm, cu_chunks, chunk_rows)
     return (dq, dk, dv, (dg if g is not None else None), dbeta, (dh0 if initial_state is not None else None),
-            None, None, (dp if p is not None else None), None, None)
+            None, None, (dp if p is not None else None), None, None, None)
 
 
 _differentiable = op_function("GatedDeltaTriton", _fwd, _fwd_op, _setup_context, _backward, non_differentiable=(2,))
@@ -661,19 +697,16 @@ def gated_delta_triton(
     g = None if g is None else _own_dtype(g)
     beta = _own_dtype(beta)
     s0 = None if initial_state is None else initial_state.float().contiguous()
-    packing, cu_chunks = current_packing(), None
-    if packing is not None:  # packed sequences: run in the chunk-aligned layout, outputs read back at the tokens
+    packing, cu_chunks, chunk_rows = current_packing(), None, None
+    if packing is not None:  # packed sequences, read where they lie: the kernels take each chunk's tokens
         layout = chunk_layout(packing, chunk_size, q.device)
-        q, k, v, g, beta, p = layout.pack_many(q, k, v, g, beta, p)
-        cu_chunks = layout.cu_chunks
+        cu_chunks, chunk_rows = layout.cu_chunks, layout.chunk_rows
     # Tm (a [C]-row per token, the input dtype) is kept for the backward pass only when one will follow
     keep_tm = needs_backward(q, k, v, g, beta, s0, p)
-    o, ht, _ = _differentiable(q, k, v, g, beta, s0, float(scale), chunk_size, p, keep_tm, cu_chunks)
-    if packing is not None:
-        o = layout.unpack(o)
+    o, ht, _ = _differentiable(q, k, v, g, beta, s0, float(scale), chunk_size, p, keep_tm, cu_chunks, chunk_rows)
     state_dtype = torch.float64 if in_dtype == torch.float64 else torch.float32
     return o.to(in_dtype), (ht.to(state_dtype) if output_final_state else None)
 
 
-gated_delta_triton.native_cu_seqlens = True  # packed sequences run in the chunk-aligned layout
+gated_delta_triton.native_cu_seqlens = True  # packed sequences run where they lie, chunk by chunk
 TRITON_BACKENDS = {"gated_delta_rule": gated_delta_triton}

@@ -264,8 +264,8 @@ def simple_gla_triton_read(q, k, v, g, scale, states: ChunkStates):
     o = torch.empty_like(v)
     BK, BV = _block(K), min(launch["BV"], _block(V))
     chunk_output_kernel[(cdiv(V, BV), cdiv(T, C), B * H)](
-        q=q, k=k, v=v, g=g, h=states.h, o=o, scale=scale, T=T, H=H, K=K, V=V, C=C, BK=BK, BV=BV,
-        PREC=states.precision or dot_precision(q.dtype), UP=upcast_dots(q.dtype), USE_G=True,
+        q=q, k=k, v=v, g=g, h=states.h, o=o, rows=o, scale=scale, T=T, NC=cdiv(T, C), H=H, K=K, V=V, C=C, BK=BK,
+        BV=BV, PREC=states.precision or dot_precision(q.dtype), UP=upcast_dots(q.dtype), USE_G=True, PACKED=False,
         **_options(launch, "out", q.dtype, states.f32_stages))
     return o
 
