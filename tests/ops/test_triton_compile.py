@@ -54,10 +54,11 @@ def test_registered_ops_have_no_autograd_kernel_to_run():
     """What a compiled graph calls pays the dispatcher alone: autograd falls through the registered ops (their
     autograd Function differentiates them), and no torch.library.custom_op wrapper runs Python around them."""
     import linattn.layers.norms_triton  # noqa: F401
+    import linattn.layers.shortconv_joint  # noqa: F401
     import linattn.layers.shortconv_triton  # noqa: F401
 
     for name in ("gated_delta_rule_triton_fwd", "gated_delta_rule_triton_bwd", "gla_triton_fwd", "short_conv_fwd",
-                 "rms_norm_gated_bwd", "l2norm_fwd", "relayout"):
+                 "rms_norm_gated_bwd", "l2norm_fwd", "short_conv_streams_fwd"):
         assert torch._C._dispatch_kernel_for_dispatch_key_is_fallthrough(f"linattn::{name}",
                                                                           torch._C.DispatchKey.Autograd), name
 

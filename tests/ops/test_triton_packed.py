@@ -1,7 +1,8 @@
 """Packed sequences run natively by the chunked Triton kernels (the delta and GLA families): one call on the
-chunk-aligned layout gives the outputs, final states and gradients (q, k, v, gates, beta, p, initial states) of
-running each sequence alone; odd lengths, lengths shorter than a chunk, one sequence, with and without initial
-states; fp32 and bf16. Offsets that pad to the same number of chunks launch the same compiled kernels.
+packed tokens where they lie, chunk by chunk, gives the outputs, final states and gradients (q, k, v, gates, beta,
+p, initial states) of running each sequence alone; odd lengths, lengths shorter than a chunk, one sequence, with
+and without initial states; fp32 and bf16. Offsets with the same number of chunks launch the same compiled
+kernels.
 
 Runs on CUDA when present, else on the CPU through Triton's interpreter (tests/conftest.py)."""
 
@@ -113,21 +114,26 @@ def test_native_path_runs_once_and_other_backends_split(monkeypatch: pytest.Monk
     assert calls == {"native": 1, "split": 1}
 
 
-@pytest.mark.parametrize("name", ["gated_delta_rule", "comba"])
-def test_delta_family_reads_packed_tokens_where_they_lie(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The delta family's kernels take each chunk's tokens from the layout's chunk rows: no copy into the
-    chunk-aligned layout or back, forward or backward."""
-    from linattn.ops.common import packed_call, triton_relayout
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the delta family copied packed tokens into the chunk-aligned layout")
-
-    monkeypatch.setattr(triton_relayout, "pack", refuse)
-    monkeypatch.setattr(triton_relayout, "unpack", refuse)
-    monkeypatch.setattr(packed_call, "RELAYOUT_KERNELS", "always")
-    (o, final), (o_ref, final_ref), leaves = _packed_and_separate(name, (5, 1, 37, 16), torch.float32, False)
+def test_simple_gla_packed_in_smaller_kernel_chunks() -> None:
+    """float32 simple_gla with K > 128 runs its kernels on chunks of 32 tokens when asked for 64: each packed chunk
+    splits in two (the second empty past a sequence's end), and packed still equals separate."""
+    spec = get_op("simple_gla")
+    lengths, K_wide = (5, 1, 70, 33), 144
+    T = sum(lengths)
+    gen = torch.Generator().manual_seed(5)
+    q, k = (torch.randn(1, T, H, K_wide, generator=gen).to(DEVICE).requires_grad_() for _ in range(2))
+    v = torch.randn(1, T, H, V, generator=gen).to(DEVICE).requires_grad_()
+    g = (-torch.rand(1, T, H, generator=gen)).to(DEVICE).requires_grad_()
+    init = torch.randn(len(lengths), H, K_wide, V, generator=gen).to(DEVICE).requires_grad_()
+    kw = dict(backend="triton", chunk_size=64, output_final_state=True)
+    cu = _cu(lengths)
+    o, final = spec.fn(q, k, v, g, initial_state=init, cu_seqlens=cu, **kw)
+    pieces = [spec.fn(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], initial_state=init[i:i + 1], **kw)
+              for i, (s, e) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True))]
+    o_ref, final_ref = torch.cat([p[0] for p in pieces], 1), torch.cat([p[1] for p in pieces], 0)
     torch.testing.assert_close(o, o_ref, rtol=1e-5, atol=1e-5)
-    assert_same_gradients(_loss(o, final), _loss(o_ref, final_ref), leaves, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(final, final_ref, rtol=1e-5, atol=1e-5)
+    assert_same_gradients(_loss(o, final), _loss(o_ref, final_ref), [q, k, v, g, init], rtol=1e-5, atol=1e-5)
 
 
 def test_bad_states_are_named_on_the_native_path() -> None:
@@ -144,24 +150,14 @@ def test_bad_states_are_named_on_the_native_path() -> None:
 
 
 def test_chunk_layout() -> None:
-    """Sequence n starts chunk cu_chunks[n]; the padded positions are the tails of the chunks."""
+    """Sequence n's chunks start at cu_chunks[n]; each chunk's first token and token count, the last chunk of a
+    sequence holding what remains; kept per offsets tensor."""
     cu = torch.tensor([0, 5, 6, 43, 59], dtype=torch.int32)
     layout = chunk_layout(Packing(cu, tuple(cu.tolist())), 16, torch.device("cpu"))
     assert layout.cu_chunks.tolist() == [0, 1, 2, 5, 6] and layout.cu_chunks.dtype == torch.int32
-    assert layout.padded == 96
-    want = [*range(0, 5), 16, *range(32, 32 + 37), *range(80, 96)]
-    assert layout.index.tolist() == want
-    x = torch.arange(59.0)[None, :, None].requires_grad_()
-    packed = layout.pack(x)
-    assert packed.shape == (1, 96, 1) and packed[0, 5:16].eq(0).all()
-    torch.testing.assert_close(layout.unpack(packed), x)
-    packed.sum().backward()
-    assert x.grad.eq(1).all()
+    assert layout.chunk_rows.tolist() == [[0, 5], [5, 1], [6, 16], [22, 16], [38, 5], [43, 16]]
+    assert layout.chunk_rows.dtype == torch.int64
     assert chunk_layout(Packing(cu, tuple(cu.tolist())), 16, torch.device("cpu")) is layout  # kept per tensor
-    padded = torch.randn(1, 96, 3, dtype=torch.float64, requires_grad=True)
-    torch.autograd.gradcheck(layout.unpack, (padded,))  # the copying backward: zeros at the padded positions
-    layout.unpack(padded).sum().backward()
-    assert padded.grad[0, layout.index].eq(1).all() and padded.grad.sum() == 59 * 3
 
 
 def _launch_keys(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:

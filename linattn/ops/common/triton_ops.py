@@ -9,9 +9,10 @@ Every Triton op of the library is two Python implementations (forward, backward)
   when eager (the least host time) and the registered ops under ``torch.compile`` or for tensor subclasses, which
   Dynamo traces as a forward and a backward graph of opaque ops.
 
-simple_gla and gla share the calling convention ``forward(q, k, v, g, scale, initial_state, C, keep, cu_chunks)
--> (o, final_state, *saved)`` and ``backward(q, k, v, g, scale, initial_state, C, do, d_final_state, saved,
-cu_chunks) -> (dq, dk, dv, dg, d_initial_state)`` (``cu_chunks``: packed sequences, see
+simple_gla and gla share the calling convention ``forward(q, k, v, g, scale, initial_state, C, keep, cu_chunks,
+chunk_rows) -> (o, final_state, *saved)`` and ``backward(q, k, v, g, scale, initial_state, C, do, d_final_state,
+saved, cu_chunks, chunk_rows) -> (dq, dk, dv, dg, d_initial_state)`` (``cu_chunks``, ``chunk_rows``: packed
+sequences, see
 :func:`gated_rnn_backend`): with ``keep`` (a backward pass will follow) the forward may return up to two intermediate
 tensors (``saved``; e.g. gla's chunk states and intra-chunk scores) that the backward then reads
 instead of recomputing them; ``saved`` holds None where nothing was kept. :func:`gated_rnn_backend` registers the
@@ -101,34 +102,39 @@ def gated_rnn_backend(name: str, forward: Callable, backward: Callable, saved_li
     """Register ``linattn::<name>_fwd`` / ``_bwd`` and return the implementation
     ``impl(q, k, v, g, *, scale, initial_state=None, output_final_state=False, chunk_size=64)``.
     ``saved_like(q, k, v, g, chunk_size)``: empty tensors shaped like what the forward keeps (for tracing).
-    ``forward`` and ``backward`` take a last argument ``cu_chunks``: None, or for packed sequences (the call runs
-    inside :func:`linattn.ops.common.packed_call.packed_call`) the first chunk of each sequence in the chunk-aligned
-    layout the implementation builds, [N + 1] int32 (states then [N, H, K, V])."""
+    ``forward`` and ``backward`` take keyword arguments ``cu_chunks`` and ``chunk_rows``: None, or for packed
+    sequences (the call runs inside :func:`linattn.ops.common.packed_call.packed_call`, B = 1) the chunks of
+    :func:`~linattn.ops.common.packed_call.chunk_layout`: each sequence's first chunk, [N + 1] int32 (states then
+    [N, H, K, V]), and each chunk's first token and token count, [chunks, 2] int64; the kernels read the packed
+    tokens where they lie."""
 
     def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, initial_state: torch.Tensor | None,
-            scale: float, chunk_size: int, keep: bool = False, cu_chunks: torch.Tensor | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        o, ht, *saved = forward(q, k, v, g, scale, initial_state, chunk_size, keep, cu_chunks=cu_chunks)
+            scale: float, chunk_size: int, keep: bool = False, cu_chunks: torch.Tensor | None = None,
+            chunk_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        o, ht, *saved = forward(q, k, v, g, scale, initial_state, chunk_size, keep, cu_chunks=cu_chunks,
+                                chunk_rows=chunk_rows)
         return o, ht, *_pad_saved(q, saved)
 
     def bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, initial_state: torch.Tensor | None,
             scale: float, chunk_size: int, do: torch.Tensor, dht: torch.Tensor | None,
             saved0: torch.Tensor | None = None, saved1: torch.Tensor | None = None,
-            cu_chunks: torch.Tensor | None = None
+            cu_chunks: torch.Tensor | None = None, chunk_rows: torch.Tensor | None = None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         saved = tuple(None if x is None or x.numel() == 0 else x for x in (saved0, saved1))
-        return backward(q, k, v, g, scale, initial_state, chunk_size, do, dht, saved, cu_chunks=cu_chunks)
+        return backward(q, k, v, g, scale, initial_state, chunk_size, do, dht, saved, cu_chunks=cu_chunks,
+                        chunk_rows=chunk_rows)
 
     def final_state_like(q: torch.Tensor, v: torch.Tensor, cu_chunks: torch.Tensor | None) -> torch.Tensor:
         B, T, H, K = q.shape
         rows = B if cu_chunks is None else cu_chunks.shape[0] - 1
         return q.new_empty(rows, H, K, v.shape[-1], dtype=torch.float32)
 
-    def fwd_fake(q, k, v, g, initial_state, scale, chunk_size, keep=False, cu_chunks=None):
+    def fwd_fake(q, k, v, g, initial_state, scale, chunk_size, keep=False, cu_chunks=None, chunk_rows=None):
         saved = saved_like(q, k, v, g, chunk_size) if keep else ()
         return torch.empty_like(v), final_state_like(q, v, cu_chunks), *_pad_saved(q, saved)
 
-    def bwd_fake(q, k, v, g, initial_state, scale, chunk_size, do, dht, saved0=None, saved1=None, cu_chunks=None):
+    def bwd_fake(q, k, v, g, initial_state, scale, chunk_size, do, dht, saved0=None, saved1=None, cu_chunks=None,
+                 chunk_rows=None):
         return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g),
                 final_state_like(q, v, cu_chunks))
 
@@ -136,17 +142,18 @@ def gated_rnn_backend(name: str, forward: Callable, backward: Callable, saved_li
     bwd_op = define_op(f"{name}_bwd", bwd, bwd_fake)
 
     def setup_context(ctx, inputs, output):
-        q, k, v, g, initial_state, scale, chunk_size, keep, cu_chunks = inputs
-        ctx.save_for_backward(q, k, v, g, initial_state, output[2], output[3], cu_chunks)
+        q, k, v, g, initial_state, scale, chunk_size, keep, cu_chunks, chunk_rows = inputs
+        ctx.save_for_backward(q, k, v, g, initial_state, output[2], output[3], cu_chunks, chunk_rows)
         ctx.scale, ctx.chunk_size = scale, chunk_size
 
     def backward_rule(ctx, do, dht, d_saved0, d_saved1):
-        q, k, v, g, initial_state, saved0, saved1, cu_chunks = ctx.saved_tensors
+        q, k, v, g, initial_state, saved0, saved1, cu_chunks, chunk_rows = ctx.saved_tensors
         run_bwd = bwd if eager_backward(ctx) else bwd_op
         do = torch.zeros_like(v) if do is None else do.contiguous()
         dq, dk, dv, dg, dh0 = run_bwd(q, k, v, g, initial_state, ctx.scale, ctx.chunk_size, do,
-                                      None if dht is None else dht.contiguous(), saved0, saved1, cu_chunks)
-        return dq, dk, dv, dg, (dh0 if initial_state is not None else None), None, None, None, None
+                                      None if dht is None else dht.contiguous(), saved0, saved1, cu_chunks,
+                                      chunk_rows)
+        return dq, dk, dv, dg, (dh0 if initial_state is not None else None), None, None, None, None, None
 
     function = op_function(f"{name}_function", fwd, fwd_op, setup_context, backward_rule, non_differentiable=(2, 3))
 
@@ -160,18 +167,15 @@ def gated_rnn_backend(name: str, forward: Callable, backward: Callable, saved_li
         s0 = None if initial_state is None else initial_state.float().contiguous()
         # the kernels read g in its own dtype (bf16 gates: half the bytes of float32) and compute in float32
         g = g.contiguous() if g.dtype in (torch.bfloat16, torch.float16, torch.float32) else g.float().contiguous()
-        packing, cu_chunks = current_packing(), None
-        if packing is not None:  # packed sequences: run in the chunk-aligned layout, outputs read back at the tokens
+        packing, cu_chunks, chunk_rows = current_packing(), None, None
+        if packing is not None:  # packed sequences, read where they lie: the kernels take each chunk's tokens
             layout = chunk_layout(packing, chunk_size, q.device)
-            q, k, v, g = layout.pack_many(q, k, v, g)
-            cu_chunks = layout.cu_chunks
+            cu_chunks, chunk_rows = layout.cu_chunks, layout.chunk_rows
         keep = needs_backward(q, k, v, g, s0)
-        o, ht, _, _ = function(q, k, v, g, s0, float(scale), chunk_size, keep, cu_chunks)
-        if packing is not None:
-            o = layout.unpack(o)
+        o, ht, _, _ = function(q, k, v, g, s0, float(scale), chunk_size, keep, cu_chunks, chunk_rows)
         return o, (ht if output_final_state else None)
 
-    implementation.native_cu_seqlens = True  # packed sequences run in the chunk-aligned layout
+    implementation.native_cu_seqlens = True  # packed sequences run in one call, where they lie
     implementation.__name__ = implementation.__qualname__ = name
     implementation.__doc__ = (f"backend='triton' ({name}): Triton kernels forward and backward, inputs validated by "
                               "the public op; chunk_size 16, 32, 64 or 128.")

@@ -36,8 +36,8 @@ forward's "prepare" also stores Tm ([B, T, H, C], input dtype), which the backwa
 and the WY-gradient kernel read back, so neither forms A or inverts it; the states are recomputed, not kept.
 Packed sequences (B = 1, cu_seqlens) are read where they lie: every kernel takes each chunk's first token and token
 count from the layout's chunk rows (common/triton_chunk_output.py's chunk_span; a chunk never spans two sequences,
-and the rows past its count, another sequence's, are masked), and the scans run each sequence's own chunks; no copy
-into a chunk-aligned layout or back. The kernels' intermediates (W, U, Tm, delta) lie at the packed tokens too.
+and the rows past its count, another sequence's, are masked), and the scans run each sequence's own chunks; nothing
+is copied into a padded layout or back. The kernels' intermediates (W, U, Tm, delta) lie at the packed tokens too.
 Block shapes depend on the head dims and the chunk size only, never on T (T is not specialised on).
 Prepare, the scans and the output hold the whole key dimension in one block (K <= 128 intended).
 Pointers are an int64 scalar base per chunk plus int32 tile offsets (64-bit offsets per element cost

@@ -63,7 +63,10 @@ backwards, each against the other sub-chunks block by block).
 When a backward pass can follow, the forward keeps A for it (recomputed otherwise); the chunk states are
 recomputed by the backward pass (one state scan): kept, they would be the largest tensor of a layer's activations
 (B*H*N*K*V, twice q's size for K = V = 128 and chunks of 64), held in every layer until its backward pass. Block
-shapes depend on the head dims and the chunk size only, never on T (T is not specialised on)."""
+shapes depend on the head dims and the chunk size only, never on T (T is not specialised on).
+Packed sequences (B = 1) are read where they lie: every kernel takes its chunk's first token and token count from
+the chunks' rows (common/triton_chunk_output.py's chunk_span, masking the rows past the count) and the state scans
+run each sequence's own chunks."""
 
 from __future__ import annotations
 
@@ -71,7 +74,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.triton_chunk_output import chunk_state_dtype
+from ..common.triton_chunk_output import chunk_span, chunk_state_dtype
 from ..common.triton_launch import fast_launch
 from ..common.triton_masking import causal_dot_rest
 from ..common.triton_ops import gated_rnn_backend
@@ -95,9 +98,10 @@ def _factor_limit(x: torch.Tensor) -> float:
 
 
 @triton.jit
-def _rows(i_b, i_h, t, T, H: tl.constexpr):
-    """Flat row index of tokens t of batch i_b, head i_h in a [B, T, H, *] tensor, and t < T."""
-    return (i_b * T + t) * H + i_h, t < T
+def _rows(first, count, i_h, j, H: tl.constexpr):
+    """Flat row index in a [B, T, H, *] tensor of head i_h's tokens at offsets j of a chunk that starts at token
+    ``first`` (of all B * T) and holds ``count`` tokens (common/triton_chunk_output.py's chunk_span), and j < count."""
+    return (first + j) * H + i_h, j < count
 
 
 @triton.jit
@@ -127,16 +131,17 @@ def _suffix(x):
 
 
 @fast_launch
-@triton.jit(do_not_specialize=["T"])
-def _state_fwd_kernel(k, v, g, h, h0, ht, cu, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+@triton.jit(do_not_specialize=["T", "NC"])
+def _state_fwd_kernel(k, v, g, h, h0, ht, cu, rows, T, NC, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, PACKED: tl.constexpr,
                       PREC: tl.constexpr, UP: tl.constexpr):
-    """Grid (cdiv(V, BV), cdiv(K, BK), B*H; packed: N*H): h[b, h, n] = state entering chunk n; ht = the final state.
-    PACKED (inputs in the chunk-aligned layout of common/packed_call.py): program n*H + h scans sequence n's
-    chunks [cu[n], cu[n + 1]), from its initial state h0[n, h] to its final state ht[n, h]."""
+    """Grid (cdiv(V, BV), cdiv(K, BK), B*H; packed: S*H): h[b, h, n] = state entering chunk n (NC chunks a row); ht =
+    the final state. PACKED (packed sequences where they lie, chunk n's tokens from ``rows``: chunk_span): program
+    s*H + h scans sequence s's chunks [cu[s], cu[s + 1]), from its initial state h0[s, h] to its final state
+    ht[s, h]."""
     i_v, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_h = i_bh % H
-    N = tl.cdiv(T, C)
+    N = NC
     if PACKED:  # sequence i_bh // H: its chunks of the one batch row, its states at row i_h of h
         c0 = tl.load(cu + i_bh // H).to(tl.int64)
         c1 = tl.load(cu + i_bh // H + 1).to(tl.int64)
@@ -152,7 +157,8 @@ def _state_fwd_kernel(k, v, g, h, h0, ht, cu, T, H: tl.constexpr, K: tl.constexp
         S += tl.load(h0 + i_bh * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
     for n in range(c0, c1):
         tl.store(h + (i_hb * N + n) * K * V + kv, S.to(h.dtype.element_ty), mask=m_kv)
-        row, m_t = _rows(i_b, i_h, n * C + o_c, T, H)
+        first, count = chunk_span(rows, n, i_b, T, C, PACKED)
+        row, m_t = _rows(first, count, i_h, o_c, H)
         gc = _load_rows(g, row, m_t, o_k, K)
         kc = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_t[:, None] & (o_k[None, :] < K), other=0.0)
         vc = tl.load(v + row[:, None] * V + o_v[None, :], mask=m_t[:, None] & (o_v[None, :] < V), other=0.0)
@@ -163,14 +169,16 @@ def _state_fwd_kernel(k, v, g, h, h0, ht, cu, T, H: tl.constexpr, K: tl.constexp
 
 @fast_launch
 @triton.jit(do_not_specialize=["T"])
-def _scores_kernel(q, k, g, A, scale, T, H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
-                   SUBC: tl.constexpr, LIMIT: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+def _scores_kernel(q, k, g, A, rows, scale, T, H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+                   SUBC: tl.constexpr, LIMIT: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
+                   PACKED: tl.constexpr):
     """Grid (C // SUBC, N, B*H): the rows of sub-chunk i of A[t, s] (s, t in one chunk; 0 for s > t),
     one SUBC x SUBC block at a time."""
     i, n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
+    first, count = chunk_span(rows, n, i_b, T, C, PACKED)
     o_k, o_c = tl.arange(0, BK), tl.arange(0, SUBC)
-    row_i, m_i = _rows(i_b, i_h, n * C + i * SUBC + o_c, T, H)
+    row_i, m_i = _rows(first, count, i_h, i * SUBC + o_c, H)
     qi = tl.load(q + row_i[:, None] * K + o_k[None, :], mask=m_i[:, None] & (o_k[None, :] < K), other=0.0)
     gi = _load_rows(g, row_i, m_i, o_k, K)
     ci = tl.cumsum(gi, axis=0)  # b_t - b_r, r = the token before the sub-chunk
@@ -185,7 +193,7 @@ def _scores_kernel(q, k, g, A, scale, T, H: tl.constexpr, K: tl.constexpr, C: tl
         d = tl.zeros([SUBC, BK], dtype=tl.float32)  # b_t - b_s = sum_{s < u <= t} g_u, accumulated
         for jj in range(SUBC):
             j = SUBC - 1 - jj
-            row_s, m_s = _rows(i_b, i_h, n * C + i * SUBC + j, T, H)
+            row_s, m_s = _rows(first, count, i_h, i * SUBC + j, H)
             lower = (o_c >= j)[:, None]
             e = tl.where(lower, tl.exp(d), 0.0)
             col = tl.sum(qi.to(tl.float32) * _load_row(k, row_s, m_s, o_k, K)[None, :] * e, axis=1)
@@ -197,7 +205,7 @@ def _scores_kernel(q, k, g, A, scale, T, H: tl.constexpr, K: tl.constexpr, C: tl
     to_r = tl.zeros([BK], dtype=tl.float32)  # b_r - (b at the end of sub-chunk j), a sum of g
     for jj in range(i):
         j = i - 1 - jj
-        row_j, m_j = _rows(i_b, i_h, n * C + j * SUBC + o_c, T, H)
+        row_j, m_j = _rows(first, count, i_h, j * SUBC + o_c, H)
         gj = _load_rows(g, row_j, m_j, o_k, K)
         kj = tl.load(k + row_j[:, None] * K + o_k[None, :], mask=m_j[:, None] & (o_k[None, :] < K), other=0.0)
         kf = (kj.to(tl.float32) * tl.exp(_suffix(gj) + to_r[None, :])).to(kj.dtype)
@@ -209,16 +217,18 @@ def _scores_kernel(q, k, g, A, scale, T, H: tl.constexpr, K: tl.constexpr, C: tl
 
 
 @fast_launch
-@triton.jit(do_not_specialize=["T"])
-def _output_kernel(q, v, g, h, A, o, scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
-                   BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+@triton.jit(do_not_specialize=["T", "NC"])
+def _output_kernel(q, v, g, h, A, o, rows, scale, T, NC, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
+                   PACKED: tl.constexpr):
     """Grid (cdiv(V, BV), N, B*H): o = (q~ ⊙ e^b) S + A v for one chunk and value block."""
     i_v, n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    N = tl.cdiv(T, C)
+    first, count = chunk_span(rows, n, i_b, T, C, PACKED)
+    N = NC
     o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
     o_v = i_v * BV + tl.arange(0, BV)
-    row, m_t = _rows(i_b, i_h, n * C + o_c, T, H)
+    row, m_t = _rows(first, count, i_h, o_c, H)
     m_cv = m_t[:, None] & (o_v[None, :] < V)
     qc = tl.load(q + row[:, None] * K + o_k[None, :], mask=m_t[:, None] & (o_k[None, :] < K), other=0.0)
     bc = tl.cumsum(_load_rows(g, row, m_t, o_k, K), axis=0)
@@ -233,15 +243,15 @@ def _output_kernel(q, v, g, h, A, o, scale, T, H: tl.constexpr, K: tl.constexpr,
 
 
 @fast_launch
-@triton.jit(do_not_specialize=["T"])
-def _state_bwd_kernel(q, g, do, dh, dht, dh0, cu, scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+@triton.jit(do_not_specialize=["T", "NC"])
+def _state_bwd_kernel(q, g, do, dh, dht, dh0, cu, rows, scale, T, NC, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
                       PACKED: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
-    """Grid (cdiv(V, BV), cdiv(K, BK), B*H; packed: N*H): dh[b, h, n] = gradient of the state leaving chunk n; dh0
-    (PACKED: program n*H + h runs sequence n's chunks in reverse, from dht[n, h] to dh0[n, h])."""
+    """Grid (cdiv(V, BV), cdiv(K, BK), B*H; packed: S*H): dh[b, h, n] = gradient of the state leaving chunk n; dh0
+    (PACKED: program s*H + h runs sequence s's chunks in reverse, from dht[s, h] to dh0[s, h])."""
     i_v, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_h = i_bh % H
-    N = tl.cdiv(T, C)
+    N = NC
     if PACKED:  # sequence i_bh // H: its chunks of the one batch row, its states at row i_h of h
         c0 = tl.load(cu + i_bh // H).to(tl.int64)
         c1 = tl.load(cu + i_bh // H + 1).to(tl.int64)
@@ -258,7 +268,8 @@ def _state_bwd_kernel(q, g, do, dh, dht, dh0, cu, scale, T, H: tl.constexpr, K: 
     for i in range(c1 - c0):
         n = c1 - 1 - i
         tl.store(dh + (i_hb * N + n) * K * V + kv, dS.to(dh.dtype.element_ty), mask=m_kv)
-        row, m_t = _rows(i_b, i_h, n * C + o_c, T, H)
+        first, count = chunk_span(rows, n, i_b, T, C, PACKED)
+        row, m_t = _rows(first, count, i_h, o_c, H)
         gc = _load_rows(g, row, m_t, o_k, K)
         qc = tl.load(q + row[:, None] * K + o_k[None, :], mask=m_t[:, None] & (o_k[None, :] < K), other=0.0)
         doc = tl.load(do + row[:, None] * V + o_v[None, :], mask=m_t[:, None] & (o_v[None, :] < V), other=0.0)
@@ -268,16 +279,17 @@ def _state_bwd_kernel(q, g, do, dh, dht, dh0, cu, scale, T, H: tl.constexpr, K: 
 
 
 @fast_launch
-@triton.jit(do_not_specialize=["T"])
-def _inter_bwd_kernel(q, k, v, g, h, A, do, dh, dv, dA, dq, dk, dL, scale, T, H: tl.constexpr, K: tl.constexpr,
-                      V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-                      UP: tl.constexpr):
+@triton.jit(do_not_specialize=["T", "NC"])
+def _inter_bwd_kernel(q, k, v, g, h, A, do, dh, dv, dA, dq, dk, dL, rows, scale, T, NC, H: tl.constexpr,
+                      K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                      PREC: tl.constexpr, UP: tl.constexpr, PACKED: tl.constexpr):
     """Grid (N, B*H), looping over value blocks: dv; dA (masked); the inter parts of dq, dk (float32); dL."""
     n, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    N = tl.cdiv(T, C)
+    first, count = chunk_span(rows, n, i_b, T, C, PACKED)
+    N = NC
     o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
-    row, m_t = _rows(i_b, i_h, n * C + o_c, T, H)
+    row, m_t = _rows(first, count, i_h, o_c, H)
     m_ck = m_t[:, None] & (o_k[None, :] < K)
     kc = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
     k_tail = (kc.to(tl.float32) * tl.exp(_suffix(_load_rows(g, row, m_t, o_k, K)))).to(kc.dtype)  # k e^{L - b}
@@ -313,23 +325,24 @@ def _inter_bwd_kernel(q, k, v, g, h, A, do, dh, dv, dA, dq, dk, dL, scale, T, H:
 
 
 @fast_launch
-@triton.jit(do_not_specialize=["T"])
-def _intra_bwd_kernel(q, k, g, dA, dq_in, dk_in, dL, dq, dk, dg, scale, T, H: tl.constexpr, K: tl.constexpr,
-                      C: tl.constexpr, BK: tl.constexpr, SUBC: tl.constexpr, LIMIT: tl.constexpr, PREC: tl.constexpr,
-                      UP: tl.constexpr):
+@triton.jit(do_not_specialize=["T", "NC"])
+def _intra_bwd_kernel(q, k, g, dA, dq_in, dk_in, dL, dq, dk, dg, rows, scale, T, NC, H: tl.constexpr,
+                      K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, SUBC: tl.constexpr, LIMIT: tl.constexpr,
+                      PREC: tl.constexpr, UP: tl.constexpr, PACKED: tl.constexpr):
     """Grid (cdiv(K, BK), N, B*H): dq, dk (inter parts from dq_in, dk_in plus the intra sums) and dg of one key
     block, sub-chunk by sub-chunk from the chunk's end (dg is the reverse cumulative sum of db, carried across
     sub-chunks). Given dA every quantity here is per key channel, so key blocks are independent programs."""
     i_k, n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    N = tl.cdiv(T, C)
+    first, count = chunk_span(rows, n, i_b, T, C, PACKED)
+    N = NC
     M: tl.constexpr = C // SUBC
     o_k, o_c = i_k * BK + tl.arange(0, BK), tl.arange(0, SUBC)
     m_k = o_k < K
     carry = tl.load(dL + (i_bh * N + n) * K + o_k, mask=m_k, other=0.0)
     for ii in tl.static_range(M):
         i = M - 1 - ii
-        row_i, m_i = _rows(i_b, i_h, n * C + i * SUBC + o_c, T, H)
+        row_i, m_i = _rows(first, count, i_h, i * SUBC + o_c, H)
         m_ik = m_i[:, None] & m_k[None, :]
         qi = _load_rows(q, row_i, m_i, o_k, K)
         ki = _load_rows(k, row_i, m_i, o_k, K)
@@ -344,7 +357,7 @@ def _intra_bwd_kernel(q, k, g, dA, dq_in, dk_in, dL, dq, dk, dg, scale, T, H: tl
         to_r = tl.zeros([BK], dtype=tl.float32)
         for jj in range(i):
             j = i - 1 - jj
-            row_j, m_j = _rows(i_b, i_h, n * C + j * SUBC + o_c, T, H)
+            row_j, m_j = _rows(first, count, i_h, j * SUBC + o_c, H)
             gj = _load_rows(g, row_j, m_j, o_k, K)
             kf = _load_rows(k, row_j, m_j, o_k, K) * tl.exp(_suffix(gj) + to_r[None, :])
             dA_ij = tl.load(dA + row_i[:, None] * C + j * SUBC + o_c[None, :], mask=m_i[:, None], other=0.0)
@@ -357,7 +370,7 @@ def _intra_bwd_kernel(q, k, g, dA, dq_in, dk_in, dL, dq, dk, dg, scale, T, H: tl
         dks = mm(tl.trans(dA_ii).to(q.dtype.element_ty), qd.to(q.dtype.element_ty), PREC, UP)
         from_e = tl.zeros([BK], dtype=tl.float32)
         for j in range(i + 1, M):
-            row_j, m_j = _rows(i_b, i_h, n * C + j * SUBC + o_c, T, H)
+            row_j, m_j = _rows(first, count, i_h, j * SUBC + o_c, H)
             gj = _load_rows(g, row_j, m_j, o_k, K)
             qf = _load_rows(q, row_j, m_j, o_k, K) * tl.exp(tl.cumsum(gj, axis=0) + from_e[None, :])
             dA_ji = tl.load(dA + row_j[None, :] * C + i * SUBC + o_c[:, None], mask=m_j[None, :], other=0.0)  # [s, t]
@@ -369,8 +382,8 @@ def _intra_bwd_kernel(q, k, g, dA, dq_in, dk_in, dL, dq, dk, dg, scale, T, H: tl
             d_k = tl.zeros([SUBC, BK], dtype=tl.float32)  # b_t - b_s, t = jj, as a sum of g
             for jj in range(SUBC):
                 j = SUBC - 1 - jj
-                row_s, m_s = _rows(i_b, i_h, n * C + i * SUBC + j, T, H)
-                row_t, m_t = _rows(i_b, i_h, n * C + i * SUBC + jj, T, H)
+                row_s, m_s = _rows(first, count, i_h, i * SUBC + j, H)
+                row_t, m_t = _rows(first, count, i_h, i * SUBC + jj, H)
                 d_k += tl.where((o_c < jj)[:, None], _load_row(g, row_t, m_t, o_k, K)[None, :], 0.0)
                 dA_col = tl.load(dA + row_i * C + i * SUBC + j, mask=m_i, other=0.0)  # dA[t in i, s]
                 dA_row = tl.load(dA + row_t * C + i * SUBC + o_c, mask=_spread(m_t, o_c), other=0.0)  # dA[t, s in i]
@@ -407,82 +420,94 @@ def _prec(x: torch.Tensor) -> dict[str, str | bool]:
     return {"PREC": dot_precision(x.dtype), "UP": upcast_dots(x.dtype)}
 
 
-def _states(k, v, g, initial_state, C, cu_chunks=None):
+def _chunks(T: int, C: int, chunk_rows: torch.Tensor | None) -> int:
+    """The chunks a batch row runs: cdiv(T, C), or for packed sequences one per row of ``chunk_rows``."""
+    return cdiv(T, C) if chunk_rows is None else chunk_rows.shape[0]
+
+
+def _states(k, v, g, initial_state, C, cu_chunks=None, chunk_rows=None):
     B, T, H, K = k.shape
     V = v.shape[-1]
-    N = cdiv(T, C)
+    N = _chunks(T, C, chunk_rows)
     rows = B if cu_chunks is None else cu_chunks.shape[0] - 1
     BK, BV = min(LAUNCH["scan_BK"], _block(K)), min(LAUNCH["BV"], _block(V))
     h = torch.empty(B, H, N, K, V, device=k.device, dtype=chunk_state_dtype(k))
     ht = torch.empty(rows, H, K, V, device=k.device, dtype=torch.float32)
     h0 = initial_state if initial_state is not None else ht  # unused pointer when HAS_H0 is False
     _state_fwd_kernel[(cdiv(V, BV), cdiv(K, BK), rows * H)](
-        k=k, v=v, g=g, h=h, h0=h0, ht=ht, cu=ht if cu_chunks is None else cu_chunks, T=T, H=H, K=K, V=V, C=C, BK=BK,
-        BV=BV, HAS_H0=initial_state is not None, PACKED=cu_chunks is not None, **_prec(k),
-        **_options(k, "scan"))
+        k=k, v=v, g=g, h=h, h0=h0, ht=ht, cu=ht if cu_chunks is None else cu_chunks,
+        rows=ht if chunk_rows is None else chunk_rows, T=T, NC=N, H=H, K=K, V=V, C=C, BK=BK, BV=BV,
+        HAS_H0=initial_state is not None, PACKED=chunk_rows is not None, **_prec(k), **_options(k, "scan"))
     return h, ht
 
 
-def _scores(q, k, g, scale, C):
+def _scores(q, k, g, scale, C, chunk_rows=None):
     B, T, H, K = q.shape
     # every use casts A to the input dtype first, so bf16/fp16 inputs keep it in that dtype (half the traffic)
     A = torch.empty(B, T, H, C, device=q.device, dtype=q.dtype)
-    _scores_kernel[(C // SUB, cdiv(T, C), B * H)](
-        q=q, k=k, g=g, A=A, scale=scale, T=T, H=H, K=K, C=C, BK=_block(K), SUBC=SUB, LIMIT=_factor_limit(q), **_prec(q),
+    _scores_kernel[(C // SUB, _chunks(T, C, chunk_rows), B * H)](
+        q=q, k=k, g=g, A=A, rows=A if chunk_rows is None else chunk_rows, scale=scale, T=T, H=H, K=K, C=C,
+        BK=_block(K), SUBC=SUB, LIMIT=_factor_limit(q), PACKED=chunk_rows is not None, **_prec(q),
         **_options(q, "scores"))
     return A
 
 
-def gla_triton_forward(q, k, v, g, scale, initial_state, C, keep=False, cu_chunks=None):
+def gla_triton_forward(q, k, v, g, scale, initial_state, C, keep=False, cu_chunks=None, chunk_rows=None):
     """Forward pass: (o, final state float32), and with ``keep`` also (None, the intra-chunk scores A) for the
     backward pass (A in the input dtype, B*T*H*C: reading it back is cheaper than the kernel that recomputes it).
     The chunk states h are not kept: B*H*N*K*V is V / C times q's size, held from the forward pass to the backward
     pass in every layer, and the backward pass recomputes them with one state scan (as simple_gla's does).
-    Inputs contiguous [B, T, H, *]; g [B, T, H, K] float32, bf16 or fp16. ``cu_chunks``:
-    packed sequences in the chunk-aligned layout (common/packed_call.py); only the state scans read it, every
-    other kernel works chunk by chunk (the chunk-local gate gradient needs no change)."""
+    Inputs contiguous [B, T, H, *]; g [B, T, H, K] float32, bf16 or fp16. ``cu_chunks`` and ``chunk_rows``: packed
+    sequences (B = 1) read where they lie (common/packed_call.py's ChunkLayout): every kernel takes each chunk's
+    tokens from ``chunk_rows``, and the state scans run each sequence's chunks (the chunk-local gate gradient needs
+    no change)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    h, ht = _states(k, v, g, initial_state, C, cu_chunks)
-    A = _scores(q, k, g, scale, C)
+    N = _chunks(T, C, chunk_rows)
+    h, ht = _states(k, v, g, initial_state, C, cu_chunks, chunk_rows)
+    A = _scores(q, k, g, scale, C, chunk_rows)
     o = torch.empty_like(v)
     BV = min(LAUNCH["BV"], _block(V))
-    _output_kernel[(cdiv(V, BV), cdiv(T, C), B * H)](
-        q=q, v=v, g=g, h=h, A=A, o=o, scale=scale, T=T, H=H, K=K, V=V, C=C, BK=_block(K), BV=BV, **_prec(q),
-        **_options(q, "out"))
+    _output_kernel[(cdiv(V, BV), N, B * H)](
+        q=q, v=v, g=g, h=h, A=A, o=o, rows=o if chunk_rows is None else chunk_rows, scale=scale, T=T, NC=N, H=H,
+        K=K, V=V, C=C, BK=_block(K), BV=BV, PACKED=chunk_rows is not None, **_prec(q), **_options(q, "out"))
     return (o, ht, None, A) if keep else (o, ht)
 
 
-def gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, saved=(None, None), cu_chunks=None):
+def gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, saved=(None, None), cu_chunks=None,
+                        chunk_rows=None):
     """Backward pass: (dq, dk, dv, dg, d_initial_state). ``saved``: the forward's (h, A), recomputed where None."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    N = cdiv(T, C)
+    N = _chunks(T, C, chunk_rows)
     rows = B if cu_chunks is None else cu_chunks.shape[0] - 1
+    rp, packed = (q, False) if chunk_rows is None else (chunk_rows, True)  # (a pointer placeholder unpacked)
     h, A = saved
-    h = _states(k, v, g, initial_state, C, cu_chunks)[0] if h is None else h
-    A = _scores(q, k, g, scale, C) if A is None else A
+    h = _states(k, v, g, initial_state, C, cu_chunks, chunk_rows)[0] if h is None else h
+    A = _scores(q, k, g, scale, C, chunk_rows) if A is None else A
     BK, BV = min(LAUNCH["bscan_BK"], _block(K)), min(LAUNCH["BV"], _block(V))
     dh = torch.empty_like(h)
     dh0 = torch.empty(rows, H, K, V, device=q.device, dtype=torch.float32)
     _state_bwd_kernel[(cdiv(V, BV), cdiv(K, BK), rows * H)](
         q=q, g=g, do=do, dh=dh, dht=dht if dht is not None else dh0, dh0=dh0,
-        cu=dh0 if cu_chunks is None else cu_chunks, scale=scale, T=T, H=H, K=K, V=V, C=C, BK=BK, BV=BV,
-        HAS_DHT=dht is not None, PACKED=cu_chunks is not None, **_prec(q), **_options(q, "bscan"))
+        cu=dh0 if cu_chunks is None else cu_chunks, rows=rp, scale=scale, T=T, NC=N, H=H, K=K, V=V, C=C, BK=BK,
+        BV=BV, HAS_DHT=dht is not None, PACKED=packed, **_prec(q), **_options(q, "bscan"))
     dv = torch.empty_like(v)
     dA = torch.empty(B, T, H, C, device=q.device, dtype=torch.float32)
     dq_inter = torch.empty(B, T, H, K, device=q.device, dtype=torch.float32)
     dk_inter = torch.empty_like(dq_inter)
     dL = torch.empty(B, H, N, K, device=q.device, dtype=torch.float32)
     _inter_bwd_kernel[(N, B * H)](
-        q=q, k=k, v=v, g=g, h=h, A=A, do=do, dh=dh, dv=dv, dA=dA, dq=dq_inter, dk=dk_inter, dL=dL, scale=scale, T=T,
-        H=H, K=K, V=V, C=C, BK=_block(K), BV=min(LAUNCH["inter_BV"], _block(V)), **_prec(q), **_options(q, "inter"))
+        q=q, k=k, v=v, g=g, h=h, A=A, do=do, dh=dh, dv=dv, dA=dA, dq=dq_inter, dk=dk_inter, dL=dL, rows=rp,
+        scale=scale, T=T, NC=N, H=H, K=K, V=V, C=C, BK=_block(K), BV=min(LAUNCH["inter_BV"], _block(V)),
+        PACKED=packed, **_prec(q), **_options(q, "inter"))
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     dg = torch.empty_like(g)  # in g's dtype; computed in float32
     BKI = min(LAUNCH["intra_BK"], _block(K))
     _intra_bwd_kernel[(cdiv(K, BKI), N, B * H)](
-        q=q, k=k, g=g, dA=dA, dq_in=dq_inter, dk_in=dk_inter, dL=dL, dq=dq, dk=dk, dg=dg, scale=scale, T=T, H=H, K=K,
-        C=C, BK=BKI, SUBC=SUB, LIMIT=_factor_limit(q), **_prec(q), **_options(q, "intra"))
+        q=q, k=k, g=g, dA=dA, dq_in=dq_inter, dk_in=dk_inter, dL=dL, dq=dq, dk=dk, dg=dg, rows=rp, scale=scale, T=T,
+        NC=N, H=H, K=K, C=C, BK=BKI, SUBC=SUB, LIMIT=_factor_limit(q), PACKED=packed, **_prec(q),
+        **_options(q, "intra"))
     return dq, dk, dv, dg, dh0
 
 

@@ -23,7 +23,9 @@ Four kernels: the state scan (a program per value block and batch-head, looping 
 output (a program per value block, chunk and batch-head), the reverse scan of state gradients, and
 the per-chunk input gradients. The states entering the chunks are recomputed in the backward pass
 instead of being kept. Block shapes depend on the head dims and the chunk size only, never on T, so
-a new sequence length reuses the compiled kernels (T is not specialised on).
+a new sequence length reuses the compiled kernels (T is not specialised on). Packed sequences (B = 1) are read
+where they lie: every kernel takes its chunk's first token and token count from the chunks' rows
+(common/triton_chunk_output.py's chunk_span) and the state scans run each sequence's own chunks.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.triton_chunk_output import chunk_output_kernel, chunk_state_dtype
+from ..common.triton_chunk_output import chunk_output_kernel, chunk_span, chunk_state_dtype
 from ..common.triton_launch import fast_launch
 from ..common.triton_ops import gated_rnn_backend
 from ..common.triton_utils import block as _block
@@ -49,16 +51,17 @@ from ..common.triton_utils import (
 
 
 @fast_launch
-@triton.jit(do_not_specialize=["T"])
-def _state_fwd_kernel(k, v, g, h, h0, ht, cu, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+@triton.jit(do_not_specialize=["T", "NC"])
+def _state_fwd_kernel(k, v, g, h, h0, ht, cu, rows, T, NC, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
                       PACKED: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
-    """Grid (cdiv(V, BV), B*H; packed: N*H): h[b, h, n] = state entering chunk n; ht = state after the last chunk.
-    PACKED (inputs in the chunk-aligned layout of common/packed_call.py): program n*H + h scans sequence n's
-    chunks [cu[n], cu[n + 1]), from its initial state h0[n, h] to its final state ht[n, h]."""
+    """Grid (cdiv(V, BV), B*H; packed: S*H): h[b, h, n] = state entering chunk n (NC chunks a row); ht = state after
+    the last chunk. PACKED (packed sequences where they lie, chunk n's tokens from ``rows``: chunk_span): program
+    s*H + h scans sequence s's chunks [cu[s], cu[s + 1]), from its initial state h0[s, h] to its final state
+    ht[s, h]."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_h = i_bh % H
-    N = tl.cdiv(T, C)
+    N = NC
     if PACKED:  # sequence i_bh // H: its chunks of the one batch row, its states at row i_h of h
         c0 = tl.load(cu + i_bh // H).to(tl.int64)
         c1 = tl.load(cu + i_bh // H + 1).to(tl.int64)
@@ -74,9 +77,9 @@ def _state_fwd_kernel(k, v, g, h, h0, ht, cu, T, H: tl.constexpr, K: tl.constexp
         S += tl.load(h0 + i_bh * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
     for n in range(c0, c1):
         tl.store(h + (i_hb * N + n) * K * V + kv, S.to(h.dtype.element_ty), mask=m_kv)
-        t = n * C + o_c
-        m_t = t < T
-        row = (i_b * T + t) * H + i_h
+        first, count = chunk_span(rows, n, i_b, T, C, PACKED)
+        m_t = o_c < count
+        row = (first + o_c) * H + i_h
         b = tl.cumsum(tl.load(g + row, mask=m_t, other=0.0).to(tl.float32), axis=0)
         b_last = tl.sum(tl.where(o_c == C - 1, b, 0.0), axis=0)
         kt = tl.load(k + row[None, :] * K + o_k[:, None], mask=(o_k[:, None] < K) & m_t[None, :], other=0.0)
@@ -87,15 +90,15 @@ def _state_fwd_kernel(k, v, g, h, h0, ht, cu, T, H: tl.constexpr, K: tl.constexp
 
 
 @fast_launch
-@triton.jit(do_not_specialize=["T"])
-def _state_bwd_kernel(q, g, do, dh, dht, dh0, cu, scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                      C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
+@triton.jit(do_not_specialize=["T", "NC"])
+def _state_bwd_kernel(q, g, do, dh, dht, dh0, cu, rows, scale, T, NC, H: tl.constexpr, K: tl.constexpr,
+                      V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
                       PACKED: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
-    """Grid (cdiv(V, BV), B*H; packed: N*H): dh[b, h, n] = gradient of the state leaving chunk n; dh0 = of the
-    initial one (PACKED: program n*H + h runs sequence n's chunks in reverse, from dht[n, h] to dh0[n, h])."""
+    """Grid (cdiv(V, BV), B*H; packed: S*H): dh[b, h, n] = gradient of the state leaving chunk n; dh0 = of the
+    initial one (PACKED: program s*H + h runs sequence s's chunks in reverse, from dht[s, h] to dh0[s, h])."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_h = i_bh % H
-    N = tl.cdiv(T, C)
+    N = NC
     if PACKED:  # sequence i_bh // H: its chunks of the one batch row, its states at row i_h of h
         c0 = tl.load(cu + i_bh // H).to(tl.int64)
         c1 = tl.load(cu + i_bh // H + 1).to(tl.int64)
@@ -112,9 +115,9 @@ def _state_bwd_kernel(q, g, do, dh, dht, dh0, cu, scale, T, H: tl.constexpr, K: 
     for i in range(c1 - c0):
         n = c1 - 1 - i
         tl.store(dh + (i_hb * N + n) * K * V + kv, dS.to(dh.dtype.element_ty), mask=m_kv)
-        t = n * C + o_c
-        m_t = t < T
-        row = (i_b * T + t) * H + i_h
+        first, count = chunk_span(rows, n, i_b, T, C, PACKED)
+        m_t = o_c < count
+        row = (first + o_c) * H + i_h
         b = tl.cumsum(tl.load(g + row, mask=m_t, other=0.0).to(tl.float32), axis=0)
         b_last = tl.sum(tl.where(o_c == C - 1, b, 0.0), axis=0)
         qt = tl.load(q + row[None, :] * K + o_k[:, None], mask=(o_k[:, None] < K) & m_t[None, :], other=0.0)
@@ -125,18 +128,19 @@ def _state_bwd_kernel(q, g, do, dh, dht, dh0, cu, scale, T, H: tl.constexpr, K: 
 
 
 @fast_launch
-@triton.jit(do_not_specialize=["T"])
-def _grads_bwd_kernel(q, k, v, g, h, do, dh, dq, dk, dv, dG, scale, T, H: tl.constexpr, K: tl.constexpr,
+@triton.jit(do_not_specialize=["T", "NC"])
+def _grads_bwd_kernel(q, k, v, g, h, do, dh, dq, dk, dv, dG, rows, scale, T, NC, H: tl.constexpr, K: tl.constexpr,
                       V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-                      UP: tl.constexpr):
-    """Grid (N, B*H): dq, dk, dv of one chunk (looping over value blocks) and dG_t = q_t.dq_t - k_t.dk_t."""
+                      UP: tl.constexpr, PACKED: tl.constexpr):
+    """Grid (NC, B*H): dq, dk, dv of one chunk (looping over value blocks) and dG_t = q_t.dq_t - k_t.dk_t
+    (PACKED: the chunk's tokens from ``rows``)."""
     n, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    N = tl.cdiv(T, C)
+    N = NC
     o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
-    t = n * C + o_c
-    m_t = t < T
-    row = (i_b * T + t) * H + i_h
+    first, count = chunk_span(rows, n, i_b, T, C, PACKED)
+    m_t = o_c < count
+    row = (first + o_c) * H + i_h
     m_ck = m_t[:, None] & (o_k[None, :] < K)
     b = tl.cumsum(tl.load(g + row, mask=m_t, other=0.0).to(tl.float32), axis=0)
     b_last = tl.sum(tl.where(o_c == C - 1, b, 0.0), axis=0)
@@ -212,30 +216,40 @@ def _options(launch: dict, kernel: str, dtype: torch.dtype, f32_stages: int | No
     return launch_options(launch, kernel, dtype, float32_stages=f32_stages)
 
 
-def _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks=None, precision=None):
+def _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks=None, precision=None, chunk_rows=None):
     B, T, H, K = k.shape
     V = v.shape[-1]
-    N = cdiv(T, C)
+    N = cdiv(T, C) if chunk_rows is None else chunk_rows.shape[0]
     rows = B if cu_chunks is None else cu_chunks.shape[0] - 1
     BK, BV = _block(K), min(launch["BV"], _block(V))
     h = torch.empty(B, H, N, K, V, device=k.device, dtype=chunk_state_dtype(k))
     ht = torch.empty(rows, H, K, V, device=k.device, dtype=torch.float32)
     h0 = initial_state if initial_state is not None else ht  # unused pointer when HAS_H0 is False
     _state_fwd_kernel[(cdiv(V, BV), rows * H)](
-        k=k, v=v, g=g, h=h, h0=h0, ht=ht, cu=ht if cu_chunks is None else cu_chunks, T=T, H=H, K=K, V=V, C=C, BK=BK,
-        BV=BV, HAS_H0=initial_state is not None, PACKED=cu_chunks is not None, PREC=precision or dot_precision(k.dtype),
+        k=k, v=v, g=g, h=h, h0=h0, ht=ht, cu=ht if cu_chunks is None else cu_chunks,
+        rows=ht if chunk_rows is None else chunk_rows, T=T, NC=N, H=H, K=K, V=V, C=C, BK=BK, BV=BV,
+        HAS_H0=initial_state is not None, PACKED=chunk_rows is not None, PREC=precision or dot_precision(k.dtype),
         UP=upcast_dots(k.dtype), **_options(launch, "scan", k.dtype, f32_stages))
     return h, ht
 
 
-def _fitted_chunks(cu_chunks, chunk_size, C):
-    """``cu_chunks`` counted in the kernels' chunks of C tokens (C divides the layout's chunk size)."""
-    return cu_chunks if cu_chunks is None or C == chunk_size else cu_chunks * (chunk_size // C)
+def _fitted_chunks(cu_chunks, chunk_rows, chunk_size, C):
+    """``cu_chunks`` and ``chunk_rows`` of packed sequences (in chunks of ``chunk_size`` tokens) counted in the
+    kernels' chunks of C tokens (C divides ``chunk_size``): each chunk split into chunk_size / C, the ones past its
+    tokens empty and placed at its end (a state passes an empty chunk unchanged; a sequence still ends where its
+    last chunk does)."""
+    if cu_chunks is None or C == chunk_size:
+        return cu_chunks, chunk_rows
+    m = chunk_size // C
+    step = torch.minimum(torch.arange(m, device=chunk_rows.device) * C, chunk_rows[:, 1:])  # an empty one at the end
+    rows = torch.stack([chunk_rows[:, :1] + step, (chunk_rows[:, 1:] - step).clamp(0, C)], dim=-1)
+    return cu_chunks * m, rows.view(-1, 2)
 
 
 class ChunkStates(NamedTuple):
     """The chunk-entry states of one scan (``h`` [B, H, N, K, V], the final state float32) and the launch they
-    were made with: enough to read the scan with any number of queries (:func:`simple_gla_triton_read`)."""
+    were made with: enough to read the scan with any number of queries (:func:`simple_gla_triton_read`); ``rows``:
+    packed sequences' chunks (None unpacked)."""
 
     h: torch.Tensor
     final: torch.Tensor
@@ -243,16 +257,20 @@ class ChunkStates(NamedTuple):
     launch: dict
     f32_stages: int | None
     precision: str | None
+    rows: torch.Tensor | None = None
 
 
-def simple_gla_triton_states(k, v, g, initial_state, C, cu_chunks=None, precision=None) -> ChunkStates:
+def simple_gla_triton_states(k, v, g, initial_state, C, cu_chunks=None, precision=None, chunk_rows=None
+                             ) -> ChunkStates:
     """The state scan S_n = exp(sum of g over chunk n) S_{n-1} + sum_s exp(b_last - b_s) k_s v_s^T at every chunk
-    entry. ``cu_chunks``: packed sequences in the chunk-aligned layout of C-token chunks (common/packed_call.py);
-    ``precision``: the dots' input precision instead of :func:`dot_precision`'s (float32 inputs only)."""
+    entry. ``cu_chunks`` and ``chunk_rows``: packed sequences (B = 1) read where they lie, by chunks of C tokens
+    (common/packed_call.py's ChunkLayout); ``precision``: the dots' input precision instead of
+    :func:`dot_precision`'s (float32 inputs only)."""
     C0 = C
     C, launch, f32_stages = _fitted(k.shape[-1], k.dtype, C)
-    h, ht = _states(k, v, g, initial_state, C, launch, f32_stages, _fitted_chunks(cu_chunks, C0, C), precision)
-    return ChunkStates(h, ht, C, launch, f32_stages, precision)
+    cu_chunks, chunk_rows = _fitted_chunks(cu_chunks, chunk_rows, C0, C)
+    h, ht = _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks, precision, chunk_rows)
+    return ChunkStates(h, ht, C, launch, f32_stages, precision, chunk_rows)
 
 
 def simple_gla_triton_read(q, k, v, g, scale, states: ChunkStates):
@@ -260,78 +278,84 @@ def simple_gla_triton_read(q, k, v, g, scale, states: ChunkStates):
     the output kernel (a scan read with another query costs no second state scan)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    C, launch = states.C, states.launch
+    C, launch, N = states.C, states.launch, states.h.shape[2]
     o = torch.empty_like(v)
     BK, BV = _block(K), min(launch["BV"], _block(V))
-    chunk_output_kernel[(cdiv(V, BV), cdiv(T, C), B * H)](
-        q=q, k=k, v=v, g=g, h=states.h, o=o, rows=o, scale=scale, T=T, NC=cdiv(T, C), H=H, K=K, V=V, C=C, BK=BK,
-        BV=BV, PREC=states.precision or dot_precision(q.dtype), UP=upcast_dots(q.dtype), USE_G=True, PACKED=False,
+    chunk_output_kernel[(cdiv(V, BV), N, B * H)](
+        q=q, k=k, v=v, g=g, h=states.h, o=o, rows=o if states.rows is None else states.rows, scale=scale, T=T,
+        NC=N, H=H, K=K, V=V, C=C, BK=BK, BV=BV, PREC=states.precision or dot_precision(q.dtype),
+        UP=upcast_dots(q.dtype), USE_G=True, PACKED=states.rows is not None,
         **_options(launch, "out", q.dtype, states.f32_stages))
     return o
 
 
-def simple_gla_triton_forward(q, k, v, g, scale, initial_state, C, keep=False, cu_chunks=None, precision=None):
+def simple_gla_triton_forward(q, k, v, g, scale, initial_state, C, keep=False, cu_chunks=None, precision=None,
+                              chunk_rows=None):
     """Forward pass: (o, final state float32). Inputs contiguous [B, T, H, *]; g [B, T, H] float32, bf16 or fp16.
     Nothing is kept for the backward pass (``keep`` is ignored): its states cost one cheap scan to recompute.
-    ``cu_chunks``: packed sequences in the chunk-aligned layout of C-token chunks (common/packed_call.py).
+    ``cu_chunks`` and ``chunk_rows``: packed sequences read where they lie (:func:`simple_gla_triton_states`).
     ``precision``: the dots' input precision instead of :func:`dot_precision`'s (float32 inputs only)."""
-    states = simple_gla_triton_states(k, v, g, initial_state, C, cu_chunks, precision)
+    states = simple_gla_triton_states(k, v, g, initial_state, C, cu_chunks, precision, chunk_rows)
     return simple_gla_triton_read(q, k, v, g, scale, states), states.final
 
 
-def _reverse_cumsum(dG, C, cu_chunks):
+def _sequence_ends(cu_chunks, chunk_rows):
+    """Each packed sequence's end (one past its last token), from its last chunk's first token and count."""
+    last = chunk_rows[cu_chunks[1:].long() - 1]
+    return last[:, 0] + last[:, 1]
+
+
+def _reverse_cumsum(dG, cu_chunks=None, chunk_rows=None):
     """dg from dG [B, T, H] float32: the reverse cumulative sum over time, restarted at every packed sequence's end
-    when ``cu_chunks`` is given (T a whole number of C-token chunks)."""
+    when ``cu_chunks`` and ``chunk_rows`` are given (B = 1, the sequences where they lie)."""
     if cu_chunks is None:
         # run along the innermost dimension ([B, H, T]): torch's scan over an outer dimension took 2.8 ms at B=4,
         # T=16384, H=16 on an H100 (40% of the backward pass), this well under 0.1 ms
         return dG.transpose(1, 2).contiguous().flip(-1).cumsum(-1).flip(-1).transpose(1, 2).contiguous()
+    # one reverse scan over all tokens, less its value past each token's sequence end: in float64, so that the
+    # difference of two long sums keeps the float32 sums' precision
     B, T, H = dG.shape
-    NC = T // C
-    x = dG.view(NC, C, H)
-    local = x.flip(1).cumsum(1).flip(1)  # within each chunk
-    # plus the sums of the later chunks of the same sequence: a reverse scan over chunks (in float64, so that the
-    # difference of two scans, one past the sequence's end, keeps the float32 sums' precision)
-    tot = x.sum(1, dtype=torch.float64)
-    after = torch.cat([tot.flip(0).cumsum(0).flip(0), tot.new_zeros(1, H)])  # after[c]: the sum over chunks >= c
-    counts = (cu_chunks[1:] - cu_chunks[:-1]).long()
-    end = torch.repeat_interleave(cu_chunks[1:].long(), counts, output_size=NC)  # each chunk's sequence end
-    carry = (after[1:] - after[end]).float()  # chunks after c up to the sequence's end
-    return (local + carry[:, None, :]).view(B, T, H)
+    after = dG[0].to(torch.float64).transpose(0, 1).flip(-1).cumsum(-1).flip(-1)  # [H, T]: sum over tokens >= t
+    after = torch.cat([after, after.new_zeros(H, 1)], dim=1)
+    ends = _sequence_ends(cu_chunks, chunk_rows)
+    lengths = torch.diff(ends, prepend=ends.new_zeros(1))
+    end_of = torch.repeat_interleave(ends, lengths, output_size=T)  # each token's sequence end
+    return (after[:, :T] - after[:, end_of]).float().transpose(0, 1).reshape(B, T, H)
 
 
 def simple_gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, saved=(None, None), cu_chunks=None,
-                               precision=None):
+                               precision=None, chunk_rows=None):
     """Backward pass: (dq, dk, dv, dg, d_initial_state); the chunk states are recomputed (nothing is kept)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     C0 = C
     C, launch, f32_stages = _fitted(K, q.dtype, C)
-    cu_chunks = _fitted_chunks(cu_chunks, C0, C)
-    N = cdiv(T, C)
+    cu_chunks, chunk_rows = _fitted_chunks(cu_chunks, chunk_rows, C0, C)
+    N = cdiv(T, C) if chunk_rows is None else chunk_rows.shape[0]
     rows = B if cu_chunks is None else cu_chunks.shape[0] - 1
+    rp = q if chunk_rows is None else chunk_rows  # pointer placeholder unpacked
     BK, BV = _block(K), min(launch["BV"], _block(V))
-    h, ht = _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks, precision)
+    h, ht = _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks, precision, chunk_rows)
     dh = torch.empty_like(h)
     dh0 = torch.empty(rows, H, K, V, device=q.device, dtype=torch.float32)
     _state_bwd_kernel[(cdiv(V, BV), rows * H)](
         q=q, g=g, do=do, dh=dh, dht=dht if dht is not None else dh0, dh0=dh0,
-        cu=dh0 if cu_chunks is None else cu_chunks, scale=scale, T=T, H=H, K=K, V=V, C=C, BK=BK, BV=BV,
-        HAS_DHT=dht is not None, PACKED=cu_chunks is not None, PREC=precision or dot_precision(q.dtype),
+        cu=dh0 if cu_chunks is None else cu_chunks, rows=rp, scale=scale, T=T, NC=N, H=H, K=K, V=V, C=C, BK=BK,
+        BV=BV, HAS_DHT=dht is not None, PACKED=chunk_rows is not None, PREC=precision or dot_precision(q.dtype),
         UP=upcast_dots(q.dtype), **_options(launch, "bscan", q.dtype, f32_stages))
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dG = torch.empty(B, T, H, device=q.device, dtype=torch.float32)
     _grads_bwd_kernel[(N, B * H)](
-        q=q, k=k, v=v, g=g, h=h, do=do, dh=dh, dq=dq, dk=dk, dv=dv, dG=dG, scale=scale, T=T, H=H, K=K, V=V, C=C,
-        BK=BK, BV=min(launch["grads_BV"], _block(V)), PREC=precision or dot_precision(q.dtype), UP=upcast_dots(q.dtype),
-        **_options(launch, "grads", q.dtype, f32_stages))
+        q=q, k=k, v=v, g=g, h=h, do=do, dh=dh, dq=dq, dk=dk, dv=dv, dG=dG, rows=rp, scale=scale, T=T, NC=N, H=H, K=K,
+        V=V, C=C, BK=BK, BV=min(launch["grads_BV"], _block(V)), PREC=precision or dot_precision(q.dtype),
+        UP=upcast_dots(q.dtype), PACKED=chunk_rows is not None, **_options(launch, "grads", q.dtype, f32_stages))
     if dht is not None:  # the final state's gate term, at the last position (of each packed sequence)
         term = (dht.float() * ht).sum((-2, -1))
         if cu_chunks is None:
             dG[:, -1] += term
         else:
-            dG[0].index_add_(0, cu_chunks[1:].long() * C - 1, term)
-    dg = _reverse_cumsum(dG, C, cu_chunks)
+            dG[0].index_add_(0, _sequence_ends(cu_chunks, chunk_rows) - 1, term)
+    dg = _reverse_cumsum(dG, cu_chunks, chunk_rows)
     return dq, dk, dv, dg.to(g.dtype), dh0
 
 
