@@ -184,11 +184,12 @@ class MixerLayer(nn.Module):
         return Projections(out, joint)
 
     def convolve(self, pre: Projections, cache: LayerCache | StaticLayerCache | None,
-                 cu_seqlens: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], dict]:
-        """The streams with each ShortConv applied to its own (a new dict), and the new conv caches."""
+                 cu_seqlens: torch.Tensor | None, caches: bool = True) -> tuple[dict[str, torch.Tensor], dict]:
+        """The streams with each ShortConv applied to its own (a new dict), and the new conv caches (``caches``
+        False: none where the ShortConvs run jointly, for a caller that keeps no cache: training)."""
         joint = self.joint_conv_streams(pre, cache)
         if joint:
-            return self.convolve_jointly(pre, joint, cu_seqlens)
+            return self.convolve_jointly(pre, joint, cu_seqlens, caches)
         out, new_conv = dict(pre.streams), {}
         for name, conv in self.convs.items():
             out[name], new_conv[name] = run_conv(conv, name, pre.streams[name], cache, cu_seqlens)
@@ -214,12 +215,13 @@ class MixerLayer(nn.Module):
                 return []
         return names
 
-    def convolve_jointly(self, pre: Projections, names: list[str], cu_seqlens: torch.Tensor | None = None
-                         ) -> tuple[dict[str, torch.Tensor], dict]:
+    def convolve_jointly(self, pre: Projections, names: list[str], cu_seqlens: torch.Tensor | None = None,
+                         caches: bool = True) -> tuple[dict[str, torch.Tensor], dict]:
         """:meth:`convolve` as one op over the joint projection (its streams ``names``, the convolved ones first):
         the convolved streams and the other streams of the joint projection as new tensors, whose gradients the
         op's backward writes into the joint projection's gradient in place (shortconv_joint.py). ``cu_seqlens``:
-        packed sequences, each convolved alone (the kernels read each token's position inside its sequence)."""
+        packed sequences, each convolved alone (the kernels read each token's position inside its sequence);
+        ``caches`` False: no new conv caches (an empty dict)."""
         from .shortconv_joint import conv_streams
 
         convs = [self.convs[name] for name in names[:len(self.convs)]]
@@ -227,19 +229,23 @@ class MixerLayer(nn.Module):
         weight = torch.cat([c.weight[:, 0] for c in convs]) if len(convs) > 1 else convs[0].weight[:, 0]
         bias = None if convs[0].bias is None else torch.cat([c.bias for c in convs])
         W, conv_names = convs[0].kernel_size, names[:len(convs)]
+        new_caches = {}
         if cu_seqlens is None:
             pos = None
-            caches = {name: last_inputs(pre.streams[name], None, W) for name in conv_names}
+            if caches:
+                new_caches = {name: last_inputs(pre.streams[name], None, W) for name in conv_names}
         else:
             check_packed_batch("x", pre.joint)
             offsets = check_cu_seqlens(cu_seqlens, pre.joint.shape[1], pre.joint.device)
             pos = sequence_positions(offsets, pre.joint.device, cu_seqlens)
-            caches = {name: packed_last_inputs(pre.streams[name], offsets, cu_seqlens, W) for name in conv_names}
+            if caches:
+                new_caches = {name: packed_last_inputs(pre.streams[name], offsets, cu_seqlens, W)
+                              for name in conv_names}
         streams = conv_streams(pre.joint, weight, bias, widths[:len(convs)], widths[len(convs):],
                                convs[0].activation == "silu", pos)
         out = dict(pre.streams)
         out.update(zip(names, streams))
-        return out, caches
+        return out, new_caches
 
     def op_inputs(self, x: torch.Tensor, s: dict[str, torch.Tensor], offset: int | torch.Tensor,
                   cu_seqlens: torch.Tensor | None) -> MixOut:
@@ -283,7 +289,7 @@ class MixerLayer(nn.Module):
         state0 = None if cache is None else cache.state
         if self.recomputes_conv_outputs(cache):
             pre = self.projected_streams(x)
-            s, new_conv = self.convolve(pre, None, cu_seqlens)
+            s, new_conv = self.convolve(pre, None, cu_seqlens, caches=use_cache)
             saved = ConvOutputs(self, x, pre, offset, cu_seqlens)
             saved.add(s[name] for name in self.convs)
             with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
@@ -454,7 +460,7 @@ class ConvOutputs:
         layer = self.layer
         dev, enabled, dtype = self.autocast
         with torch.no_grad(), torch.autocast(dev, dtype=dtype, enabled=enabled):
-            s, _ = layer.convolve(self.pre, None, self.cu_seqlens)
+            s, _ = layer.convolve(self.pre, None, self.cu_seqlens, caches=False)
             q, k, v, _, _ = layer.op_inputs(self.x, s, self.offset, self.cu_seqlens)
         return [*(s[name] for name in layer.convs), q, k, v]
 

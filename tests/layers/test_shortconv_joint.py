@@ -123,6 +123,32 @@ def test_layers_convolve_jointly_and_equal_multiply_adds(mixer, expected):
         assert_close(results["triton"][name], e, 1e-3 if name == "D" else 1e-5, f"{mixer}: {name}")
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["rows", "packed"])
+def test_training_forward_makes_no_conv_caches(packed, monkeypatch):
+    """A forward that returns no cache (use_cache=False, packed calls) and its backward's recompute build no ShortConv
+    caches; a forward that returns one still does."""
+    from linattn.layers import base
+
+    torch.manual_seed(2)
+    layer = build_mixer("gated_delta_rule", 64, 2, backend="chunk").to(DEVICE)
+    x = torch.randn(1, 21, 64, device=DEVICE, requires_grad=True)
+    cu = torch.tensor([0, 5, 21], dtype=torch.int32) if packed else None
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a ShortConv cache was built for a call that returns none")
+
+    with linattn.settings(shortconv_backend="triton"):
+        with monkeypatch.context() as m:
+            m.setattr(base, "last_inputs", refuse)
+            m.setattr(base, "packed_last_inputs", refuse)
+            y, cache = layer(x, use_cache=False, cu_seqlens=cu)
+            y.sum().backward()
+        assert cache is None and x.grad is not None
+        if not packed:
+            _, cache = layer(x.detach())
+            assert set(cache.conv) == {"q", "k", "v"}
+
+
 def test_layers_keep_separate_convs_with_a_cache_or_mixed_convs():
     torch.manual_seed(1)
     layer = build_mixer("gated_delta_rule", 64, 2, backend="chunk").to(DEVICE)
