@@ -235,7 +235,6 @@ class MixerLayer(nn.Module):
             if caches:
                 new_caches = {name: last_inputs(pre.streams[name], None, W) for name in conv_names}
         else:
-            check_packed_batch("x", pre.joint)
             offsets = check_cu_seqlens(cu_seqlens, pre.joint.shape[1], pre.joint.device)
             pos = sequence_positions(offsets, pre.joint.device, cu_seqlens)
             if caches:

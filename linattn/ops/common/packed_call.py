@@ -70,14 +70,14 @@ def state_rows(B: int) -> int:
 
 @dataclass(frozen=True)
 class ChunkLayout:
-    """The chunks of packed tokens [1, T]: every sequence cut into chunks of ``chunk_size`` tokens from its start.
+    """The chunks of packed tokens [1, T]: every sequence cut into chunks of C tokens (the chunk size it was made
+    for, :func:`chunk_layout`) from its start.
 
     ``cu_chunks`` [N + 1] int32: the first chunk of each sequence and the chunk count at the end; ``chunk_rows``
-    [chunks, 2] int64: per chunk, its first packed token and how many tokens it holds (``chunk_size``, or fewer in a
+    [chunks, 2] int64: per chunk, its first packed token and how many tokens it holds (C, or fewer in a
     sequence's last chunk), what the kernels read."""
 
     cu_chunks: torch.Tensor
-    chunk_size: int
     chunk_rows: torch.Tensor
 
 
@@ -124,7 +124,7 @@ def chunk_layout(packing: Packing, chunk_size: int, device: torch.device) -> Chu
         seq_of_chunk = torch.repeat_interleave(torch.arange(N, device=device), counts, output_size=chunks)
         start = cu[:-1][seq_of_chunk] + (torch.arange(chunks, device=device) - cu_chunks[:-1][seq_of_chunk]) * C
         valid = torch.clamp(cu[1:][seq_of_chunk] - start, max=C)
-        return ChunkLayout(cu_chunks=cu_chunks.to(torch.int32), chunk_size=C,
+        return ChunkLayout(cu_chunks=cu_chunks.to(torch.int32),
                            chunk_rows=torch.stack([start, valid], dim=1).contiguous())
 
     return kept(packing.cu_seqlens, ("chunk_layout", chunk_size, str(device)), make)

@@ -9,12 +9,18 @@ import triton.language as tl
 
 from .triton_launch import fast_launch
 from .triton_masking import causal_dot_rest
-from .triton_utils import mm
+from .triton_utils import cdiv, mm
 
 
 def chunk_state_dtype(x: torch.Tensor) -> torch.dtype:
     """Chunk-entry states are kept in the input dtype for bf16/fp16 (half the memory, as FLA does)."""
     return torch.float32 if x.dtype == torch.float32 else x.dtype
+
+
+def chunk_count(T: int, C: int, chunk_rows: torch.Tensor | None) -> int:
+    """The chunks of C tokens a batch row of T tokens runs; for packed sequences (``chunk_rows``, see
+    :func:`chunk_span`) one per row of ``chunk_rows``."""
+    return cdiv(T, C) if chunk_rows is None else chunk_rows.shape[0]
 
 
 @triton.jit

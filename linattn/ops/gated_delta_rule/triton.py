@@ -55,7 +55,7 @@ import triton.language as tl
 from ..common.checks import DELTA_TRITON_CHUNK_SIZES
 from ..common.packed_call import chunk_layout, current_packing
 from ..common.registered_ops import define_op
-from ..common.triton_chunk_output import chunk_output_kernel, chunk_span, chunk_state_dtype
+from ..common.triton_chunk_output import chunk_count, chunk_output_kernel, chunk_span, chunk_state_dtype
 from ..common.triton_launch import fast_launch
 from ..common.triton_masking import causal_dot_rest, is_finite
 from ..common.triton_ops import eager_backward, needs_backward, op_function
@@ -472,7 +472,7 @@ class Chunks(NamedTuple):
 
 
 def _chunks(T: int, C: int, cu_chunks: torch.Tensor | None, chunk_rows: torch.Tensor | None) -> Chunks:
-    return Chunks(cdiv(T, C)) if chunk_rows is None else Chunks(chunk_rows.shape[0], chunk_rows, cu_chunks)
+    return Chunks(chunk_count(T, C, chunk_rows), chunk_rows, None if chunk_rows is None else cu_chunks)
 
 
 def _prepare(k, v, beta, g, C, chunks: Chunks, p=None, tm=None, keep_tm=False):

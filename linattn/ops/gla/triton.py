@@ -74,7 +74,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.triton_chunk_output import chunk_span, chunk_state_dtype
+from ..common.triton_chunk_output import chunk_count, chunk_span, chunk_state_dtype
 from ..common.triton_launch import fast_launch
 from ..common.triton_masking import causal_dot_rest
 from ..common.triton_ops import gated_rnn_backend
@@ -420,15 +420,10 @@ def _prec(x: torch.Tensor) -> dict[str, str | bool]:
     return {"PREC": dot_precision(x.dtype), "UP": upcast_dots(x.dtype)}
 
 
-def _chunks(T: int, C: int, chunk_rows: torch.Tensor | None) -> int:
-    """The chunks a batch row runs: cdiv(T, C), or for packed sequences one per row of ``chunk_rows``."""
-    return cdiv(T, C) if chunk_rows is None else chunk_rows.shape[0]
-
-
 def _states(k, v, g, initial_state, C, cu_chunks=None, chunk_rows=None):
     B, T, H, K = k.shape
     V = v.shape[-1]
-    N = _chunks(T, C, chunk_rows)
+    N = chunk_count(T, C, chunk_rows)
     rows = B if cu_chunks is None else cu_chunks.shape[0] - 1
     BK, BV = min(LAUNCH["scan_BK"], _block(K)), min(LAUNCH["BV"], _block(V))
     h = torch.empty(B, H, N, K, V, device=k.device, dtype=chunk_state_dtype(k))
@@ -445,7 +440,7 @@ def _scores(q, k, g, scale, C, chunk_rows=None):
     B, T, H, K = q.shape
     # every use casts A to the input dtype first, so bf16/fp16 inputs keep it in that dtype (half the traffic)
     A = torch.empty(B, T, H, C, device=q.device, dtype=q.dtype)
-    _scores_kernel[(C // SUB, _chunks(T, C, chunk_rows), B * H)](
+    _scores_kernel[(C // SUB, chunk_count(T, C, chunk_rows), B * H)](
         q=q, k=k, g=g, A=A, rows=A if chunk_rows is None else chunk_rows, scale=scale, T=T, H=H, K=K, C=C,
         BK=_block(K), SUBC=SUB, LIMIT=_factor_limit(q), PACKED=chunk_rows is not None, **_prec(q),
         **_options(q, "scores"))
@@ -463,7 +458,7 @@ def gla_triton_forward(q, k, v, g, scale, initial_state, C, keep=False, cu_chunk
     no change)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    N = _chunks(T, C, chunk_rows)
+    N = chunk_count(T, C, chunk_rows)
     h, ht = _states(k, v, g, initial_state, C, cu_chunks, chunk_rows)
     A = _scores(q, k, g, scale, C, chunk_rows)
     o = torch.empty_like(v)
@@ -479,7 +474,7 @@ def gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, saved=(Non
     """Backward pass: (dq, dk, dv, dg, d_initial_state). ``saved``: the forward's (h, A), recomputed where None."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    N = _chunks(T, C, chunk_rows)
+    N = chunk_count(T, C, chunk_rows)
     rows = B if cu_chunks is None else cu_chunks.shape[0] - 1
     rp, packed = (q, False) if chunk_rows is None else (chunk_rows, True)  # (a pointer placeholder unpacked)
     h, A = saved

@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.triton_chunk_output import chunk_output_kernel, chunk_span, chunk_state_dtype
+from ..common.triton_chunk_output import chunk_count, chunk_output_kernel, chunk_span, chunk_state_dtype
 from ..common.triton_launch import fast_launch
 from ..common.triton_ops import gated_rnn_backend
 from ..common.triton_utils import block as _block
@@ -219,7 +219,7 @@ def _options(launch: dict, kernel: str, dtype: torch.dtype, f32_stages: int | No
 def _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks=None, precision=None, chunk_rows=None):
     B, T, H, K = k.shape
     V = v.shape[-1]
-    N = cdiv(T, C) if chunk_rows is None else chunk_rows.shape[0]
+    N = chunk_count(T, C, chunk_rows)
     rows = B if cu_chunks is None else cu_chunks.shape[0] - 1
     BK, BV = _block(K), min(launch["BV"], _block(V))
     h = torch.empty(B, H, N, K, V, device=k.device, dtype=chunk_state_dtype(k))
@@ -331,7 +331,7 @@ def simple_gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, sav
     C0 = C
     C, launch, f32_stages = _fitted(K, q.dtype, C)
     cu_chunks, chunk_rows = _fitted_chunks(cu_chunks, chunk_rows, C0, C)
-    N = cdiv(T, C) if chunk_rows is None else chunk_rows.shape[0]
+    N = chunk_count(T, C, chunk_rows)
     rows = B if cu_chunks is None else cu_chunks.shape[0] - 1
     rp = q if chunk_rows is None else chunk_rows  # pointer placeholder unpacked
     BK, BV = _block(K), min(launch["BV"], _block(V))
