@@ -21,7 +21,10 @@ step's wall time the GPU spent in kernels.
 ``--packed`` adds, after each fixed-length training row, a row of the same mixer, shape and mode that trains on
 packed documents: B * T tokens per step as one row [1, B * T] with ``cu_seqlens``, the documents' lengths drawn
 uniformly from ``--doc-lengths`` (64 to 4096 tokens by default; seeded; the last document of a step is cut to
-fill it exactly), a new packing every step. Its ``packed_ratio`` is its tokens/s over the fixed-length row's.
+fill it exactly), a new packing every step. Its ``packed_ratio`` is the fixed-length step's time over the packed
+step's, both on the packed row's model, timed in alternation after its own timing (``--steps`` pairs, the median of
+the pairs' ratios): an eager step waits on the host and a machine's speed drifts between rows by up to a fifth, which
+alternation cancels. ``fixed_row_ratio`` keeps the packed row's tokens/s over the fixed-length row's.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import gc
 import json
 import os
 import shlex
+import statistics
 import sys
 from collections.abc import Callable, Container, Iterator
 from dataclasses import asdict, dataclass
@@ -132,7 +136,8 @@ class TrainRow:
     params_m: float | None = None
     speed_ratio: float | None = None
     memory_ratio: float | None = None
-    packed_ratio: float | None = None  # packed rows: tokens/s over the fixed-length row's (same mixer, shape, mode)
+    packed_ratio: float | None = None  # packed rows: fixed-length step time over packed, timed in alternation
+    fixed_row_ratio: float | None = None  # packed rows: tokens/s over the fixed-length row's (same mixer, shape, mode)
     error: str | None = None
     profile: dict | None = None
 
@@ -387,6 +392,14 @@ def time_steps(step: Callable[[], None], plan: ModelBenchPlan, graphs: bool = Fa
     return ms, peak(plan.device) / GIB
 
 
+def alternated_ratio(first: Callable[[], None], second: Callable[[], None], pairs: int, device: torch.device
+                     ) -> float:
+    """Median over ``pairs`` of ``first``'s wall time over ``second``'s, the two run in alternation (each call
+    synchronised): what drifts during the run (clocks, host load) touches both sides of a pair alike."""
+    ratios = [_seconds(first, device) / _seconds(second, device) for _ in range(max(pairs, 1))]
+    return statistics.median(ratios)
+
+
 def _train_once(plan: ModelBenchPlan, row: TrainRow) -> None:
     """Fill ``row``'s measurements (raises on any failure; the caller records it)."""
     model = build_model(plan, row.mixer)
@@ -411,6 +424,11 @@ def _train_once(plan: ModelBenchPlan, row: TrainRow) -> None:
     graphs = compiled and plan.compile_mode == "reduce-overhead"
     row.ms_per_step, row.peak_gib = time_steps(step, plan, graphs)
     row.tokens_per_s = row.batch * row.seq_len / (row.ms_per_step / 1e3)
+    if row.layout == "packed":
+        ids = torch.randint(0, plan.vocab_size, (row.batch, row.seq_len + 1), generator=gen).to(plan.device)
+        fixed_step = make_train_step(net, optimizer, ids, plan.device, plan.dtype)
+        fixed_step()  # a compiled model compiles the fixed-length shape here, out of the timing
+        row.packed_ratio = alternated_ratio(fixed_step, step, plan.steps, plan.device)
     if plan.profile:
         row.profile = profile_step(step, plan.device, row.ms_per_step, top=plan.profile_top)
 
@@ -519,7 +537,7 @@ def attach_ratios(row: dict, rows: list[dict]) -> dict:
         fixed_key = row_key({**row, "layout": "fixed"})
         fixed = [r for r in rows if row_key(r) == fixed_key and r.get("run", 0) == row.get("run", 0)]
         if fixed:
-            row["packed_ratio"] = _ratio(row["tokens_per_s"], fixed[-1]["tokens_per_s"])
+            row["fixed_row_ratio"] = _ratio(row["tokens_per_s"], fixed[-1]["tokens_per_s"])
     return row
 
 
@@ -649,7 +667,7 @@ def _progress_line(row: dict) -> str:
     if row["kind"] == "train":
         what, extra = f"{_shape(row)} {row['mode']}", f"peak {_cell(row['peak_gib'])} GiB"
         if row.get("packed_ratio") is not None:
-            extra += f", x{row['packed_ratio']:.2f} the fixed-length row"
+            extra += f", x{row['packed_ratio']:.2f} the fixed-length step (alternated)"
     else:
         what, extra = f"B={row['batch']} context={row['context']}", f"{_cell(row['ms_per_token'], '.3f')} ms/token"
     if row["error"]:

@@ -140,10 +140,18 @@ def test_packed_rows_beside_the_fixed_ones(tmp_path, capsys):
                                                          ("gated_delta_rule", "fixed"), ("gated_delta_rule", "packed")]
     for fixed, packed in (rows[:2], rows[2:]):
         assert packed["error"] is None and packed["tokens_per_s"] > 0 and packed["documents"] >= 64 / 24
-        assert packed["packed_ratio"] == pytest.approx(packed["tokens_per_s"] / fixed["tokens_per_s"])
-        assert fixed["packed_ratio"] is None
+        assert packed["fixed_row_ratio"] == pytest.approx(packed["tokens_per_s"] / fixed["tokens_per_s"])
+        assert packed["packed_ratio"] > 0 and fixed["packed_ratio"] is None and fixed["fixed_row_ratio"] is None
     assert data["header"]["settings"]["doc_lengths"] == [5, 24] and data["header"]["measured"]["packed"]
     assert "| gated_delta_rule | 1x64 packed | eager |" in capsys.readouterr().out
+
+
+def test_alternated_ratio_is_the_median_of_the_pairs(monkeypatch):
+    """The packed row's ratio to the fixed-length step: first's time over second's per pair, in alternation."""
+    calls, times = [], iter([2.0, 1.0, 9.0, 3.0, 4.0, 4.0])  # pairs' ratios 2, 3, 1: median 2
+    monkeypatch.setattr(bench_model, "_seconds", lambda fn, device: (calls.append(fn()), next(times))[1])
+    ratio = bench_model.alternated_ratio(lambda: "fixed", lambda: "packed", 3, torch.device("cpu"))
+    assert ratio == 2.0 and calls == ["fixed", "packed"] * 3
 
 
 def test_packed_documents_fill_the_step_exactly():

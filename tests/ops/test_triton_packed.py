@@ -131,9 +131,14 @@ def test_simple_gla_packed_in_smaller_kernel_chunks() -> None:
     pieces = [spec.fn(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], initial_state=init[i:i + 1], **kw)
               for i, (s, e) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True))]
     o_ref, final_ref = torch.cat([p[0] for p in pieces], 1), torch.cat([p[1] for p in pieces], 0)
-    torch.testing.assert_close(o, o_ref, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(final, final_ref, rtol=1e-5, atol=1e-5)
-    assert_same_gradients(_loss(o, final), _loss(o_ref, final_ref), [q, k, v, g, init], rtol=1e-5, atol=1e-5)
+    # unnormalised keys of width 144 give gate gradients up to ~33, summed over a sequence in another order on
+    # each side: the float32 standard (error over the tensor's largest value) rather than elementwise 1e-5
+    assert_close(o, o_ref, 1e-5, "output")
+    assert_close(final, final_ref, 1e-5, "final state")
+    got = torch.autograd.grad(_loss(o, final), [q, k, v, g, init])
+    want = torch.autograd.grad(_loss(o_ref, final_ref), [q, k, v, g, init])
+    for name, a, b in zip("q k v g initial_state".split(), got, want, strict=True):
+        assert_close(a, b, 1e-5, f"gradient of {name}")
 
 
 def test_bad_states_are_named_on_the_native_path() -> None:
