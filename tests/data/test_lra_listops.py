@@ -143,3 +143,18 @@ def test_command_line_split_sizes(tmp_path, capsys):
     main(["listops", "--out", str(tmp_path / "one"), "--smoke", "--num-val", "3"])
     assert len(get_task("listops", tmp_path / "one", "val")) == 3
     assert len(get_task("listops", tmp_path / "one", "test")) == 200, "an unset split keeps the --smoke size"
+
+
+def test_parallel_draws_give_the_same_trees(monkeypatch):
+    """Blocks of trees come from their own seeded streams: two worker processes draw what one draws, in the
+    same order, no tree twice."""
+    import linattn.data.lra.listops_gen as gen
+
+    monkeypatch.setattr(gen, "BLOCK_TREES", 20)  # several blocks from a small set
+    cfg = ListOpsConfig(**{**SMALL, "num_train": 50})
+    one = generate_trees(cfg)
+    assert len(one) == 62 and len(set(one)) == 62
+    assert one[:20] == gen._draw_block(cfg, 0, cfg.max_draws, 20)
+    assert generate_trees(cfg, workers=2) == one
+    with pytest.raises(TypeError, match="workers"):
+        generate_trees(cfg, workers=1.5)

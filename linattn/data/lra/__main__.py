@@ -34,6 +34,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m linattn.data.lra"
     for split, default in (("train", 96000), ("val", 2000), ("test", 2000)):
         lo.add_argument(f"--num-{split}", type=int_arg(1), default=None,
                         help=f"trees in the {split} split (release: {default})")
+    lo.add_argument("--workers", type=int_arg(1), default=1,
+                    help="processes drawing the trees (the trees do not depend on it)")
     pf = sub.add_parser("pathfinder", help="write <out>/pathfinder<size>/<difficulty>/{imgs,metadata}")
     pf.add_argument("--out", type=Path, required=True)
     pf.add_argument("--size", type=int, choices=(32, 128), default=32)
@@ -47,7 +49,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m linattn.data.lra"
         sizes = {f"num_{s}": getattr(a, f"num_{s}") for s in ("train", "val", "test")
                  if getattr(a, f"num_{s}") is not None}
         cfg = ListOpsConfig(seed=a.seed, **{**(LISTOPS_SMOKE if a.smoke else {}), **sizes})
-        print(write_listops(a.out, cfg))
+        print(write_listops(a.out, cfg, workers=a.workers))
         return
     jobs = [(str(a.out), a.size, a.difficulty, b, a.batch_size, a.seed) for b in range(a.batches)]
     with ProcessPoolExecutor(max_workers=a.workers) as pool:

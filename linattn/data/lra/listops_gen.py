@@ -12,8 +12,10 @@ form of LRA's generator in parentheses: ``[MAX 2 9 ]`` is written ``( ( ( [MAX 2
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import random
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,29 +102,61 @@ LISTOPS_SMOKE: dict[str, int] = dict(num_train=2000, num_val=200, num_test=200, 
                                      max_depth=6, max_args=5)
 
 
-def generate_trees(cfg: ListOpsConfig) -> list[Tree]:
-    """``num_train + num_val + num_test`` distinct trees with ``min_length < length < max_length``, in
-    the order drawn. Raises RuntimeError if ``max_draws`` draws do not suffice (bounds too tight)."""
-    rng = random.Random(cfg.seed)
-    want = cfg.num_train + cfg.num_val + cfg.num_test
+BLOCK_TREES = 1000  # trees per independently seeded block of draws
+
+
+def _draw_block(cfg: ListOpsConfig, block: int, draws: int, size: int) -> list[Tree]:
+    """Up to ``size`` distinct in-bounds trees from ``draws`` draws of block ``block``'s own random stream
+    (seeded by the config's seed and the block's index, so a block is the same whichever process draws it)."""
+    rng = random.Random(f"listops-{cfg.seed}-{block}")
     found: dict[Tree, None] = {}
-    for _ in range(cfg.max_draws):
-        if len(found) >= want:
+    for _ in range(draws):
+        if len(found) >= size:
             break
         tree = random_tree(rng, cfg.max_depth, cfg.max_args)
         if cfg.min_length < tree_length(tree) < cfg.max_length:
             found[tree] = None
-    if len(found) < want:
-        raise GenerationError(f"only {len(found)} of {want} distinct ListOps trees with {cfg.min_length} < length < "
-                              f"{cfg.max_length} in {cfg.max_draws} draws; widen the bounds or raise max_draws")
     return list(found)
 
 
-def write_listops(root: str | Path, cfg: ListOpsConfig | None = None, **params: object) -> Path:
-    """Generate ListOps (``cfg``, or ``ListOpsConfig(**params)``) into ``<root>/listops-1000/``; return that
-    folder. Splits are consecutive slices of the drawn trees: train, val, test."""
+def generate_trees(cfg: ListOpsConfig, workers: int = 1) -> list[Tree]:
+    """``num_train + num_val + num_test`` distinct trees with ``min_length < length < max_length``: blocks of
+    ``BLOCK_TREES`` trees, each drawn from its own seeded stream, in block order, a tree already taken skipped.
+    ``workers`` processes draw the blocks in parallel; the trees do not depend on it. ``max_draws`` is shared by
+    the blocks. Raises GenerationError if they do not suffice (bounds too tight)."""
+    check_int("workers", workers, 1)
+    want, size = cfg.num_train + cfg.num_val + cfg.num_test, BLOCK_TREES
+    blocks = max(1, -(-want // size))
+    draws = max(1, cfg.max_draws // blocks)
+    found: dict[Tree, None] = {}
+    first = 0
+    with ProcessPoolExecutor(max_workers=workers) if workers > 1 else contextlib.nullcontext() as pool:
+        while len(found) < want:
+            # a round of blocks; a block short of trees (bounds too tight) or duplicates across blocks ask for more
+            count = -(-(want - len(found)) // size)
+            jobs = [(cfg, b, draws, size) for b in range(first, first + count)]
+            drawn = pool.map(_draw_block_job, jobs) if pool else map(_draw_block_job, jobs)
+            before = len(found)
+            for trees in drawn:
+                found.update(dict.fromkeys(trees))
+            first += count
+            if len(found) < want and (len(found) - before < count * size // 2 or first * draws > cfg.max_draws):
+                raise GenerationError(f"only {len(found)} of {want} distinct ListOps trees with {cfg.min_length} < "
+                                      f"length < {cfg.max_length} in {first * draws} draws; widen the bounds or raise "
+                                      "max_draws")
+    return list(found)[:want]
+
+
+def _draw_block_job(job: tuple[ListOpsConfig, int, int, int]) -> list[Tree]:
+    return _draw_block(*job)
+
+
+def write_listops(root: str | Path, cfg: ListOpsConfig | None = None, workers: int = 1, **params: object) -> Path:
+    """Generate ListOps (``cfg``, or ``ListOpsConfig(**params)``) into ``<root>/listops-1000/``, drawn by
+    ``workers`` processes; return that folder. Splits are consecutive slices of the drawn trees: train, val,
+    test."""
     cfg = ListOpsConfig(**params) if cfg is None else cfg
-    trees = generate_trees(cfg)
+    trees = generate_trees(cfg, workers)
     out = Path(root) / RELEASE_DIR
     out.mkdir(parents=True, exist_ok=True)
     bounds = {"train": (0, cfg.num_train), "val": (cfg.num_train, cfg.num_train + cfg.num_val),
