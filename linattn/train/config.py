@@ -20,9 +20,10 @@ FSDP_PARAM_DTYPES = ("auto", "bf16", "fp32")
 FSDP_REDUCE_DTYPES = ("fp32", "bf16")
 COMPILE_MODES = ("off", *TORCH_COMPILE_MODES)
 # fields that may differ when a run resumes: where and how visibly it trains, not what it computes
-# (checkpoints hold full, unsharded state, so a run may move between DDP and FSDP)
-RESUME_FREE_FIELDS = ("device", "progress", "tensorboard", "parallel", "prefetch", "compile")
-_POSITIVE_INTS = ("max_steps", "batch_size", "eval_every", "eval_batch_size", "log_every")
+# (checkpoints hold full, unsharded state, so a run may move between DDP and FSDP; micro-batches give the same
+# gradient, so a run that ran out of memory resumes with more of them)
+RESUME_FREE_FIELDS = ("device", "progress", "tensorboard", "parallel", "prefetch", "compile", "micro_batches")
+_POSITIVE_INTS = ("max_steps", "batch_size", "micro_batches", "eval_every", "eval_batch_size", "log_every")
 _NON_NEGATIVE_INTS = ("warmup_steps", "checkpoint_every", "seed")
 
 
@@ -30,7 +31,13 @@ _NON_NEGATIVE_INTS = ("warmup_steps", "checkpoint_every", "seed")
 class TrainConfig:
     """Optimisation: AdamW(lr, betas, weight_decay on >=2-D weights), linear warmup over
     ``warmup_steps`` then cosine decay to ``lr * min_lr_ratio`` at ``max_steps``, gradient clipping at
-    ``grad_clip`` (0: off). ``batch_size`` is global (split over data-parallel ranks). Evaluation every
+    ``grad_clip`` (0: off). ``batch_size`` is global (split over data-parallel ranks). ``micro_batches``
+    (gradient accumulation): each step's batch (this rank's share of ``batch_size``) is split along dim 0 into
+    that many nearly equal parts, each run forward and backward in turn with its gradients summed, then one
+    clip and one optimizer step: the gradient of the same global mean loss as one batch (the same numbers up
+    to floating-point summation order) at the peak activation memory of one part. A batch with fewer rows
+    than ``micro_batches`` is an error, as is a packed batch (one row of documents) split into more than one
+    part. Evaluation every
     ``eval_every`` steps and at the end; the run stops early once the eval ``target_metric`` reaches
     ``target_value`` (>= for accuracies, <= for names containing "loss"; ``target_metric`` is one of
     :data:`EVAL_METRICS`). ``device``: "auto" (cuda when available), "cpu", "cuda" or "cuda:N".
@@ -49,6 +56,7 @@ class TrainConfig:
 
     max_steps: int = 1000
     batch_size: int = 32
+    micro_batches: int = 1
     lr: float = 1e-3
     weight_decay: float = 0.1
     betas: tuple[float, float] = (0.9, 0.98)

@@ -5,7 +5,9 @@ batch ``index`` (:class:`linattn.data.TaskStream` does), so the data position is
 resumed or data-parallel run sees exactly the batches of an uninterrupted single-process run. Inputs may be
 :class:`linattn.data.packed.PackedInputs` (documents packed along one row): the model is then called with their
 ``cu_seqlens``. Loss:
-mean token cross-entropy over the labelled positions of the global batch (targets != -100).
+mean token cross-entropy over the labelled positions of the global batch (targets != -100). With
+``TrainConfig.micro_batches`` > 1 each rank's batch runs forward and backward in that many parts of rows whose
+gradients are summed (each part's loss divided by the whole step's count), then one optimizer step.
 
 Several processes (torchrun): DDP or FSDP2 (``TrainConfig.parallel``). Checkpoints hold the full model and
 optimizer state whatever the strategy, so a run resumes on another number of processes.
@@ -29,8 +31,9 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from linattn.compile_modes import torch_compile_mode
+from linattn.data.base import IGNORE_INDEX
 from linattn.data.packed import PackedInputs
-from linattn.errors import UserError
+from linattn.errors import ConfigError, UserError
 from linattn.ops.common.values import value_checks
 from linattn.train.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from linattn.train.config import TrainConfig
@@ -206,33 +209,29 @@ class Trainer:
             x, y = self.train_data.batch(self.step, self.dist.rank, self.dist.world)
         x, y = to_device(x, self.dist.device), to_device(y, self.dist.device)
         self._step_tokens = x.numel() * self.dist.world  # every rank's batch has this shape
+        parts = split_batch(x, y, self.config.micro_batches)
+        # every micro-batch's loss is divided by the labelled targets of the whole step on every rank, so the summed
+        # gradients are those of the global mean; the count depends on the targets only (token_stats' rule), so it
+        # is known before any backward pass
+        total_count = all_reduce_sum((y != IGNORE_INDEX).sum(), self.dist).clamp_min(1)
         self.ddp.train()
-        # range checks of CUDA inputs (host synchronisations) run on the first step of a fit only
-        with value_checks(self._check_values), self._autocast():
-            if isinstance(x, PackedInputs):  # documents packed along one row: the model restarts at each offset
-                out = self.forward(x.input_ids, cu_seqlens=x.cu_seqlens, **self._forward_kwargs)
-            else:
-                out = self.forward(x, **self._forward_kwargs)
-            ce, count, _ = token_stats(logits_of(out), y)
-        self._check_values = "auto"
-        totals = all_reduce_sum(torch.stack([ce.detach(), count.to(ce.dtype)]), self.dist)
-        total_count = totals[1].clamp_min(1.0)
-        # DDP averages gradients over ranks, so scale by world: the gradient is that of the global mean.
-        loss = ce / total_count * self.dist.world
-        if not loss.requires_grad:  # e.g. a forward that returned a constant: nothing to differentiate
-            value = float(totals[0] / total_count)
-            if not math.isfinite(value):
-                self._non_finite("loss", value)
-            raise RuntimeError("the loss does not depend on any trainable parameter (no grad_fn); "
-                               "check the model's forward")
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        # DDP all-reduces the gradients once, in the last micro-batch's backward; the others only accumulate them.
+        # FSDP reduce-scatters after each one, so the accumulated gradients stay sharded (what micro-batches save)
+        skip_sync = self.ddp.no_sync if isinstance(self.ddp, nn.parallel.DistributedDataParallel) else None
+        ces = []
+        for i, (x_part, y_part) in enumerate(parts):
+            last = i == len(parts) - 1
+            with contextlib.nullcontext() if last or skip_sync is None else skip_sync():
+                ces.append(self._forward_backward(x_part, y_part, total_count))
+        self._check_values = "auto"
+        ce = all_reduce_sum(torch.stack(ces).sum(), self.dist)
         clip = self.config.grad_clip if self.config.grad_clip > 0 else float("inf")
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         if hasattr(grad_norm, "full_tensor"):  # FSDP: a replicated DTensor holding the global norm
             grad_norm = grad_norm.full_tensor()
         # one host synchronisation per step reads both; a non-finite loss stops before the update
-        loss_value, grad_value = torch.stack([(totals[0] / total_count).float(), grad_norm.float()]).tolist()
+        loss_value, grad_value = torch.stack([(ce / total_count).float(), grad_norm.float()]).tolist()
         if not math.isfinite(loss_value):
             self._non_finite("loss", loss_value)
         if not math.isfinite(grad_value):
@@ -241,6 +240,28 @@ class Trainer:
         self.scheduler.step()
         self.step += 1
         return loss_value, grad_value
+
+    def _forward_backward(self, x: torch.Tensor | PackedInputs, y: torch.Tensor, total_count: torch.Tensor
+                          ) -> torch.Tensor:
+        """Forward and backward of one micro-batch, its loss divided by the step's ``total_count`` of labelled
+        targets; returns its summed cross-entropy, detached (so its logits and graph are freed on return)."""
+        # range checks of CUDA inputs (host synchronisations) run on the first step of a fit only
+        with value_checks(self._check_values), self._autocast():
+            if isinstance(x, PackedInputs):  # documents packed along one row: the model restarts at each offset
+                out = self.forward(x.input_ids, cu_seqlens=x.cu_seqlens, **self._forward_kwargs)
+            else:
+                out = self.forward(x, **self._forward_kwargs)
+            ce, _, _ = token_stats(logits_of(out), y)
+        # DDP averages gradients over ranks, so scale by world: the gradient is that of the global mean.
+        loss = ce / total_count * self.dist.world
+        if not loss.requires_grad:  # e.g. a forward that returned a constant: nothing to differentiate
+            value = float(ce / total_count)
+            if not math.isfinite(value):
+                self._non_finite("loss", value)
+            raise RuntimeError("the loss does not depend on any trainable parameter (no grad_fn); "
+                               "check the model's forward")
+        loss.backward()
+        return ce.detach()
 
     def _non_finite(self, what: str, value: float) -> None:
         where = "no checkpoint was written"
@@ -378,6 +399,24 @@ def to_device(x: torch.Tensor | PackedInputs, device: torch.device) -> torch.Ten
     if device.type == "cuda" and x.device.type == "cpu":
         return (x if x.is_pinned() else x.pin_memory()).to(device, non_blocking=True)
     return x.to(device)
+
+
+def split_batch(x: torch.Tensor | PackedInputs, y: torch.Tensor, parts: int
+                ) -> list[tuple[torch.Tensor | PackedInputs, torch.Tensor]]:
+    """``(x, y)`` split along dim 0 into ``parts`` micro-batches of nearly equal rows (the first ones a row
+    larger; views, no copies). Raises :class:`ConfigError` (``train.micro_batches``) before any compute when the
+    batch has fewer rows than ``parts``, or is packed (one row of documents) and ``parts`` > 1."""
+    if parts == 1:
+        return [(x, y)]
+    if isinstance(x, PackedInputs):
+        raise ConfigError(f"packed batches (documents packed along one row with cu_seqlens) are not split into "
+                          f"micro-batches, got {parts}; use 1", field="train.micro_batches")
+    rows = x.shape[0]
+    if rows < parts:
+        raise ConfigError(f"this process's batch has {rows} rows, fewer than the {parts} micro-batches it is split "
+                          f"into (each needs a row; batch_size is split over the processes first); use at most "
+                          f"{rows}", field="train.micro_batches")
+    return list(zip(torch.tensor_split(x, parts), torch.tensor_split(y, parts), strict=True))
 
 
 def read_metrics(out_dir: str | Path) -> list[dict]:
