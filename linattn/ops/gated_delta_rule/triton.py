@@ -55,6 +55,7 @@ import triton.language as tl
 from ..common.checks import DELTA_TRITON_CHUNK_SIZES
 from ..common.packed_call import chunk_layout, current_packing
 from ..common.registered_ops import define_op
+from ..common.side_stream import beside
 from ..common.triton_chunk_output import chunk_count, chunk_output_kernel, chunk_span, chunk_state_dtype
 from ..common.triton_launch import fast_launch
 from ..common.triton_masking import causal_dot_rest, is_finite
@@ -433,7 +434,8 @@ def _grads_wy_kernel(k, p, v, beta, g, tm, dd, dw, dk, dp, dv, dbeta, db, dg, ro
 LAUNCH = {"prep_BV": 64, "prep_warps": 4, "prep_stages": 3, "scan_BV": 64, "scan_warps": 4, "scan_stages": 3,
           "out_BV": 128, "out_warps": 4, "out_stages": 2, "dv_BV": 128, "dv_warps": 4, "dv_stages": 3,
           "bscan_BV": 64, "bscan_warps": 8, "bscan_stages": 3, "bscan_tload": 1, "grads_BK": 64, "grads_BV": 64,
-          "grads_warps": 4, "grads_stages": 2, "wy_BK": 64, "wy_BV": 32, "wy_warps": 4, "wy_stages": 3}
+          "grads_warps": 4, "grads_stages": 2, "wy_BK": 64, "wy_BV": 32, "wy_warps": 4, "wy_stages": 3,
+          "overlap_scans": 1}
 launch_overrides("gated_delta_rule", LAUNCH)
 
 
@@ -493,9 +495,10 @@ def _prepare(k, v, beta, g, C, chunks: Chunks, p=None, tm=None, keep_tm=False):
     return w, u, (tm if keep_tm else None)
 
 
-def _states(k, w, u, g, initial_state, C, chunks: Chunks):
-    """(h [B, H, N, K, V]: states entering the chunks, delta [B, T, H, V], final state float32). Packed ``chunks``:
-    the initial and final states have a row per sequence [S, H, K, V]."""
+def _states(k, w, u, g, initial_state, C, chunks: Chunks, side: bool = False):
+    """(h [B, H, N, K, V]: states entering the chunks, delta [B, T, H, V], final state float32, the scan's handle).
+    Packed ``chunks``: the initial and final states have a row per sequence [S, H, K, V]. ``side``: the scan runs
+    on a side stream (common/side_stream.py) and the caller joins the handle before reading h or delta."""
     B, T, H, K = k.shape
     V = u.shape[-1]
     rows = B if chunks.cu is None else chunks.cu.shape[0] - 1
@@ -503,12 +506,16 @@ def _states(k, w, u, g, initial_state, C, chunks: Chunks):
     dlt = torch.empty_like(u)
     ht = torch.empty(rows, H, K, V, device=k.device, dtype=torch.float32)
     BV = min(LAUNCH["scan_BV"], _block(V))
-    _state_fwd_kernel[(cdiv(V, BV), rows * H)](
-        k=k, w=w, u=u, g=ht if g is None else g, h=h, dlt=dlt, h0=ht if initial_state is None else initial_state,
-        ht=ht, cu=ht if chunks.cu is None else chunks.cu, rows=ht if chunks.rows is None else chunks.rows, T=T,
-        NC=chunks.n, H=H, K=K, V=V, C=C, BK=_block(K), BV=BV, USE_G=g is not None, HAS_H0=initial_state is not None,
-        PACKED=chunks.packed, **_launch_args(k), **_options(k, "scan"))
-    return h, dlt, ht
+
+    def scan() -> None:
+        _state_fwd_kernel[(cdiv(V, BV), rows * H)](
+            k=k, w=w, u=u, g=ht if g is None else g, h=h, dlt=dlt, h0=ht if initial_state is None else initial_state,
+            ht=ht, cu=ht if chunks.cu is None else chunks.cu, rows=ht if chunks.rows is None else chunks.rows, T=T,
+            NC=chunks.n, H=H, K=K, V=V, C=C, BK=_block(K), BV=BV, USE_G=g is not None,
+            HAS_H0=initial_state is not None, PACKED=chunks.packed, **_launch_args(k), **_options(k, "scan"))
+
+    return h, dlt, ht, beside(scan, k.device, keep=(k, w, u, g, initial_state, chunks.cu, chunks.rows, h, dlt, ht),
+                              enabled=side)
 
 
 def _output(q, k, dlt, g, h, scale, C, chunks: Chunks):
@@ -530,7 +537,7 @@ def gated_delta_triton_forward(q, k, v, g, beta, scale, initial_state, C, p=None
     ``cu_chunks`` and ``chunk_rows``: packed sequences (B = 1) by chunk (:class:`Chunks`)."""
     chunks = _chunks(q.shape[1], C, cu_chunks, chunk_rows)
     w, u, tm = _prepare(k, v, beta, g, C, chunks, p, keep_tm=keep_tm)
-    h, dlt, ht = _states(k, w, u, g, initial_state, C, chunks)
+    h, dlt, ht, _ = _states(k, w, u, g, initial_state, C, chunks)
     return _output(q, k, dlt, g, h, scale, C, chunks), ht, tm
 
 
@@ -550,7 +557,9 @@ def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, d
         w, u, tm = _prepare(k, v, beta, g, C, chunks, p, keep_tm=True)
     else:
         w, u, _ = _prepare(k, v, beta, g, C, chunks, p, tm=tm)
-    h, dlt, _ = _states(k, w, u, g, initial_state, C, chunks)
+    # the states' recomputation and the reverse scan of their gradients read neither's output: the first runs on
+    # a side stream while the local value gradient and the reverse scan run here (joined before grads_qk)
+    h, dlt, _, states_done = _states(k, w, u, g, initial_state, C, chunks, side=bool(LAUNCH["overlap_scans"]))
     dd = torch.empty_like(dlt)
     BV = min(LAUNCH["dv_BV"], _block(V))
     _dv_local_kernel[(cdiv(V, BV), N, B * H)](
@@ -573,6 +582,7 @@ def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, d
     # shares of the part of db_t from o and S', one per key block (unused without a gate)
     db = dg if g is None else torch.empty(NKQ, *g.shape, device=g.device, dtype=torch.float32)
     BV = min(LAUNCH["grads_BV"], _block(V))
+    states_done.join()
     _grads_qk_kernel[(NKQ, N, B * H)](
         q=q, k=k, g=gp, h=h, dlt=dlt, dd=dd, do=do, dh=dh, dq=dq, dk=dk, dw=dw, db=db, rows=rp, scale=scale, T=T,
         NC=N, H=H, K=K, V=V, C=C, BK=BKQ, BV=BV, USE_G=g is not None, PACKED=chunks.packed, **_launch_args(q),
