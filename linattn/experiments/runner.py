@@ -162,7 +162,8 @@ def run_study(study: Study, out_root: str | Path = "runs", *, resume: bool = Fal
               write_report: Callable[[Study, Path, list[dict]], None] | None = None) -> StudyOutcome:
     """Run every unfinished run of ``study`` (``workers`` processes; ``time_budget_s``: stop starting
     runs and checkpoint running ones when it is spent, leaving a margin for the report), then write
-    results.csv, report.md and the plots. ``study_dir`` reuses that exact folder."""
+    results.csv, report.md and the plots. ``study_dir`` reuses that exact folder. Runs start seed by seed (the
+    whole grid of the first seed, then the next)."""
     t0 = time.time()
     if study_dir is not None:
         sdir = Path(study_dir)
@@ -174,7 +175,9 @@ def run_study(study: Study, out_root: str | Path = "runs", *, resume: bool = Fal
         sdir = find_study_dir(study, out_root, resume)
     specs = study.runs()
     done = {r["run_id"] for r in load_results(sdir)}
-    pending = [s for s in specs if s.run_id not in done]
+    # a seed's whole grid first: an invocation stopped early (--max-minutes) leaves complete comparisons, not one
+    # setting's seeds (stable within a seed: the grid's order)
+    pending = sorted((s for s in specs if s.run_id not in done), key=lambda s: s.seed)
     deadline = None if time_budget_s is None else t0 + max(0.0, time_budget_s - min(20.0, 0.1 * time_budget_s))
     devices = _devices(device)
     cpu_threads = max(1, (os.cpu_count() or 1) // max(1, workers))

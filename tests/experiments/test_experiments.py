@@ -98,6 +98,20 @@ def test_study_runs_resumes_and_reports(tmp_path):
         run_study(Study.from_dict(_tiny_study(seeds=[0])), tmp_path, resume=True, workers=1, progress=False)
 
 
+def test_runs_go_seed_by_seed(tmp_path, monkeypatch):
+    """Every run of seed 0 before any of seed 1: an invocation stopped early leaves whole comparisons."""
+    import linattn.experiments.runner as runner
+
+    order = []
+    monkeypatch.setattr(runner, "execute_run", lambda spec, *a: order.append(spec.run_id) or
+                        {"run_id": spec.run_id, "status": "skipped"})
+    study = Study.from_dict(_tiny_study(lrs=[3e-3]))
+    run_study(study, tmp_path, workers=1, progress=False)
+    grid = [s.run_id for s in study.runs()]
+    assert sorted(order) == sorted(grid) and order != grid  # the grid lists a setting's seeds together
+    assert [r.split("_s")[-1][0] for r in order] == ["0", "0", "1", "1"]
+
+
 def test_rerun_reproduces_numbers_on_cpu(tmp_path):
     study = Study.from_dict(_tiny_study(seeds=[3], lrs=[3e-3]))
     a = run_study(study, tmp_path / "a", workers=1, progress=False).study_dir

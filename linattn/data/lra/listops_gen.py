@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import random
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,21 +125,27 @@ def generate_trees(cfg: ListOpsConfig, workers: int = 1) -> list[Tree]:
     ``BLOCK_TREES`` trees, each drawn from its own seeded stream, in block order, a tree already taken skipped.
     ``workers`` processes draw the blocks in parallel; the trees do not depend on it. ``max_draws`` is shared by
     the blocks. Raises GenerationError if they do not suffice (bounds too tight)."""
+    return _collect(cfg, workers, _draw_block_job)
+
+
+def _collect(cfg: ListOpsConfig, workers: int, job: Callable[[tuple], list]) -> list:
+    """The first ``num_train + num_val + num_test`` distinct items of the blocks' ``job`` results in block order
+    (``job`` maps a block's (cfg, block, draws, size) to its trees, or to anything derived one to one from them)."""
     check_int("workers", workers, 1)
     want, size = cfg.num_train + cfg.num_val + cfg.num_test, BLOCK_TREES
     blocks = max(1, -(-want // size))
     draws = max(1, cfg.max_draws // blocks)
-    found: dict[Tree, None] = {}
+    found: dict = {}
     first = 0
     with ProcessPoolExecutor(max_workers=workers) if workers > 1 else contextlib.nullcontext() as pool:
         while len(found) < want:
             # a round of blocks; a block short of trees (bounds too tight) or duplicates across blocks ask for more
             count = -(-(want - len(found)) // size)
             jobs = [(cfg, b, draws, size) for b in range(first, first + count)]
-            drawn = pool.map(_draw_block_job, jobs) if pool else map(_draw_block_job, jobs)
+            drawn = pool.map(job, jobs) if pool else map(job, jobs)
             before = len(found)
-            for trees in drawn:
-                found.update(dict.fromkeys(trees))
+            for items in drawn:
+                found.update(dict.fromkeys(items))
             first += count
             if len(found) < want and (len(found) - before < count * size // 2 or first * draws > cfg.max_draws):
                 raise GenerationError(f"only {len(found)} of {want} distinct ListOps trees with {cfg.min_length} < "
@@ -151,21 +158,27 @@ def _draw_block_job(job: tuple[ListOpsConfig, int, int, int]) -> list[Tree]:
     return _draw_block(*job)
 
 
+def _draw_rows_job(job: tuple[ListOpsConfig, int, int, int]) -> list[tuple[str, int]]:
+    """A block's trees as the release's rows (source, label), made in the worker: writing 96,000 trees took the
+    parent process longer than drawing them in parallel."""
+    return [(to_source(t), evaluate(t)) for t in _draw_block(*job)]
+
+
 def write_listops(root: str | Path, cfg: ListOpsConfig | None = None, workers: int = 1, **params: object) -> Path:
     """Generate ListOps (``cfg``, or ``ListOpsConfig(**params)``) into ``<root>/listops-1000/``, drawn by
-    ``workers`` processes; return that folder. Splits are consecutive slices of the drawn trees: train, val,
-    test."""
+    ``workers`` processes; return that folder. Splits are consecutive slices of the drawn trees (those of
+    :func:`generate_trees`): train, val, test."""
     cfg = ListOpsConfig(**params) if cfg is None else cfg
-    trees = generate_trees(cfg, workers)
+    rows = _collect(cfg, workers, _draw_rows_job)  # a tree's source string is unique to it: the same dedup
     out = Path(root) / RELEASE_DIR
     out.mkdir(parents=True, exist_ok=True)
     bounds = {"train": (0, cfg.num_train), "val": (cfg.num_train, cfg.num_train + cfg.num_val),
-              "test": (cfg.num_train + cfg.num_val, len(trees))}
+              "test": (cfg.num_train + cfg.num_val, len(rows))}
     for split, (a, b) in bounds.items():
         with open(out / f"basic_{split}.tsv", "w", newline="") as f:
             w = csv.writer(f, delimiter="\t")  # csv's default "\r\n" line ends, as the release
             w.writerow(["Source", "Target"])
-            w.writerows([to_source(t), evaluate(t)] for t in trees[a:b])
+            w.writerows(rows[a:b])
     return out
 
 
