@@ -8,6 +8,7 @@ Byte- and pixel-level tasks map a value ``b`` in [0, 256) to id ``b + 3``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import repeat
 
 import numpy as np
 import torch
@@ -39,7 +40,7 @@ class Vocab:
 
     def encode(self, tokens: Iterable[str]) -> np.ndarray:
         """Token strings to ids (``<unk>`` for unknown strings), int16."""
-        return np.fromiter((self.index.get(t, UNK_ID) for t in tokens), dtype=np.int16)
+        return np.fromiter(map(self.index.get, tokens, repeat(UNK_ID)), dtype=np.int16)
 
     def encode_values(self, values: np.ndarray) -> np.ndarray:
         """Integer symbols (bytes, pixel intensities) ``v`` in [0, len - 3) to ids ``v + 3``, int16."""
