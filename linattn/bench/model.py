@@ -599,7 +599,8 @@ def run_model_bench(plan: ModelBenchPlan, done: list[dict] | None = None, run: i
 
 
 # --- output ---------------------------------------------------------------------------------------------
-def _cell(x: float | None, fmt: str = ".2f") -> str:
+def table_cell(x: float | None, fmt: str = ".2f") -> str:
+    """A number of a printed table in ``fmt``, "-" for None (not measured)."""
     return "-" if x is None else format(x, fmt)
 
 
@@ -622,25 +623,26 @@ def _top_kernel(r: dict) -> str:
 Column = tuple[str, bool, Callable[[dict], str]]
 TRAIN_COLUMNS: list[Column] = [
     ("mixer", False, lambda r: r["mixer"]), ("B x T", False, _shape), ("mode", False, lambda r: r["mode"]),
-    ("tokens/s", True, lambda r: _cell(r["tokens_per_s"], ",.0f")),
-    (f"x {REFERENCE}", True, lambda r: _cell(r["speed_ratio"])),
-    ("ms/step", True, lambda r: _cell(r["ms_per_step"], ".1f")), ("peak GiB", True, lambda r: _cell(r["peak_gib"])),
-    (f"memory x {REFERENCE}", True, lambda r: _cell(r["memory_ratio"])),
-    ("x fixed", True, lambda r: _cell(r.get("packed_ratio"))),
-    ("compile s", True, lambda r: _cell(r["compile_s"], ".1f")),
-    ("graph breaks", True, lambda r: _cell(r["graph_breaks"], "d")), ("error", False, _note)]
+    ("tokens/s", True, lambda r: table_cell(r["tokens_per_s"], ",.0f")),
+    (f"x {REFERENCE}", True, lambda r: table_cell(r["speed_ratio"])),
+    ("ms/step", True, lambda r: table_cell(r["ms_per_step"], ".1f")),
+    ("peak GiB", True, lambda r: table_cell(r["peak_gib"])),
+    (f"memory x {REFERENCE}", True, lambda r: table_cell(r["memory_ratio"])),
+    ("x fixed", True, lambda r: table_cell(r.get("packed_ratio"))),
+    ("compile s", True, lambda r: table_cell(r["compile_s"], ".1f")),
+    ("graph breaks", True, lambda r: table_cell(r["graph_breaks"], "d")), ("error", False, _note)]
 DECODE_COLUMNS: list[Column] = [
     ("mixer", False, lambda r: r["mixer"]), ("B", True, lambda r: str(r["batch"])),
     ("context", True, lambda r: str(r["context"])), ("path", False, lambda r: r["path"]),
-    ("ms/token", True, lambda r: _cell(r["ms_per_token"], ".3f")),
-    ("tokens/s", True, lambda r: _cell(r["tokens_per_s"], ",.1f")),
-    (f"x {REFERENCE}", True, lambda r: _cell(r["speed_ratio"])), ("error", False, _note)]
+    ("ms/token", True, lambda r: table_cell(r["ms_per_token"], ".3f")),
+    ("tokens/s", True, lambda r: table_cell(r["tokens_per_s"], ",.1f")),
+    (f"x {REFERENCE}", True, lambda r: table_cell(r["speed_ratio"])), ("error", False, _note)]
 PROFILE_COLUMNS: list[Column] = [
     ("mixer", False, lambda r: r["mixer"]), ("B x T", False, _shape), ("mode", False, lambda r: r["mode"]),
-    ("step ms", True, lambda r: _cell(r["ms_per_step"], ".1f")),
-    ("profiled step ms", True, lambda r: _cell(r["profile"]["wall_ms"], ".1f")),
-    ("kernel ms", True, lambda r: _cell(r["profile"]["device_ms"], ".1f")),
-    ("kernel share", True, lambda r: _cell(r["profile"]["device_share"], ".0%")), ("top", False, _top_kernel)]
+    ("step ms", True, lambda r: table_cell(r["ms_per_step"], ".1f")),
+    ("profiled step ms", True, lambda r: table_cell(r["profile"]["wall_ms"], ".1f")),
+    ("kernel ms", True, lambda r: table_cell(r["profile"]["device_ms"], ".1f")),
+    ("kernel share", True, lambda r: table_cell(r["profile"]["device_share"], ".0%")), ("top", False, _top_kernel)]
 
 
 def markdown_table(columns: list[Column], rows: list[dict]) -> str:
@@ -665,14 +667,14 @@ def format_tables(rows: list[dict]) -> dict[str, str]:
 
 def _progress_line(row: dict) -> str:
     if row["kind"] == "train":
-        what, extra = f"{_shape(row)} {row['mode']}", f"peak {_cell(row['peak_gib'])} GiB"
+        what, extra = f"{_shape(row)} {row['mode']}", f"peak {table_cell(row['peak_gib'])} GiB"
         if row.get("packed_ratio") is not None:
             extra += f", x{row['packed_ratio']:.2f} the fixed-length step (alternated)"
     else:
-        what, extra = f"B={row['batch']} context={row['context']}", f"{_cell(row['ms_per_token'], '.3f')} ms/token"
+        what, extra = f"B={row['batch']} context={row['context']}", f"{table_cell(row['ms_per_token'], '.3f')} ms/token"
     if row["error"]:
         return f"  {row['mixer']} {what}: ERROR {_note(row)}"
-    return f"  {row['mixer']} {what}: {row['tokens_per_s']:,.0f} tokens/s, x{_cell(row['speed_ratio'])}, {extra}"
+    return f"  {row['mixer']} {what}: {row['tokens_per_s']:,.0f} tokens/s, x{table_cell(row['speed_ratio'])}, {extra}"
 
 
 def _earlier_rows(path: str, plan: ModelBenchPlan, retry_errors: bool) -> tuple[list[dict], list[dict]]:

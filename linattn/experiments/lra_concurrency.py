@@ -22,7 +22,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from linattn.errors import ConfigError
+from linattn.bench.model import Column, markdown_table, parse_ints, table_cell
 from linattn.experiments.lra import lra_study
 from linattn.experiments.lra_budget import seconds_per_step
 from linattn.experiments.runner import load_results, run_study
@@ -77,24 +77,13 @@ def best_concurrency(rows: list[ConcurrencyRow]) -> dict[str, int]:
     return {key: r.concurrency for key, r in best.items()}
 
 
-def markdown(rows: list[ConcurrencyRow]) -> str:
-    lines = ["| mixer | spt | runs at once | s/step (mean) | s/step (slowest) | steps/s in total | error |",
-             "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
-    cell = lambda x, f: "-" if x is None else format(x, f)
-    lines += [f"| {r.mixer} | {r.spt} | {r.concurrency} | {cell(r.seconds_per_step, '.3f')} | "
-              f"{cell(r.slowest_seconds_per_step, '.3f')} | {cell(r.total_steps_per_s, '.2f')} | {r.error or ''} |"
-              for r in rows]
-    return "\n".join(lines)
-
-
-def _ints(text: str, name: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"{name} must be a comma list of positive integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise ConfigError(f"{name} must be a comma list of positive integers, got {text!r}")
-    return values
+COLUMNS: list[Column] = [
+    ("mixer", False, lambda r: r["mixer"]), ("spt", False, lambda r: r["spt"]),
+    ("runs at once", True, lambda r: str(r["concurrency"])),
+    ("s/step (mean)", True, lambda r: table_cell(r["seconds_per_step"], ".3f")),
+    ("s/step (slowest)", True, lambda r: table_cell(r["slowest_seconds_per_step"], ".3f")),
+    ("steps/s in total", True, lambda r: table_cell(r["total_steps_per_s"])),
+    ("error", False, lambda r: r["error"] or "")]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,9 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
-    concurrency = _ints(a.concurrency, "--concurrency")
+    concurrency = parse_ints(a.concurrency, "--concurrency")
+    if not concurrency:
+        raise ValueError(f"--concurrency must name at least one count, got {a.concurrency!r}")
     if a.steps < 4:
-        raise ConfigError(f"--steps must be at least 4 (two logged train rows a phase), got {a.steps}")
+        raise ValueError(f"--steps must be at least 4 (two logged train rows a phase), got {a.steps}")
     train = None if a.micro_batches is None else {"micro_batches": a.micro_batches}
     out = Path(a.out)
     rows = []
@@ -125,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / RESULT_FILE).write_text(json.dumps({"settings": vars(a), "rows": [asdict(r) for r in rows],
                                                "best": best_concurrency(rows)}, indent=2))
-    print(markdown(rows))
+    print(markdown_table(COLUMNS, [asdict(r) for r in rows]))
     print(f"best runs at once: {best_concurrency(rows)}")
     return 0
 

@@ -29,9 +29,14 @@ def token_stats(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tens
                          f"expected logits of shape targets.shape + (num_classes,)")
     flat, tgt = logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1)
     ce = F.cross_entropy(flat, tgt, ignore_index=IGNORE_INDEX, reduction="sum")
-    mask = tgt != IGNORE_INDEX
+    mask = labelled(tgt)
     correct = ((flat.argmax(-1) == tgt) & mask).sum()
     return ce, mask.sum(), correct
+
+
+def labelled(targets: torch.Tensor) -> torch.Tensor:
+    """The positions :func:`token_stats` scores: those whose target is not IGNORE_INDEX (bool, targets' shape)."""
+    return targets != IGNORE_INDEX
 
 
 def sequence_correct(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,6 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from linattn.compile_modes import torch_compile_mode
-from linattn.data.base import IGNORE_INDEX
 from linattn.data.packed import PackedInputs
 from linattn.errors import ConfigError, UserError
 from linattn.ops.common.values import value_checks
@@ -39,7 +38,7 @@ from linattn.train.checkpoint import CheckpointError, load_checkpoint, rng_state
 from linattn.train.config import TrainConfig
 from linattn.train.distributed import DistInfo, all_reduce_sum, barrier, init_distributed, per_rank_batch
 from linattn.train.fsdp import full_model_state, full_optimizer_state, load_full_state, mixed_precision, shard_model
-from linattn.train.metrics import MetricsLog, logits_of, sequence_correct, token_stats
+from linattn.train.metrics import MetricsLog, labelled, logits_of, sequence_correct, token_stats
 from linattn.train.prefetch import Prefetcher
 from linattn.train.resume import format_changes, refuse_changes, resume_changes
 from linattn.train.schedule import make_scheduler
@@ -213,7 +212,7 @@ class Trainer:
         # every micro-batch's loss is divided by the labelled targets of the whole step on every rank, so the summed
         # gradients are those of the global mean; the count depends on the targets only (token_stats' rule), so it
         # is known before any backward pass
-        total_count = all_reduce_sum((y != IGNORE_INDEX).sum(), self.dist).clamp_min(1)
+        total_count = all_reduce_sum(labelled(y).sum(), self.dist).clamp_min(1)
         self.ddp.train()
         self.optimizer.zero_grad(set_to_none=True)
         # DDP all-reduces the gradients once, in the last micro-batch's backward; the others only accumulate them.

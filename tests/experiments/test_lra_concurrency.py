@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from linattn.errors import ConfigError
 from linattn.experiments import lra_concurrency as lc
 
 
@@ -35,7 +34,8 @@ def test_best_concurrency_leaves_out_failed_rows():
 
 
 @pytest.mark.parametrize("argv, match", [(["--concurrency", "0,2"], "--concurrency"),
-                                         (["--concurrency", "two"], "--concurrency"), (["--steps", "2"], "--steps")])
+                                         (["--concurrency", "two"], "--concurrency"),
+                                         (["--concurrency", ","], "--concurrency"), (["--steps", "2"], "--steps")])
 def test_bad_options_are_named(tmp_path, argv, match):
-    with pytest.raises(ConfigError, match=match):
+    with pytest.raises(ValueError, match=match):
         lc.main(["--preset", "smoke", "--device", "cpu", "--out", str(tmp_path), *argv])

@@ -1,7 +1,7 @@
 """Two independent kernel sequences of one pass at once: the second on a side CUDA stream.
 
-The chunked backward passes recompute the forward's chunk states (a scan over the chunks) and run the reverse scan
-of the state gradients; neither reads the other's output. Each scan is a sequential loop over chunks with one
+The delta family's backward pass recomputes the forward's chunk states (a scan over the chunks) and runs the reverse
+scan of the state gradients; neither reads the other's output. Each scan is a sequential loop over chunks with one
 program per (value block, batch-head): a few hundred programs that leave most of a GPU's warp slots empty, for as
 long as the longest sequence's chunks take. On two streams the two scans share the SMs instead of running one after
 the other.

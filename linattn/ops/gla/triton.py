@@ -74,7 +74,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.side_stream import beside
 from ..common.triton_chunk_output import chunk_count, chunk_span, chunk_state_dtype
 from ..common.triton_launch import fast_launch
 from ..common.triton_masking import causal_dot_rest
@@ -408,7 +407,7 @@ def _intra_bwd_kernel(q, k, g, dA, dq_in, dk_in, dL, dq, dk, dg, rows, scale, T,
 # bf16/fp16 inputs (float32 keeps Triton's default); "scan" is the forward state scan, "bscan" the reverse one.
 LAUNCH = {"BV": 64, "scan_BK": 64, "scan_warps": 4, "scan_stages": 3, "bscan_BK": 64, "bscan_warps": 4,
           "bscan_stages": 3, "scores_warps": 4, "scores_stages": 2, "out_warps": 4, "out_stages": 3, "inter_BV": 64,
-          "inter_warps": 8, "inter_stages": 3, "intra_BK": 32, "intra_warps": 4, "intra_stages": 3, "overlap_scans": 1}
+          "inter_warps": 8, "inter_stages": 3, "intra_BK": 32, "intra_warps": 4, "intra_stages": 3}
 launch_overrides("gla", LAUNCH)
 
 
@@ -421,9 +420,7 @@ def _prec(x: torch.Tensor) -> dict[str, str | bool]:
     return {"PREC": dot_precision(x.dtype), "UP": upcast_dots(x.dtype)}
 
 
-def _states(k, v, g, initial_state, C, cu_chunks=None, chunk_rows=None, side=False):
-    """(h [B, H, N, K, V]: the states entering the chunks, the final state float32, the scan's handle). ``side``: the
-    scan runs on a side stream (common/side_stream.py); join the handle before reading h or the final state."""
+def _states(k, v, g, initial_state, C, cu_chunks=None, chunk_rows=None):
     B, T, H, K = k.shape
     V = v.shape[-1]
     N = chunk_count(T, C, chunk_rows)
@@ -432,14 +429,11 @@ def _states(k, v, g, initial_state, C, cu_chunks=None, chunk_rows=None, side=Fal
     h = torch.empty(B, H, N, K, V, device=k.device, dtype=chunk_state_dtype(k))
     ht = torch.empty(rows, H, K, V, device=k.device, dtype=torch.float32)
     h0 = initial_state if initial_state is not None else ht  # unused pointer when HAS_H0 is False
-
-    def scan() -> None:
-        _state_fwd_kernel[(cdiv(V, BV), cdiv(K, BK), rows * H)](
-            k=k, v=v, g=g, h=h, h0=h0, ht=ht, cu=ht if cu_chunks is None else cu_chunks,
-            rows=ht if chunk_rows is None else chunk_rows, T=T, NC=N, H=H, K=K, V=V, C=C, BK=BK, BV=BV,
-            HAS_H0=initial_state is not None, PACKED=chunk_rows is not None, **_prec(k), **_options(k, "scan"))
-
-    return h, ht, beside(scan, k.device, keep=(k, v, g, h0, cu_chunks, chunk_rows, h, ht), enabled=side)
+    _state_fwd_kernel[(cdiv(V, BV), cdiv(K, BK), rows * H)](
+        k=k, v=v, g=g, h=h, h0=h0, ht=ht, cu=ht if cu_chunks is None else cu_chunks,
+        rows=ht if chunk_rows is None else chunk_rows, T=T, NC=N, H=H, K=K, V=V, C=C, BK=BK, BV=BV,
+        HAS_H0=initial_state is not None, PACKED=chunk_rows is not None, **_prec(k), **_options(k, "scan"))
+    return h, ht
 
 
 def _scores(q, k, g, scale, C, chunk_rows=None):
@@ -465,7 +459,7 @@ def gla_triton_forward(q, k, v, g, scale, initial_state, C, keep=False, cu_chunk
     B, T, H, K = q.shape
     V = v.shape[-1]
     N = chunk_count(T, C, chunk_rows)
-    h, ht, _ = _states(k, v, g, initial_state, C, cu_chunks, chunk_rows)
+    h, ht = _states(k, v, g, initial_state, C, cu_chunks, chunk_rows)
     A = _scores(q, k, g, scale, C, chunk_rows)
     o = torch.empty_like(v)
     BV = min(LAUNCH["BV"], _block(V))
@@ -484,10 +478,7 @@ def gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, saved=(Non
     rows = B if cu_chunks is None else cu_chunks.shape[0] - 1
     rp, packed = (q, False) if chunk_rows is None else (chunk_rows, True)  # (a pointer placeholder unpacked)
     h, A = saved
-    states_done = None
-    if h is None:  # recomputed on a side stream beside the scores and the reverse scan, which do not read it
-        h, _, states_done = _states(k, v, g, initial_state, C, cu_chunks, chunk_rows,
-                                    side=bool(LAUNCH["overlap_scans"]))
+    h = _states(k, v, g, initial_state, C, cu_chunks, chunk_rows)[0] if h is None else h
     A = _scores(q, k, g, scale, C, chunk_rows) if A is None else A
     BK, BV = min(LAUNCH["bscan_BK"], _block(K)), min(LAUNCH["BV"], _block(V))
     dh = torch.empty_like(h)
@@ -501,8 +492,6 @@ def gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, saved=(Non
     dq_inter = torch.empty(B, T, H, K, device=q.device, dtype=torch.float32)
     dk_inter = torch.empty_like(dq_inter)
     dL = torch.empty(B, H, N, K, device=q.device, dtype=torch.float32)
-    if states_done is not None:
-        states_done.join()
     _inter_bwd_kernel[(N, B * H)](
         q=q, k=k, v=v, g=g, h=h, A=A, do=do, dh=dh, dv=dv, dA=dA, dq=dq_inter, dk=dk_inter, dL=dL, rows=rp,
         scale=scale, T=T, NC=N, H=H, K=K, V=V, C=C, BK=_block(K), BV=min(LAUNCH["inter_BV"], _block(V)),

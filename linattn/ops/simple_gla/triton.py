@@ -36,7 +36,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.side_stream import beside
 from ..common.triton_chunk_output import chunk_count, chunk_output_kernel, chunk_span, chunk_state_dtype
 from ..common.triton_launch import fast_launch
 from ..common.triton_ops import gated_rnn_backend
@@ -184,7 +183,7 @@ def _grads_bwd_kernel(q, k, v, g, h, do, dh, dq, dk, dv, dG, rows, scale, T, NC,
 # "<kernel>_stages": software-pipelining depth of bf16/fp16 inputs (float32 keeps Triton's default); "scan" is the
 # forward state scan, "bscan" the reverse one.
 LAUNCH = {"BV": 64, "scan_warps": 4, "scan_stages": 3, "bscan_warps": 4, "bscan_stages": 3, "out_warps": 4,
-          "out_stages": 3, "grads_BV": 64, "grads_warps": 8, "grads_stages": 3, "overlap_scans": 1}
+          "out_stages": 3, "grads_BV": 64, "grads_warps": 8, "grads_stages": 3}
 launch_overrides("simple_gla", LAUNCH)
 
 
@@ -217,10 +216,7 @@ def _options(launch: dict, kernel: str, dtype: torch.dtype, f32_stages: int | No
     return launch_options(launch, kernel, dtype, float32_stages=f32_stages)
 
 
-def _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks=None, precision=None, chunk_rows=None,
-            side=False):
-    """(h [B, H, N, K, V]: the states entering the chunks, the final state float32, the scan's handle). ``side``: the
-    scan runs on a side stream (common/side_stream.py); join the handle before reading h or the final state."""
+def _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks=None, precision=None, chunk_rows=None):
     B, T, H, K = k.shape
     V = v.shape[-1]
     N = chunk_count(T, C, chunk_rows)
@@ -229,16 +225,12 @@ def _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks=None, preci
     h = torch.empty(B, H, N, K, V, device=k.device, dtype=chunk_state_dtype(k))
     ht = torch.empty(rows, H, K, V, device=k.device, dtype=torch.float32)
     h0 = initial_state if initial_state is not None else ht  # unused pointer when HAS_H0 is False
-
-    def scan() -> None:
-        _state_fwd_kernel[(cdiv(V, BV), rows * H)](
-            k=k, v=v, g=g, h=h, h0=h0, ht=ht, cu=ht if cu_chunks is None else cu_chunks,
-            rows=ht if chunk_rows is None else chunk_rows, T=T, NC=N, H=H, K=K, V=V, C=C, BK=BK, BV=BV,
-            HAS_H0=initial_state is not None, PACKED=chunk_rows is not None,
-            PREC=precision or dot_precision(k.dtype), UP=upcast_dots(k.dtype),
-            **_options(launch, "scan", k.dtype, f32_stages))
-
-    return h, ht, beside(scan, k.device, keep=(k, v, g, h0, cu_chunks, chunk_rows, h, ht), enabled=side)
+    _state_fwd_kernel[(cdiv(V, BV), rows * H)](
+        k=k, v=v, g=g, h=h, h0=h0, ht=ht, cu=ht if cu_chunks is None else cu_chunks,
+        rows=ht if chunk_rows is None else chunk_rows, T=T, NC=N, H=H, K=K, V=V, C=C, BK=BK, BV=BV,
+        HAS_H0=initial_state is not None, PACKED=chunk_rows is not None, PREC=precision or dot_precision(k.dtype),
+        UP=upcast_dots(k.dtype), **_options(launch, "scan", k.dtype, f32_stages))
+    return h, ht
 
 
 def _fitted_chunks(cu_chunks, chunk_rows, chunk_size, C):
@@ -277,7 +269,7 @@ def simple_gla_triton_states(k, v, g, initial_state, C, cu_chunks=None, precisio
     C0 = C
     C, launch, f32_stages = _fitted(k.shape[-1], k.dtype, C)
     cu_chunks, chunk_rows = _fitted_chunks(cu_chunks, chunk_rows, C0, C)
-    h, ht, _ = _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks, precision, chunk_rows)
+    h, ht = _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks, precision, chunk_rows)
     return ChunkStates(h, ht, C, launch, f32_stages, precision, chunk_rows)
 
 
@@ -343,9 +335,7 @@ def simple_gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, sav
     rows = B if cu_chunks is None else cu_chunks.shape[0] - 1
     rp = q if chunk_rows is None else chunk_rows  # pointer placeholder unpacked
     BK, BV = _block(K), min(launch["BV"], _block(V))
-    # the states' recomputation reads nothing the reverse scan writes: it runs on a side stream beside it
-    h, ht, states_done = _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks, precision, chunk_rows,
-                                 side=bool(launch["overlap_scans"]))
+    h, ht = _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks, precision, chunk_rows)
     dh = torch.empty_like(h)
     dh0 = torch.empty(rows, H, K, V, device=q.device, dtype=torch.float32)
     _state_bwd_kernel[(cdiv(V, BV), rows * H)](
@@ -355,7 +345,6 @@ def simple_gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, sav
         UP=upcast_dots(q.dtype), **_options(launch, "bscan", q.dtype, f32_stages))
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dG = torch.empty(B, T, H, device=q.device, dtype=torch.float32)
-    states_done.join()
     _grads_bwd_kernel[(N, B * H)](
         q=q, k=k, v=v, g=g, h=h, do=do, dh=dh, dq=dq, dk=dk, dv=dv, dG=dG, rows=rp, scale=scale, T=T, NC=N, H=H, K=K,
         V=V, C=C, BK=BK, BV=min(launch["grads_BV"], _block(V)), PREC=precision or dot_precision(q.dtype),
