@@ -65,11 +65,15 @@ def resumable_study_dir(out_root: str | Path, name: str) -> Path:
 
 def find_study_dir(study: Study, out_root: str | Path, resume: bool) -> Path:
     """A new ``<out_root>/<study>/<UTC stamp>/``; with ``resume`` the newest existing one, which must have
-    been made from the same definition (ResumeError listing the differences otherwise, or when there is none)."""
+    been made from the same definition (ResumeError listing the differences otherwise, or when there is none),
+    or from the same definition with fewer seeds: the study grows by the new seeds (its record is rewritten) and
+    the finished runs of the old ones are kept."""
     if resume:
         latest = resumable_study_dir(out_root, study.name)
         saved = read_yaml(latest / "config.yaml", "study record")
-        if not isinstance(saved, dict) or saved.get("fingerprint") != study.fingerprint():
+        if _adds_seeds(saved, study):
+            _write_record(latest, study)
+        elif not isinstance(saved, dict) or saved.get("fingerprint") != study.fingerprint():
             record = {k: v for k, v in saved.items() if k != "fingerprint"} if isinstance(saved, dict) else {}
             diff = format_changes(config_changes(record, study.to_dict()))
             raise ResumeError(f"--resume: {latest} was made by a different definition of study {study.name!r} "
@@ -79,9 +83,27 @@ def find_study_dir(study: Study, out_root: str | Path, resume: bool) -> Path:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     path = Path(out_root) / study.name / stamp
     path.mkdir(parents=True, exist_ok=False)
-    (path / "config.yaml").write_text(yaml.safe_dump({**study.to_dict(), "fingerprint": study.fingerprint()},
-                                                     sort_keys=False))
+    _write_record(path, study)
     return path
+
+
+def _write_record(study_dir: Path, study: Study) -> None:
+    """The study's definition and fingerprint, as ``--resume`` checks them."""
+    (study_dir / "config.yaml").write_text(yaml.safe_dump({**study.to_dict(), "fingerprint": study.fingerprint()},
+                                                          sort_keys=False))
+
+
+def _adds_seeds(saved: object, study: Study) -> bool:
+    """Whether ``study`` is the saved study with more seeds (every saved seed kept, at least one added)."""
+    if not isinstance(saved, dict) or not isinstance(saved.get("seeds"), list):
+        return False
+    old = saved["seeds"]
+    if not set(old) < set(study.seeds):
+        return False
+    try:
+        return study.with_seeds(old).fingerprint() == saved.get("fingerprint")
+    except (ValueError, TypeError):
+        return False
 
 
 def execute_run(spec: RunSpec, run_dir: str, device: str, deadline: float | None, threads: int,
@@ -169,8 +191,7 @@ def run_study(study: Study, out_root: str | Path = "runs", *, resume: bool = Fal
         sdir = Path(study_dir)
         if not (sdir / "config.yaml").is_file():
             sdir.mkdir(parents=True, exist_ok=True)
-            (sdir / "config.yaml").write_text(yaml.safe_dump({**study.to_dict(), "fingerprint": study.fingerprint()},
-                                                             sort_keys=False))
+            _write_record(sdir, study)
     else:
         sdir = find_study_dir(study, out_root, resume)
     specs = study.runs()

@@ -98,6 +98,24 @@ def test_study_runs_resumes_and_reports(tmp_path):
         run_study(Study.from_dict(_tiny_study(seeds=[0])), tmp_path, resume=True, workers=1, progress=False)
 
 
+def test_resume_with_more_seeds_keeps_the_finished_runs(tmp_path):
+    """--resume --seeds with the saved seeds and more: the study grows, the finished runs stay, only the new seeds'
+    runs are trained; fewer seeds, or other seeds, are a different definition."""
+    one = Study.from_dict(_tiny_study(seeds=[0], lrs=[3e-3]))
+    sdir = run_study(one, tmp_path, workers=1, progress=False).study_dir
+    stamp = {p: p.stat().st_mtime_ns for p in sdir.glob("runs/*/result.json")}
+    assert len(stamp) == 2
+    for other in ([1], [1, 2]):
+        with pytest.raises(ValueError, match="different definition"):
+            run_study(one.with_seeds(other), tmp_path, resume=True, workers=1, progress=False)
+    two = one.with_seeds([0, 1])
+    out = run_study(two, tmp_path, resume=True, workers=1, progress=False)
+    assert out.study_dir == sdir and out.complete and out.finished == 4
+    assert stamp == {p: p.stat().st_mtime_ns for p in stamp}, "seed 0's runs were not run again"
+    assert yaml.safe_load((sdir / "config.yaml").read_text())["fingerprint"] == two.fingerprint()
+    assert run_study(two, tmp_path, resume=True, workers=1, progress=False).study_dir == sdir
+
+
 def test_runs_go_seed_by_seed(tmp_path, monkeypatch):
     """Every run of seed 0 before any of seed 1: an invocation stopped early leaves whole comparisons."""
     import linattn.experiments.runner as runner
