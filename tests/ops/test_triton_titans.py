@@ -41,11 +41,12 @@ def runner(mini_batch_size=16, final=True):
 
 @pytest.fixture
 def small_value_blocks(monkeypatch):
-    """V blocks of 16 in both kernels, so small test shapes run several programs per head."""
+    """V blocks of 16 in every kernel, so small test shapes run several programs per head."""
     from linattn.ops.ttt import triton as kernels
 
     monkeypatch.setitem(kernels.TITANS_LAUNCH, "fwd_BV", 16)
     monkeypatch.setitem(kernels.TITANS_LAUNCH, "bwd_BV", 16)
+    monkeypatch.setitem(kernels.TITANS_LAUNCH, "scan_BV", 16)
 
 
 @pytest.mark.parametrize("shape,mini_batch_size", [
@@ -64,6 +65,17 @@ def test_triton_matches_recurrent_fp32(shape, mini_batch_size, with_state):
 def test_triton_value_blocks_with_a_partial_last_block(small_value_blocks, V, mini_batch_size):
     xs = make(2, 70, 2, 16, V, seed=1)
     check_backends_agree(runner(mini_batch_size), xs, NAMES, ["triton", "chunk"], tol=1e-5)
+
+
+def test_triton_gradient_scan_with_other_value_blocks(monkeypatch):
+    """The gradient scan of (M, S) and the per-chunk gradients split V differently: the scan's chunk-exit
+    gradients are whole [K, V] tiles, so any pair of blocks gives the same gradients."""
+    from linattn.ops.ttt import triton as kernels
+
+    monkeypatch.setitem(kernels.TITANS_LAUNCH, "scan_BV", 16)
+    monkeypatch.setitem(kernels.TITANS_LAUNCH, "bwd_BV", 32)
+    xs = make(1, 150, 2, 16, 40, seed=3)
+    check_backends_agree(runner(16), xs, NAMES, ["triton"], tol=1e-5)
 
 
 def test_triton_without_final_state():

@@ -49,8 +49,13 @@ reverse with dM, dS the gradients of M', S' and P = Q~ K^T ⊙ causal:
     dA_x = <M_0, dM>, dd_x = <S_0, dM>, dE_x = <S_0, dS>
     dM_0 = A_x dM + Q~^T (A ⊙ do) + K^T dU,               dS_0 = d_x dM + E_x dS + Q~^T (d ⊙ do)
 
-dq, dk and the coefficient gradients are sums over the V blocks: each block writes its share and the host sums
-them. Checked against autograd of the recurrence (tests/ops/test_triton_titans.py).
+dU does not depend on U, so the gradients of the states form a recurrence of their own, driven by do, Q~, K and the
+coefficients alone. The backward is two kernels: a light scan of (dM, dS) alone over the mini-batches in reverse,
+which keeps the gradients leaving every chunk of 64 tokens; then one program per (batch-head, V block, chunk) for all
+chunks at once, which walks its chunk's mini-batches in reverse from those gradients, recomputing each mini-batch's
+entry (M, S) from the chunk's kept entry state (at most 3 updates for mini-batches of 16). dq, dk and the coefficient
+gradients are sums over the V blocks: each block writes its share and the host sums them. Checked against autograd
+of the recurrence (tests/ops/test_triton_titans.py).
 """
 
 from __future__ import annotations
@@ -66,7 +71,7 @@ from ..common.triton_launch import fast_launch
 from ..common.triton_masking import causal_dot_rest
 from ..common.triton_ops import eager_backward, needs_backward, op_function
 from ..common.triton_utils import block as _block
-from ..common.triton_utils import cdiv, dot_precision
+from ..common.triton_utils import cdiv, dot_precision, launch_overrides
 from .checks import TRITON_MAX_HEAD_DIM, TRITON_MINI_BATCH_SIZES, titans_triton_takes, triton_takes
 from .chunk import _coefficients
 
@@ -74,12 +79,15 @@ TOKENS_PER_CHUNK = 64  # the forward keeps W every 64 tokens (every 64 / b mini-
 # One pipelining stage: with Triton's default of 3 the backward kernel needed 240 KB of shared memory at
 # K = V = 128 (sm_90, bf16), more than an H100 has; with one, 128 KB (``python -m linattn.bench.triton_resources``).
 LAUNCH = {"fwd_warps": 8, "fwd_stages": 1, "bwd_warps": 8, "bwd_stages": 1}
-# titans: a program holds [K, BV] slices of M and S (and of their gradients in the backward); BV caps the V block.
-# Timed on an H100 at B8 T2048 H8 K = V = 128, bf16, over warps {4, 8} x BV {16, 32, 64}: the forward is fastest
-# with 4 warps and BV 32 (1.84 ms; 8 warps 2.62 ms), forward + backward with 8 warps and BV 32 (11.7 ms; 4 warps
-# 11.9, BV 64 12.2, BV 16 13.1-13.7). Compiled for sm_90 (``python -m linattn.bench.triton_resources titans``) the
-# backward keeps 904 B of stack at these settings.
-TITANS_LAUNCH = {"fwd_warps": 4, "fwd_stages": 1, "fwd_BV": 32, "bwd_warps": 8, "bwd_stages": 1, "bwd_BV": 32}
+# titans: a program holds [K, BV] slices of M and S (and of their gradients in the backward); BV caps the V block
+# ("fwd": forward, "scan": the backward's scan of (dM, dS), "bwd": the backward's per-chunk gradients). Timed on an
+# H100 at B8 T2048 H8 K = V = 128, bf16: the forward is fastest with 4 warps and BV 32 (1.84 ms; 8 warps 2.62 ms);
+# forward + backward 10.4 ms at these settings (bwd_BV 16: 13.3, 64: 10.2; bwd_warps 4: 11.3; scan_warps 8: 10.5).
+# Profiled, the per-chunk gradient kernel is most of it (4.5 ms, against 0.6 ms for the scan and 0.75 for the forward).
+TITANS_LAUNCH = {"fwd_warps": 4, "fwd_stages": 1, "fwd_BV": 32, "bwd_warps": 8, "bwd_stages": 1, "bwd_BV": 32,
+                 "scan_warps": 4, "scan_stages": 1, "scan_BV": 32}
+launch_overrides("ttt_linear", LAUNCH)
+launch_overrides("titans", TITANS_LAUNCH)
 
 
 def _update_precision(dtype: torch.dtype) -> str:
@@ -490,13 +498,12 @@ def _titans_fwd_kernel(q, k, v, G, cv, cx, m0, s0, o, mt, st, mc, sc, scale, T, 
 
 @fast_launch
 @triton.jit(do_not_specialize=["T", "N"])
-def _titans_bwd_kernel(q, k, v, G, cv, cx, mc, sc, scratch, do, dmt, dst, dq, dk, dv, dG, dcv, dcx, dm0, ds0, scale,
-                       T, N, BH, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                       BK: tl.constexpr, BV: tl.constexpr, NB: tl.constexpr, HAS_DMT: tl.constexpr,
-                       HAS_DST: tl.constexpr, PREC: tl.constexpr, WPREC: tl.constexpr):
-    """Grid (B*H, V blocks): dv's columns of this block, this block's share of dq, dk [NVB, B, T, H, K] and of the
-    coefficient gradients dG, dcv, dcx [NVB, ...] (summed over the blocks afterwards), and the initial state's gradient
-    dm0, ds0; walks the chunks backwards, recomputing each chunk's mini-batch entry states into scratch."""
+def _titans_dstate_kernel(q, k, v, G, cv, cx, do, dmt, dst, dmc, dsc, dm0, ds0, scale, T, N, H: tl.constexpr,
+                          K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                          NB: tl.constexpr, HAS_DMT: tl.constexpr, HAS_DST: tl.constexpr, PREC: tl.constexpr):
+    """Grid (B*H, V blocks): the gradient scan of (M, S) alone, mini-batches in reverse; writes the gradients of the
+    (M, S) leaving every chunk of NB mini-batches (dmc, dsc [B*H, NC, K, V], this block's columns) and of the initial
+    state. dU does not depend on U, so the scan needs no state of the forward pass."""
     i_bh = tl.program_id(0).to(tl.int64)
     i_v = tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -511,20 +518,66 @@ def _titans_bwd_kernel(q, k, v, G, cv, cx, mc, sc, scratch, do, dmt, dst, dq, dk
         dM += tl.load(dmt + i_bh * K * V + kv, mask=m_kv, other=0.0)
     if HAS_DST:
         dS += tl.load(dst + i_bh * K * V + kv, mask=m_kv, other=0.0)
+    NC = tl.cdiv(N, NB)
+    causal = o_t[:, None] >= o_t[None, :]
+    for mi in range(N):
+        m = N - 1 - mi
+        if (m % NB == NB - 1) | (m == N - 1):  # the last mini-batch of its chunk: the chunk's exit gradients
+            base = (i_bh * NC + m // NB) * K * V
+            tl.store(dmc + base + kv, dM, mask=m_kv)
+            tl.store(dsc + base + kv, dS, mask=m_kv)
+        t = m * BT + o_t
+        m_t = t < T
+        row = (i_b * T + t) * H + i_h
+        qs, kc, vc, Gm, Ar, dr, gM, gS, Ax, dx, Ex = _titans_loads(q, k, v, G, cv, cx, row, m_t, i_bh * N + m, o_t,
+                                                                   o_k, o_v, m_k, m_v, scale, K, V, BT)
+        doc = tl.load(do + row[:, None] * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0).to(tl.float32)
+        PG = tl.where(causal, tl.dot(qs, tl.trans(kc), input_precision=PREC), 0.0) * Gm
+        dU = (-tl.dot(tl.trans(PG), doc, input_precision=PREC)
+              - tl.dot(kc * gM[:, None], dM, input_precision=PREC)
+              - tl.dot(kc * gS[:, None], dS, input_precision=PREC))
+        dM_prev = (Ax * dM + tl.dot(tl.trans(qs), doc * Ar[:, None], input_precision=PREC)
+                   + tl.dot(tl.trans(kc), dU, input_precision=PREC))
+        dS = dx * dM + Ex * dS + tl.dot(tl.trans(qs), doc * dr[:, None], input_precision=PREC)
+        dM = dM_prev
+    tl.store(dm0 + i_bh * K * V + kv, dM, mask=m_kv)
+    tl.store(ds0 + i_bh * K * V + kv, dS, mask=m_kv)
+
+
+@fast_launch
+@triton.jit(do_not_specialize=["T", "N"])
+def _titans_grads_kernel(q, k, v, G, cv, cx, mc, sc, dmc, dsc, do, dq, dk, dv, dG, dcv, dcx, scale, T, N, BH,
+                         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                         BV: tl.constexpr, NB: tl.constexpr, PREC: tl.constexpr, WPREC: tl.constexpr):
+    """Grid (B*H, V blocks, chunks of NB mini-batches): dv's columns of this block and this block's share of dq, dk
+    [NVB, B, T, H, K] and of the coefficient gradients dG, dcv, dcx [NVB, ...] (summed over the blocks afterwards),
+    for one chunk. Walks the chunk's mini-batches in reverse from the chunk's exit gradients (dmc, dsc); each
+    mini-batch's entry (M, S) is recomputed from the chunk's kept entry state (NB is small: at most NB - 1 updates
+    per mini-batch, and nothing per token is kept)."""
+    i_bh = tl.program_id(0).to(tl.int64)
+    i_v = tl.program_id(1)
+    c = tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k, o_t = tl.arange(0, BK), tl.arange(0, BT)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    kv = o_k[:, None] * V + o_v[None, :]
+    m_kv = m_k[:, None] & m_v[None, :]
+    NC = tl.cdiv(N, NB)
+    chunk = (i_bh * NC + c) * K * V
+    dM = tl.load(dmc + chunk + kv, mask=m_kv, other=0.0)
+    dS = tl.load(dsc + chunk + kv, mask=m_kv, other=0.0)
     i_v = i_v.to(tl.int64)
     part = i_v * BH + i_bh  # this block's share of the summed gradients
     n_rows = BH * T  # rows (tokens times heads) of one block's share of dq and dk
-    NC = tl.cdiv(N, NB)
     causal = o_t[:, None] >= o_t[None, :]
-    for ci in range(NC):
-        c = NC - 1 - ci
-        nb = tl.minimum(N - c * NB, NB)  # the last chunk may hold fewer mini-batches
-        M = tl.load(mc + (i_bh * NC + c) * K * V + kv, mask=m_kv, other=0.0)
-        S = tl.load(sc + (i_bh * NC + c) * K * V + kv, mask=m_kv, other=0.0)
-        for j in range(nb):
-            tl.store(scratch + ((i_bh * NB + j) * 2) * K * V + kv, M, mask=m_kv)
-            tl.store(scratch + ((i_bh * NB + j) * 2 + 1) * K * V + kv, S, mask=m_kv)
-            m = c * NB + j
+    nb = tl.minimum(N - c * NB, NB)  # the last chunk may hold fewer mini-batches
+    for ji in range(nb):
+        j = nb - 1 - ji
+        M = tl.load(mc + chunk + kv, mask=m_kv, other=0.0)
+        S = tl.load(sc + chunk + kv, mask=m_kv, other=0.0)
+        for jj in range(j):  # the entry state of mini-batch j
+            m = c * NB + jj
             t = m * BT + o_t
             m_t = t < T
             row = (i_b * T + t) * H + i_h
@@ -534,62 +587,56 @@ def _titans_bwd_kernel(q, k, v, G, cv, cx, mc, sc, scratch, do, dmt, dst, dq, dk
             M_next = Ax * M + dx * S - tl.dot(tl.trans(kc * gM[:, None]), U, input_precision=WPREC)
             S = Ex * S - tl.dot(tl.trans(kc * gS[:, None]), U, input_precision=WPREC)
             M = M_next
-        for ji in range(nb):
-            j = nb - 1 - ji
-            M = tl.load(scratch + ((i_bh * NB + j) * 2) * K * V + kv, mask=m_kv, other=0.0)
-            S = tl.load(scratch + ((i_bh * NB + j) * 2 + 1) * K * V + kv, mask=m_kv, other=0.0)
-            m = c * NB + j
-            cb = i_bh * N + m
-            t = m * BT + o_t
-            m_t = t < T
-            row = (i_b * T + t) * H + i_h
-            qs, kc, vc, Gm, Ar, dr, gM, gS, Ax, dx, Ex = _titans_loads(q, k, v, G, cv, cx, row, m_t, cb, o_t, o_k,
-                                                                       o_v, m_k, m_v, scale, K, V, BT)
-            doc = tl.load(do + row[:, None] * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :],
-                          other=0.0).to(tl.float32)
-            U = tl.dot(kc, M, input_precision=PREC) - vc
-            QK = tl.where(causal, tl.dot(qs, tl.trans(kc), input_precision=PREC), 0.0)
-            PG = QK * Gm
-            dAr = tl.sum(doc * tl.dot(qs, M, input_precision=PREC), axis=1)
-            ddr = tl.sum(doc * tl.dot(qs, S, input_precision=PREC), axis=1)
-            dPG = tl.where(causal, -tl.dot(doc, tl.trans(U), input_precision=PREC), 0.0)
-            dQK = dPG * Gm
-            tM = tl.dot(U, tl.trans(dM), input_precision=PREC)  # minus the gradient of g_M k
-            tS = tl.dot(U, tl.trans(dS), input_precision=PREC)
-            dgM = -tl.sum(kc * tM, axis=1)
-            dgS = -tl.sum(kc * tS, axis=1)
-            dU = (-tl.dot(tl.trans(PG), doc, input_precision=PREC)
-                  - tl.dot(kc * gM[:, None], dM, input_precision=PREC)
-                  - tl.dot(kc * gS[:, None], dS, input_precision=PREC))
-            dA = doc * Ar[:, None]
-            dD = doc * dr[:, None]
-            dqs = (tl.dot(dA, tl.trans(M), input_precision=PREC) + tl.dot(dD, tl.trans(S), input_precision=PREC)
-                   + tl.dot(dQK, kc, input_precision=PREC))
-            dkc = (tl.dot(tl.trans(dQK), qs, input_precision=PREC) + tl.dot(dU, tl.trans(M), input_precision=PREC)
-                   - gM[:, None] * tM - gS[:, None] * tS)
-            dAx = tl.sum(tl.sum(M * dM, axis=1), axis=0)
-            ddx = tl.sum(tl.sum(S * dM, axis=1), axis=0)
-            dEx = tl.sum(tl.sum(S * dS, axis=1), axis=0)
-            dM_prev = (Ax * dM + tl.dot(tl.trans(qs), dA, input_precision=PREC)
-                       + tl.dot(tl.trans(kc), dU, input_precision=PREC))
-            dS = dx * dM + Ex * dS + tl.dot(tl.trans(qs), dD, input_precision=PREC)
-            dM = dM_prev
-            m_tk = m_t[:, None] & m_k[None, :]
-            tl.store(dq + (i_v * n_rows + row[:, None]) * K + o_k[None, :], dqs * scale, mask=m_tk)
-            tl.store(dk + (i_v * n_rows + row[:, None]) * K + o_k[None, :], dkc, mask=m_tk)
-            tl.store(dv + row[:, None] * V + o_v[None, :], (-dU).to(dv.dtype.element_ty),
-                     mask=m_t[:, None] & m_v[None, :])
-            pb = part * N + m  # this block's share of mini-batch m's coefficient gradients
-            tl.store(dG + pb * BT * BT + o_t[:, None] * BT + o_t[None, :], dPG * QK)
-            tl.store(dcv + (pb * 4 + 0) * BT + o_t, dAr)
-            tl.store(dcv + (pb * 4 + 1) * BT + o_t, ddr)
-            tl.store(dcv + (pb * 4 + 2) * BT + o_t, dgM)
-            tl.store(dcv + (pb * 4 + 3) * BT + o_t, dgS)
-            tl.store(dcx + pb * 3, dAx)
-            tl.store(dcx + pb * 3 + 1, ddx)
-            tl.store(dcx + pb * 3 + 2, dEx)
-    tl.store(dm0 + i_bh * K * V + kv, dM, mask=m_kv)
-    tl.store(ds0 + i_bh * K * V + kv, dS, mask=m_kv)
+        m = c * NB + j
+        cb = i_bh * N + m
+        t = m * BT + o_t
+        m_t = t < T
+        row = (i_b * T + t) * H + i_h
+        qs, kc, vc, Gm, Ar, dr, gM, gS, Ax, dx, Ex = _titans_loads(q, k, v, G, cv, cx, row, m_t, cb, o_t, o_k,
+                                                                   o_v, m_k, m_v, scale, K, V, BT)
+        doc = tl.load(do + row[:, None] * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :],
+                      other=0.0).to(tl.float32)
+        U = tl.dot(kc, M, input_precision=PREC) - vc
+        QK = tl.where(causal, tl.dot(qs, tl.trans(kc), input_precision=PREC), 0.0)
+        PG = QK * Gm
+        dAr = tl.sum(doc * tl.dot(qs, M, input_precision=PREC), axis=1)
+        ddr = tl.sum(doc * tl.dot(qs, S, input_precision=PREC), axis=1)
+        dPG = tl.where(causal, -tl.dot(doc, tl.trans(U), input_precision=PREC), 0.0)
+        dQK = dPG * Gm
+        tM = tl.dot(U, tl.trans(dM), input_precision=PREC)  # minus the gradient of g_M k
+        tS = tl.dot(U, tl.trans(dS), input_precision=PREC)
+        dgM = -tl.sum(kc * tM, axis=1)
+        dgS = -tl.sum(kc * tS, axis=1)
+        dU = (-tl.dot(tl.trans(PG), doc, input_precision=PREC)
+              - tl.dot(kc * gM[:, None], dM, input_precision=PREC)
+              - tl.dot(kc * gS[:, None], dS, input_precision=PREC))
+        dA = doc * Ar[:, None]
+        dD = doc * dr[:, None]
+        dqs = (tl.dot(dA, tl.trans(M), input_precision=PREC) + tl.dot(dD, tl.trans(S), input_precision=PREC)
+               + tl.dot(dQK, kc, input_precision=PREC))
+        dkc = (tl.dot(tl.trans(dQK), qs, input_precision=PREC) + tl.dot(dU, tl.trans(M), input_precision=PREC)
+               - gM[:, None] * tM - gS[:, None] * tS)
+        dAx = tl.sum(tl.sum(M * dM, axis=1), axis=0)
+        ddx = tl.sum(tl.sum(S * dM, axis=1), axis=0)
+        dEx = tl.sum(tl.sum(S * dS, axis=1), axis=0)
+        dM_prev = (Ax * dM + tl.dot(tl.trans(qs), dA, input_precision=PREC)
+                   + tl.dot(tl.trans(kc), dU, input_precision=PREC))
+        dS = dx * dM + Ex * dS + tl.dot(tl.trans(qs), dD, input_precision=PREC)
+        dM = dM_prev
+        m_tk = m_t[:, None] & m_k[None, :]
+        tl.store(dq + (i_v * n_rows + row[:, None]) * K + o_k[None, :], dqs * scale, mask=m_tk)
+        tl.store(dk + (i_v * n_rows + row[:, None]) * K + o_k[None, :], dkc, mask=m_tk)
+        tl.store(dv + row[:, None] * V + o_v[None, :], (-dU).to(dv.dtype.element_ty),
+                 mask=m_t[:, None] & m_v[None, :])
+        pb = part * N + m  # this block's share of mini-batch m's coefficient gradients
+        tl.store(dG + pb * BT * BT + o_t[:, None] * BT + o_t[None, :], dPG * QK)
+        tl.store(dcv + (pb * 4 + 0) * BT + o_t, dAr)
+        tl.store(dcv + (pb * 4 + 1) * BT + o_t, ddr)
+        tl.store(dcv + (pb * 4 + 2) * BT + o_t, dgM)
+        tl.store(dcv + (pb * 4 + 3) * BT + o_t, dgS)
+        tl.store(dcx + pb * 3, dAx)
+        tl.store(dcx + pb * 3 + 1, ddx)
+        tl.store(dcx + pb * 3 + 2, dEx)
 
 
 def _titans_blocks(K: int, V: int, b: int, kernel: str) -> dict:
@@ -618,24 +665,32 @@ def titans_triton_forward(q, k, v, G, cv, cx, m0, s0, scale, b, keep):
 
 
 def titans_triton_backward(q, k, v, G, cv, cx, scale, b, mc, sc, do, dmt, dst):
-    """(dq, dk, dv, dG, dcv, dcx, dM0, dS0) from the kept chunk-entry states; the coefficient gradients float32."""
+    """(dq, dk, dv, dG, dcv, dcx, dM0, dS0) from the kept chunk-entry states; the coefficient gradients float32. Two
+    kernels: the gradient scan of (M, S), sequential over mini-batches but light, keeping the gradients leaving
+    every chunk; then every chunk's gradients at once."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     N = G.shape[2]
-    blk = _titans_blocks(K, V, b, "bwd")
-    NVB = cdiv(V, blk["BV"])
+    scan = _titans_blocks(K, V, b, "scan")
+    grads = _titans_blocks(K, V, b, "bwd")
+    NC = cdiv(N, grads["NB"])
+    NVB = cdiv(V, grads["BV"])
     f32 = dict(device=q.device, dtype=torch.float32)
+    dmc, dsc = (torch.empty(B * H, NC, K, V, **f32) for _ in range(2))
+    dm0, ds0 = (torch.empty(B, H, K, V, **f32) for _ in range(2))
+    prec = dict(PREC=dot_precision(q.dtype), WPREC=_update_precision(q.dtype))
+    _titans_dstate_kernel[(B * H, cdiv(V, scan["BV"]))](
+        q=q, k=k, v=v, G=G, cv=cv, cx=cx, do=do, dmt=dmt if dmt is not None else dm0,
+        dst=dst if dst is not None else ds0, dmc=dmc, dsc=dsc, dm0=dm0, ds0=ds0, scale=scale, T=T, N=N, H=H, K=K,
+        V=V, **scan, HAS_DMT=dmt is not None, HAS_DST=dst is not None, PREC=prec["PREC"],
+        num_warps=TITANS_LAUNCH["scan_warps"], num_stages=TITANS_LAUNCH["scan_stages"])
     dq, dk = (torch.empty(NVB, B, T, H, K, **f32) for _ in range(2))
     dv = torch.empty_like(v)
     dG, dcv, dcx = (torch.empty(NVB, *x.shape, **f32) for x in (G, cv, cx))
-    dm0, ds0 = (torch.empty(B, H, K, V, **f32) for _ in range(2))
-    scratch = torch.empty(B * H, blk["NB"], 2, K, V, **f32)
-    _titans_bwd_kernel[(B * H, NVB)](
-        q=q, k=k, v=v, G=G, cv=cv, cx=cx, mc=mc, sc=sc, scratch=scratch, do=do,
-        dmt=dmt if dmt is not None else dm0, dst=dst if dst is not None else ds0, dq=dq, dk=dk, dv=dv, dG=dG,
-        dcv=dcv, dcx=dcx, dm0=dm0, ds0=ds0, scale=scale, T=T, N=N, BH=B * H, H=H, K=K, V=V, **blk,
-        HAS_DMT=dmt is not None, HAS_DST=dst is not None, PREC=dot_precision(q.dtype),
-        WPREC=_update_precision(q.dtype), num_warps=TITANS_LAUNCH["bwd_warps"], num_stages=TITANS_LAUNCH["bwd_stages"])
+    _titans_grads_kernel[(B * H, NVB, NC)](
+        q=q, k=k, v=v, G=G, cv=cv, cx=cx, mc=mc, sc=sc, dmc=dmc, dsc=dsc, do=do, dq=dq, dk=dk, dv=dv, dG=dG,
+        dcv=dcv, dcx=dcx, scale=scale, T=T, N=N, BH=B * H, H=H, K=K, V=V, **grads, **prec,
+        num_warps=TITANS_LAUNCH["bwd_warps"], num_stages=TITANS_LAUNCH["bwd_stages"])
     dq, dk, dG, dcv, dcx = (x[0] if NVB == 1 else x.sum(0) for x in (dq, dk, dG, dcv, dcx))
     return dq.to(q.dtype), dk.to(k.dtype), dv, dG, dcv, dcx, dm0, ds0
 
