@@ -66,12 +66,13 @@ def resumable_study_dir(out_root: str | Path, name: str) -> Path:
 def find_study_dir(study: Study, out_root: str | Path, resume: bool) -> Path:
     """A new ``<out_root>/<study>/<UTC stamp>/``; with ``resume`` the newest existing one, which must have
     been made from the same definition (ResumeError listing the differences otherwise, or when there is none),
-    or from the same definition with fewer seeds: the study grows by the new seeds (its record is rewritten) and
-    the finished runs of the old ones are kept."""
+    or from a definition that ``study`` extends (more seeds, more values of an axis, more lrs: every saved run is
+    also a run of ``study``, with the same config): the study grows (its record is rewritten) and its finished runs
+    are kept."""
     if resume:
         latest = resumable_study_dir(out_root, study.name)
         saved = read_yaml(latest / "config.yaml", "study record")
-        if _adds_seeds(saved, study):
+        if _extends(saved, study):
             _write_record(latest, study)
         elif not isinstance(saved, dict) or saved.get("fingerprint") != study.fingerprint():
             record = {k: v for k, v in saved.items() if k != "fingerprint"} if isinstance(saved, dict) else {}
@@ -93,17 +94,20 @@ def _write_record(study_dir: Path, study: Study) -> None:
                                                           sort_keys=False))
 
 
-def _adds_seeds(saved: object, study: Study) -> bool:
-    """Whether ``study`` is the saved study with more seeds (every saved seed kept, at least one added)."""
-    if not isinstance(saved, dict) or not isinstance(saved.get("seeds"), list):
-        return False
-    old = saved["seeds"]
-    if not set(old) < set(study.seeds):
+def _extends(saved: object, study: Study) -> bool:
+    """Whether ``study`` has every run of the saved study (the record ``saved``, unedited), with the same run
+    configs, and more."""
+    if not isinstance(saved, dict):
         return False
     try:
-        return study.with_seeds(old).fingerprint() == saved.get("fingerprint")
-    except (ValueError, TypeError):
+        old = Study.from_dict({k: v for k, v in saved.items() if k != "fingerprint"})
+    except (ValueError, TypeError, KeyError):
         return False
+    if old.fingerprint() != saved.get("fingerprint"):
+        return False
+    new_runs = {s.run_id: s.config for s in study.runs()}
+    old_runs = {s.run_id: s.config for s in old.runs()}
+    return len(new_runs) > len(old_runs) and all(new_runs.get(r) == c for r, c in old_runs.items())
 
 
 def execute_run(spec: RunSpec, run_dir: str, device: str, deadline: float | None, threads: int,

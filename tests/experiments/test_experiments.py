@@ -116,6 +116,25 @@ def test_resume_with_more_seeds_keeps_the_finished_runs(tmp_path):
     assert run_study(two, tmp_path, resume=True, workers=1, progress=False).study_dir == sdir
 
 
+def test_resume_with_another_axis_value_keeps_the_finished_runs(tmp_path):
+    """A value added to an axis (a mixer, say) extends the study like a seed does; a changed setting of the
+    existing runs does not."""
+    study = Study.from_dict(_tiny_study(seeds=[0], lrs=[3e-3]))
+    sdir = run_study(study, tmp_path, workers=1, progress=False).study_dir
+    stamp = {p: p.stat().st_mtime_ns for p in sdir.glob("runs/*/result.json")}
+    changed = study.to_dict()
+    changed["base"] = {**changed["base"], "train": {**changed["base"]["train"], "max_steps": 7}}
+    with pytest.raises(ValueError, match="different definition"):
+        run_study(Study.from_dict(changed), tmp_path, resume=True, workers=1, progress=False)
+    wider = study.to_dict()
+    axis, values = next(iter(wider["axes"].items()))
+    extra = {**values, "extra": dict(next(iter(values.values())))}
+    wider["axes"] = {**wider["axes"], axis: extra}
+    out = run_study(Study.from_dict(wider), tmp_path, resume=True, workers=1, progress=False)
+    assert out.study_dir == sdir and out.complete and out.finished == 3
+    assert stamp == {p: p.stat().st_mtime_ns for p in stamp}, "the saved runs were not run again"
+
+
 def test_runs_go_seed_by_seed(tmp_path, monkeypatch):
     """Every run of seed 0 before any of seed 1: an invocation stopped early leaves whole comparisons."""
     import linattn.experiments.runner as runner
