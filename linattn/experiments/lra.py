@@ -235,6 +235,29 @@ def paper_table(study: Study, cells: list[Cell]) -> str:
     return "\n".join(lines)
 
 
+def runs_table(rows: list[dict]) -> list[str]:
+    """Markdown lines: every finished run's steps (pretraining + fine-tuning), wall minutes, device and how many
+    runs shared it, and the device minutes that makes (wall / sharing; "-" for rows written before the runner
+    recorded the sharing)."""
+    done = sorted((r for r in rows if r.get("status") == "finished"),
+                  key=lambda r: (str(r.get("task")), str(r.get("mixer")), str(r.get("spt")), r.get("seed", 0)))
+    if not done:
+        return []
+    lines = ["## Runs", "", "Steps and time of every finished run. Runs that share a device slow each other, so a "
+             "run's device time is its wall time over the runs that shared the device (an estimate: runs that "
+             "finish early leave the rest more of it).", "",
+             "| task | mixer | spt | seed | pretraining steps | fine-tuning steps | wall min | device | runs on it | "
+             "device min |", "| --- | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]
+    for r in done:
+        minutes = r.get("run_wall_s", r.get("wall_s", 0.0)) / 60
+        sharing = r.get("runs_on_device")
+        lines.append(f"| {r.get('task')} | {r.get('mixer')} | {r.get('spt')} | {r.get('seed')} | "
+                     f"{r.get('pretrain_steps', 0)} | {r.get('finetune_steps', r.get('step'))} | {minutes:.1f} | "
+                     f"{r.get('device', '-')} | {sharing if sharing else '-'} | "
+                     f"{f'{minutes / sharing:.1f}' if sharing else '-'} |")
+    return lines + [""]
+
+
 def lra_report(study: Study, study_dir: Path, rows: list[dict]) -> None:
     """The standard report (tables of test accuracy per mixer x spt, mean ± std over seeds) with a
     computed conclusion, the learning curves of every run (:mod:`linattn.experiments.lra_curves`) and the
@@ -248,6 +271,7 @@ def lra_report(study: Study, study_dir: Path, rows: list[dict]) -> None:
     except ImportError:
         extra += ["", "(no learning curves: matplotlib is not installed)", ""]
     extra += stopped_runs_table(study_dir)
+    extra += runs_table(rows)
     if TRANSFORMER in study.axes["mixer"]:
         extra += ["", "## Against the paper", "",
                   "Test accuracy (%). Paper: Amos et al. 2023, Transformer with RoPE (here softmax_attn), full-size "

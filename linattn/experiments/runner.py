@@ -111,11 +111,13 @@ def _extends(saved: object, study: Study) -> bool:
 
 
 def execute_run(spec: RunSpec, run_dir: str, device: str, deadline: float | None, threads: int,
-                gpu_share: float = 1.0) -> dict:
+                gpu_share: float = 1.0, sharing: int = 1) -> dict:
     """Train one run in this process; returns its result row (status "finished", "diverged",
     "interrupted", "skipped" (deadline passed before it started) or "error"). ``gpu_share``: the
     fraction of the GPU's memory this process may hold (the caching allocator frees its cache
-    before exceeding it, so processes sharing a GPU do not starve each other)."""
+    before exceeding it, so processes sharing a GPU do not starve each other); ``sharing``: how many runs
+    the study ran at once on this device (recorded in the row, so reports can say what a run's wall time
+    cost)."""
     start = time.time()
     row = {"run_id": spec.run_id, **spec.row()}
     if deadline is not None and time.time() >= deadline:
@@ -139,7 +141,7 @@ def execute_run(spec: RunSpec, run_dir: str, device: str, deadline: float | None
     saved = json.loads((out / RESULT_NAME).read_text())
     final = {**row, "status": "finished", "stop": result.status, "step": result.step, **result.metrics,
              "best": result.best, "wall_s": result.wall_s, "run_wall_s": round(time.time() - start, 3),
-             "num_params": saved["num_params"]}
+             "num_params": saved["num_params"], "device": device, "runs_on_device": sharing}
     final.pop("message", None)
     (out / RESULT_NAME).write_text(json.dumps(final, indent=2))
     return final
@@ -210,7 +212,8 @@ def run_study(study: Study, out_root: str | Path = "runs", *, resume: bool = Fal
     gpu_share = gpu_memory_share(workers, len(devices), device)
     failed: list[str] = []
     bar = tqdm(total=len(specs), initial=len(done), desc=f"{study.name} runs", disable=not progress, leave=True)
-    jobs = [(s, str(sdir / "runs" / s.run_id), devices[i % len(devices)], deadline, threads, gpu_share)
+    sharing = -(-min(workers, max(1, len(pending))) // len(devices))  # runs at once per device
+    jobs = [(s, str(sdir / "runs" / s.run_id), devices[i % len(devices)], deadline, threads, gpu_share, sharing)
             for i, s in enumerate(pending)]
 
     def note(row: dict) -> None:

@@ -143,6 +143,9 @@ def test_tiny_study_end_to_end(tmp_path):
     assert "## Conclusion" in report and "causal SPT vs scratch" in report
     assert "## Against the paper" in report and "59.2" in report and "36.4" in report
     assert "![curves_listops](curves_listops.png)" in report and (sdir / "curves_listops.png").is_file()
+    # every run's steps and time, with the device it ran on and how many runs shared it (one here)
+    assert "## Runs" in report and "| listops | softmax_attn | causal | 0 | 3 | 3 |" in report
+    assert all(r["device"] == "cpu" and r["runs_on_device"] == "1" for r in rows)
     # a finished run's checkpoint is its final model: scoring it again gives the run's own test accuracy
     scores = evaluate_checkpoints(sdir)  # the ListOps the study generated into its folder, found as the runs find it
     assert sorted(scores) == sorted(r["run_id"] for r in rows)
