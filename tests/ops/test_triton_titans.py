@@ -1,5 +1,5 @@
 """titans backend="triton" == recurrent (and chunk): outputs, final (M, S) and every gradient (q, k, v, theta, alpha,
-eta, the initial M and S); float32 and bf16; lengths that are not multiples of the mini-batch or of 64, shorter
+eta, the initial M and S); the gate coefficients' kernels == their PyTorch reference; float32 and bf16; lengths that are not multiples of the mini-batch or of 64, shorter
 than one mini-batch; gates at the ends of [0, 1]; mini-batches of 16 and 32; V split into blocks with a partial last
 block; splitting at a mini-batch boundary; long sequences finite; torch.compile without graph breaks.
 
@@ -76,6 +76,32 @@ def test_triton_gradient_scan_with_other_value_blocks(monkeypatch):
     monkeypatch.setitem(kernels.TITANS_LAUNCH, "bwd_BV", 32)
     xs = make(1, 150, 2, 16, 40, seed=3)
     check_backends_agree(runner(16), xs, NAMES, ["triton"], tol=1e-5)
+
+
+@pytest.mark.parametrize("B,T,H,b", [(1, 5, 1, 16), (2, 37, 2, 16), (1, 90, 3, 32)])
+def test_gate_coefficient_kernels_match_the_reference(B, T, H, b):
+    """The coefficients' kernels (values and gate gradients) == autograd of the PyTorch reference, with gates at
+    exactly 0 and 1 and a partial last mini-batch; bfloat16 gates get bfloat16 gradients."""
+    from linattn.ops.ttt.triton_gates import titans_coefficients_triton, titans_gate_coefficients
+
+    gen = torch.Generator().manual_seed(T)
+    gates = [torch.rand(B, T, H, generator=gen, dtype=torch.float64).float().to(DEVICE) for _ in range(3)]
+    gates[1][..., :3] = 1.0  # alpha = 1: the memory forgets at once
+    gates[2][..., 3:5] = 0.0  # eta = 0: no momentum
+    gates = [g.requires_grad_() for g in gates]
+    ref = titans_gate_coefficients(*gates, b)
+    out = titans_coefficients_triton(*gates, b)
+    weights = [torch.randn(r.shape, generator=gen).to(DEVICE) for r in ref]
+    grads = [torch.autograd.grad(sum((w * r).sum() for w, r in zip(weights, rs)), gates) for rs in (ref, out)]
+    for r, o in zip(ref, out):
+        torch.testing.assert_close(o, r, rtol=1e-6, atol=1e-6)
+    for r, o in zip(*grads):
+        torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-5)
+    half = [g.detach().bfloat16().requires_grad_() for g in gates]
+    G, cv, cx = titans_coefficients_triton(*half, b)
+    assert G.dtype == torch.float32
+    dtheta, dalpha, deta = torch.autograd.grad(G.sum() + cv.sum() + cx.sum(), half)
+    assert dtheta.dtype == dalpha.dtype == deta.dtype == torch.bfloat16
 
 
 def test_triton_without_final_state():

@@ -35,12 +35,11 @@ exit row x (the mini-batch's last token; for the last mini-batch the sequence's 
     U = K M_0 - V,      o = A ⊙ (Q~ M_0) + d ⊙ (Q~ S_0) - ((Q~ K^T) ⊙ G ⊙ causal) U
     M' = A_x M_0 + d_x S_0 - (g_M ⊙ K)^T U,      S' = E_x S_0 - (g_S ⊙ K)^T U,      g_M = theta c_x., g_S = theta e_x.
 
-The coefficients (G, A_r, d_r, g_M, g_S, A_x, d_x, E_x) are computed per mini-batch in PyTorch by products of the
-gates (no logs: gates 0 and 1 are exact, :func:`titans_gate_coefficients`); autograd carries the gates' gradients
-back through that code from the kernel's gradients of the coefficients. Without an inner norm the V columns of M and
-S are independent, so the grid is (B*H, V blocks): each program keeps [K, BV] slices of M and S in float32 registers
-and walks the mini-batches; the forward keeps the (M, S) entering every 64 tokens. Backward, per mini-batch in
-reverse with dM, dS the gradients of M', S' and P = Q~ K^T ⊙ causal:
+The coefficients (G, A_r, d_r, g_M, g_S, A_x, d_x, E_x) are computed per mini-batch by products of the gates (no
+logs: gates 0 and 1 are exact), with one kernel each way (triton_gates.py, beside its PyTorch reference). Without
+an inner norm the V columns of M and S are independent, so the grid is (B*H, V blocks): each program keeps [K, BV]
+slices of M and S in float32 registers and walks the mini-batches; the forward keeps the (M, S) entering every 64
+tokens. Backward, per mini-batch in reverse with dM, dS the gradients of M', S' and P = Q~ K^T ⊙ causal:
 
     dU = -(P ⊙ G)^T do - (g_M ⊙ K) dM - (g_S ⊙ K) dS,       dv = -dU
     d(P ⊙ G) = -(do U^T) ⊙ causal:  dG = d(P ⊙ G) ⊙ P,  dP = d(P ⊙ G) ⊙ G
@@ -66,14 +65,13 @@ import triton.language as tl
 
 from ..common.checks import compute_dtype
 from ..common.registered_ops import define_op
-from ..common.state_scan import chunks_heads_first
 from ..common.triton_launch import fast_launch
 from ..common.triton_masking import causal_dot_rest
 from ..common.triton_ops import eager_backward, needs_backward, op_function
 from ..common.triton_utils import block as _block
 from ..common.triton_utils import cdiv, dot_precision, launch_overrides
 from .checks import TRITON_MAX_HEAD_DIM, TRITON_MINI_BATCH_SIZES, titans_triton_takes, triton_takes
-from .chunk import _coefficients
+from .triton_gates import titans_coefficients_triton
 
 TOKENS_PER_CHUNK = 64  # the forward keeps W every 64 tokens (every 64 / b mini-batches)
 # One pipelining stage: with Triton's default of 3 the backward kernel needed 240 KB of shared memory at
@@ -407,28 +405,6 @@ def ttt_linear_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eta: to
 # titans: linear memory with momentum and weight decay (see the module docstring's second part)
 
 
-def titans_gate_coefficients(theta: torch.Tensor, alpha: torch.Tensor, eta: torch.Tensor, b: int
-                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The in-mini-batch coefficients of titans (chunk.py's docstring with chunks of one mini-batch), from gates
-    [B, T, H] (differentiable; products taken directly, so gates at 0 and 1 are exact), in float32:
-
-    G [B, H, N, b, b] = theta_s c_rs (0 above the diagonal);  cv [B, H, N, 4, b] = (A_r, d_r, theta_s c_xs,
-    theta_s e_xs);  cx [B, H, N, 3] = (A_x, d_x, E_x), where x is the mini-batch's exit row: its last token, the
-    sequence's last token for the last mini-batch (the end of the sequence closes it; padding never enters)."""
-    T = theta.shape[1]
-    th, al, et = (chunks_heads_first(x.float(), b) for x in (theta, alpha, eta))  # [B, H, N, b], zero-padded
-    N = th.shape[2]
-    c, A, d, e, E = _coefficients(al, et, b, th)
-    causal = torch.ones(b, b, dtype=torch.bool, device=th.device).tril()
-    G = (th[..., None, :] * c).masked_fill(~causal, 0.0)  # selected, so a non-finite theta_s stays in rows >= s
-    x = torch.full((N,), b - 1, dtype=torch.long, device=th.device)
-    x[-1] = (T - 1) - (N - 1) * b
-    n = torch.arange(N, device=th.device)
-    cv = torch.stack([A, d, th * c[..., n, x, :], th * e[..., n, x, :]], dim=-2)
-    cx = torch.stack([A[..., n, x], d[..., n, x], E[..., n, x]], dim=-1)
-    return G.contiguous(), cv.contiguous(), cx.contiguous()
-
-
 @triton.jit
 def _titans_loads(q, k, v, G, cv, cx, row, m_t, cb, o_t, o_k, o_v, m_k, m_v, scale, K: tl.constexpr,
                   V: tl.constexpr, BT: tl.constexpr):
@@ -646,7 +622,7 @@ def _titans_blocks(K: int, V: int, b: int, kernel: str) -> dict:
 
 def titans_triton_forward(q, k, v, G, cv, cx, m0, s0, scale, b, keep):
     """(o, final M, S float32, chunk-entry M and S [B, H, NC, K, V] float32 when ``keep`` else empty tensors).
-    q, k, v contiguous [B, T, H, *]; G, cv, cx from :func:`titans_gate_coefficients`; m0, s0 both or neither."""
+    q, k, v contiguous [B, T, H, *]; G, cv, cx from :func:`titans_coefficients_triton`; m0, s0 both or neither."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     N = G.shape[2]
@@ -767,7 +743,7 @@ def titans_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, theta: torc
     in_dtype, state_dtype = q.dtype, compute_dtype(q)
     dtype = q.dtype if q.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
     q, k, v = (x.to(dtype).contiguous() for x in (q, k, v))
-    G, cv, cx = titans_gate_coefficients(theta, alpha, eta, mini_batch_size)
+    G, cv, cx = titans_coefficients_triton(theta, alpha, eta, mini_batch_size)
     m0, s0 = (None, None) if initial_state is None else (x.float().contiguous() for x in initial_state)
     keep = needs_backward(q, k, v, G, cv, cx, m0, s0)
     o, mt, st, _, _ = _titans_differentiable(q, k, v, G, cv, cx, m0, s0, float(scale), mini_batch_size, keep)
