@@ -71,7 +71,7 @@ from ..common.triton_ops import eager_backward, needs_backward, op_function
 from ..common.triton_utils import block as _block
 from ..common.triton_utils import cdiv, dot_precision, launch_overrides
 from .checks import TRITON_MAX_HEAD_DIM, TRITON_MINI_BATCH_SIZES, titans_triton_takes, triton_takes
-from .triton_gates import titans_coefficients_triton
+from .triton_gates import coefficient_loads, titans_coefficients_triton
 
 TOKENS_PER_CHUNK = 64  # the forward keeps W every 64 tokens (every 64 / b mini-batches)
 # One pipelining stage: with Triton's default of 3 the backward kernel needed 240 KB of shared memory at
@@ -406,6 +406,41 @@ def ttt_linear_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eta: to
 
 
 @triton.jit
+def _titans_program(H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                    BV: tl.constexpr):
+    """A (batch-head, V block) program's indices: i_bh, i_v, i_b, i_h, the token, key and value offsets, their masks,
+    and the offsets (and mask) of its [K, BV] slice of a [K, V] state."""
+    i_bh = tl.program_id(0).to(tl.int64)
+    i_v = tl.program_id(1)
+    o_k, o_t = tl.arange(0, BK), tl.arange(0, BT)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    return (i_bh, i_v, i_bh // H, i_bh % H, o_k, o_t, o_v, m_k, m_v, o_k[:, None] * V + o_v[None, :],
+            m_k[:, None] & m_v[None, :])
+
+
+@triton.jit
+def _titans_rows(m, i_b, i_h, T, H: tl.constexpr, BT: tl.constexpr):
+    """The rows (into [B, T, H, *] tensors) of mini-batch m's tokens, and which of them lie inside the sequence."""
+    t = m * BT + tl.arange(0, BT)
+    return (i_b * T + t) * H + i_h, t < T
+
+
+@triton.jit
+def _titans_update(M, S, kc, U, gM, gS, Ax, dx, Ex, WPREC: tl.constexpr):
+    """(M', S') of a mini-batch: M' = A_x M + d_x S - (g_M k)^T U, S' = E_x S - (g_S k)^T U."""
+    M_next = Ax * M + dx * S - tl.dot(tl.trans(kc * gM[:, None]), U, input_precision=WPREC)
+    return M_next, Ex * S - tl.dot(tl.trans(kc * gS[:, None]), U, input_precision=WPREC)
+
+
+@triton.jit
+def _store_pair(a, b, offsets, x, y, mask):
+    """x into a and y into b at the same offsets (a state pair: M and S, or their gradients)."""
+    tl.store(a + offsets, x, mask=mask)
+    tl.store(b + offsets, y, mask=mask)
+
+
+@triton.jit
 def _titans_loads(q, k, v, G, cv, cx, row, m_t, cb, o_t, o_k, o_v, m_k, m_v, scale, K: tl.constexpr,
                   V: tl.constexpr, BT: tl.constexpr):
     """One mini-batch's q~, k, v (this program's V columns) and coefficients (G, A_r, d_r, g_M, g_S, A_x, d_x, E_x);
@@ -414,14 +449,7 @@ def _titans_loads(q, k, v, G, cv, cx, row, m_t, cb, o_t, o_k, o_v, m_k, m_v, sca
     qs = tl.load(q + row[:, None] * K + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32) * scale
     kc = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
     vc = tl.load(v + row[:, None] * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0).to(tl.float32)
-    Gm = tl.load(G + cb * BT * BT + o_t[:, None] * BT + o_t[None, :])
-    Ar = tl.load(cv + (cb * 4 + 0) * BT + o_t)
-    dr = tl.load(cv + (cb * 4 + 1) * BT + o_t)
-    gM = tl.load(cv + (cb * 4 + 2) * BT + o_t)
-    gS = tl.load(cv + (cb * 4 + 3) * BT + o_t)
-    Ax = tl.load(cx + cb * 3)
-    dx = tl.load(cx + cb * 3 + 1)
-    Ex = tl.load(cx + cb * 3 + 2)
+    Gm, Ar, dr, gM, gS, Ax, dx, Ex = coefficient_loads(G, cv, cx, cb, o_t, BT)
     return qs, kc, vc, Gm, Ar, dr, gM, gS, Ax, dx, Ex
 
 
@@ -433,14 +461,7 @@ def _titans_fwd_kernel(q, k, v, G, cv, cx, m0, s0, o, mt, st, mc, sc, scale, T, 
                        WPREC: tl.constexpr):
     """Grid (B*H, V blocks): o's columns of this block, the final (M, S) and (SAVE) the (M, S) entering every chunk of
     NB mini-batches, each [K, BV] slice of this program's columns."""
-    i_bh = tl.program_id(0).to(tl.int64)
-    i_v = tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_k, o_t = tl.arange(0, BK), tl.arange(0, BT)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
-    kv = o_k[:, None] * V + o_v[None, :]
-    m_kv = m_k[:, None] & m_v[None, :]
+    i_bh, i_v, i_b, i_h, o_k, o_t, o_v, m_k, m_v, kv, m_kv = _titans_program(H, K, V, BT, BK, BV)
     M = tl.zeros([BK, BV], dtype=tl.float32)
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_S0:
@@ -451,12 +472,8 @@ def _titans_fwd_kernel(q, k, v, G, cv, cx, m0, s0, o, mt, st, mc, sc, scale, T, 
     for m in range(N):
         if SAVE:
             if m % NB == 0:
-                base = (i_bh * NC + m // NB) * K * V
-                tl.store(mc + base + kv, M, mask=m_kv)
-                tl.store(sc + base + kv, S, mask=m_kv)
-        t = m * BT + o_t
-        m_t = t < T
-        row = (i_b * T + t) * H + i_h
+                _store_pair(mc, sc, (i_bh * NC + m // NB) * K * V + kv, M, S, m_kv)
+        row, m_t = _titans_rows(m, i_b, i_h, T, H, BT)
         qs, kc, vc, Gm, Ar, dr, gM, gS, Ax, dx, Ex = _titans_loads(q, k, v, G, cv, cx, row, m_t, i_bh * N + m, o_t,
                                                                    o_k, o_v, m_k, m_v, scale, K, V, BT)
         U = tl.dot(kc, M, input_precision=PREC) - vc
@@ -465,11 +482,8 @@ def _titans_fwd_kernel(q, k, v, G, cv, cx, m0, s0, o, mt, st, mc, sc, scale, T, 
         out = (Ar[:, None] * tl.dot(qs, M, input_precision=PREC) + dr[:, None] * tl.dot(qs, S, input_precision=PREC)
                - (tl.dot(P, U_fin, input_precision=PREC) + U_rest))
         tl.store(o + row[:, None] * V + o_v[None, :], out.to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
-        M_next = Ax * M + dx * S - tl.dot(tl.trans(kc * gM[:, None]), U, input_precision=WPREC)
-        S = Ex * S - tl.dot(tl.trans(kc * gS[:, None]), U, input_precision=WPREC)
-        M = M_next
-    tl.store(mt + i_bh * K * V + kv, M, mask=m_kv)
-    tl.store(st + i_bh * K * V + kv, S, mask=m_kv)
+        M, S = _titans_update(M, S, kc, U, gM, gS, Ax, dx, Ex, WPREC)
+    _store_pair(mt, st, i_bh * K * V + kv, M, S, m_kv)
 
 
 @fast_launch
@@ -480,14 +494,7 @@ def _titans_dstate_kernel(q, k, v, G, cv, cx, do, dmt, dst, dmc, dsc, dm0, ds0, 
     """Grid (B*H, V blocks): the gradient scan of (M, S) alone, mini-batches in reverse; writes the gradients of the
     (M, S) leaving every chunk of NB mini-batches (dmc, dsc [B*H, NC, K, V], this block's columns) and of the initial
     state. dU does not depend on U, so the scan needs no state of the forward pass."""
-    i_bh = tl.program_id(0).to(tl.int64)
-    i_v = tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_k, o_t = tl.arange(0, BK), tl.arange(0, BT)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
-    kv = o_k[:, None] * V + o_v[None, :]
-    m_kv = m_k[:, None] & m_v[None, :]
+    i_bh, i_v, i_b, i_h, o_k, o_t, o_v, m_k, m_v, kv, m_kv = _titans_program(H, K, V, BT, BK, BV)
     dM = tl.zeros([BK, BV], dtype=tl.float32)
     dS = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_DMT:
@@ -499,12 +506,8 @@ def _titans_dstate_kernel(q, k, v, G, cv, cx, do, dmt, dst, dmc, dsc, dm0, ds0, 
     for mi in range(N):
         m = N - 1 - mi
         if (m % NB == NB - 1) | (m == N - 1):  # the last mini-batch of its chunk: the chunk's exit gradients
-            base = (i_bh * NC + m // NB) * K * V
-            tl.store(dmc + base + kv, dM, mask=m_kv)
-            tl.store(dsc + base + kv, dS, mask=m_kv)
-        t = m * BT + o_t
-        m_t = t < T
-        row = (i_b * T + t) * H + i_h
+            _store_pair(dmc, dsc, (i_bh * NC + m // NB) * K * V + kv, dM, dS, m_kv)
+        row, m_t = _titans_rows(m, i_b, i_h, T, H, BT)
         qs, kc, vc, Gm, Ar, dr, gM, gS, Ax, dx, Ex = _titans_loads(q, k, v, G, cv, cx, row, m_t, i_bh * N + m, o_t,
                                                                    o_k, o_v, m_k, m_v, scale, K, V, BT)
         doc = tl.load(do + row[:, None] * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0).to(tl.float32)
@@ -516,8 +519,7 @@ def _titans_dstate_kernel(q, k, v, G, cv, cx, do, dmt, dst, dmc, dsc, dm0, ds0, 
                    + tl.dot(tl.trans(kc), dU, input_precision=PREC))
         dS = dx * dM + Ex * dS + tl.dot(tl.trans(qs), doc * dr[:, None], input_precision=PREC)
         dM = dM_prev
-    tl.store(dm0 + i_bh * K * V + kv, dM, mask=m_kv)
-    tl.store(ds0 + i_bh * K * V + kv, dS, mask=m_kv)
+    _store_pair(dm0, ds0, i_bh * K * V + kv, dM, dS, m_kv)
 
 
 @fast_launch
@@ -530,15 +532,8 @@ def _titans_grads_kernel(q, k, v, G, cv, cx, mc, sc, dmc, dsc, do, dq, dk, dv, d
     for one chunk. Walks the chunk's mini-batches in reverse from the chunk's exit gradients (dmc, dsc); each
     mini-batch's entry (M, S) is recomputed from the chunk's kept entry state (NB is small: at most NB - 1 updates
     per mini-batch, and nothing per token is kept)."""
-    i_bh = tl.program_id(0).to(tl.int64)
-    i_v = tl.program_id(1)
+    i_bh, i_v, i_b, i_h, o_k, o_t, o_v, m_k, m_v, kv, m_kv = _titans_program(H, K, V, BT, BK, BV)
     c = tl.program_id(2)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_k, o_t = tl.arange(0, BK), tl.arange(0, BT)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
-    kv = o_k[:, None] * V + o_v[None, :]
-    m_kv = m_k[:, None] & m_v[None, :]
     NC = tl.cdiv(N, NB)
     chunk = (i_bh * NC + c) * K * V
     dM = tl.load(dmc + chunk + kv, mask=m_kv, other=0.0)
@@ -554,20 +549,14 @@ def _titans_grads_kernel(q, k, v, G, cv, cx, mc, sc, dmc, dsc, do, dq, dk, dv, d
         S = tl.load(sc + chunk + kv, mask=m_kv, other=0.0)
         for jj in range(j):  # the entry state of mini-batch j
             m = c * NB + jj
-            t = m * BT + o_t
-            m_t = t < T
-            row = (i_b * T + t) * H + i_h
+            row, m_t = _titans_rows(m, i_b, i_h, T, H, BT)
             qs, kc, vc, Gm, Ar, dr, gM, gS, Ax, dx, Ex = _titans_loads(q, k, v, G, cv, cx, row, m_t, i_bh * N + m,
                                                                        o_t, o_k, o_v, m_k, m_v, scale, K, V, BT)
             U = tl.dot(kc, M, input_precision=PREC) - vc
-            M_next = Ax * M + dx * S - tl.dot(tl.trans(kc * gM[:, None]), U, input_precision=WPREC)
-            S = Ex * S - tl.dot(tl.trans(kc * gS[:, None]), U, input_precision=WPREC)
-            M = M_next
+            M, S = _titans_update(M, S, kc, U, gM, gS, Ax, dx, Ex, WPREC)
         m = c * NB + j
         cb = i_bh * N + m
-        t = m * BT + o_t
-        m_t = t < T
-        row = (i_b * T + t) * H + i_h
+        row, m_t = _titans_rows(m, i_b, i_h, T, H, BT)
         qs, kc, vc, Gm, Ar, dr, gM, gS, Ax, dx, Ex = _titans_loads(q, k, v, G, cv, cx, row, m_t, cb, o_t, o_k,
                                                                    o_v, m_k, m_v, scale, K, V, BT)
         doc = tl.load(do + row[:, None] * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :],

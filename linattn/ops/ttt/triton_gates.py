@@ -58,15 +58,31 @@ def titans_gate_coefficients(theta: torch.Tensor, alpha: torch.Tensor, eta: torc
 
 
 @triton.jit
-def _gates(theta, alpha, eta, i_b, i_h, t0, T, H: tl.constexpr, BT: tl.constexpr):
-    """theta, a = 1 - alpha and eta of one mini-batch as float32 vectors (0, 1, 0 past the sequence's end)."""
+def _mini_batch(theta, alpha, eta, T, N, H: tl.constexpr, BT: tl.constexpr):
+    """This program's mini-batch (grid (B*H, mini-batches)): theta, a = 1 - alpha and eta as float32 vectors (0, 1, 0
+    past the sequence's end), the token offsets, the exit row x, the mini-batch's index among all (batch-head
+    major), its tokens' rows into [B, T, H] and which of them lie inside the sequence."""
+    i_bh = tl.program_id(0).to(tl.int64)
+    m = tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
     o = tl.arange(0, BT)
-    m = t0 + o < T
+    t0 = m * BT
+    inside = t0 + o < T
     ptr = (i_b * T + t0 + o) * H + i_h
-    th = tl.load(theta + ptr, mask=m, other=0.0).to(tl.float32)
-    a = 1.0 - tl.load(alpha + ptr, mask=m, other=0.0).to(tl.float32)
-    n = tl.load(eta + ptr, mask=m, other=0.0).to(tl.float32)
-    return th, a, n
+    th = tl.load(theta + ptr, mask=inside, other=0.0).to(tl.float32)
+    a = 1.0 - tl.load(alpha + ptr, mask=inside, other=0.0).to(tl.float32)
+    n = tl.load(eta + ptr, mask=inside, other=0.0).to(tl.float32)
+    return th, a, n, o, tl.minimum(BT - 1, T - 1 - t0), i_bh * N + m, ptr, inside
+
+
+@triton.jit
+def coefficient_loads(G, cv, cx, cb, o, BT: tl.constexpr):
+    """Mini-batch ``cb``'s G [BT, BT], the four rows of cv and the three values of cx (or of their gradients), from
+    the layouts G [.., BT, BT], cv [.., 4, BT], cx [.., 3] (``o``: arange(BT))."""
+    Gm = tl.load(G + cb * BT * BT + o[:, None] * BT + o[None, :])
+    rows = cv + cb * 4 * BT + o
+    return (Gm, tl.load(rows), tl.load(rows + BT), tl.load(rows + 2 * BT), tl.load(rows + 3 * BT), tl.load(cx + cb * 3),
+            tl.load(cx + cb * 3 + 1), tl.load(cx + cb * 3 + 2))
 
 
 @triton.jit
@@ -75,33 +91,35 @@ def _pick(v, o, r):
     return tl.sum(tl.where(o == r, v, 0.0), axis=0)
 
 
+@triton.jit
+def _first_row(BT: tl.constexpr):
+    """(c, e, A, E, d) before row 0: zeros, and A = E = 1."""
+    e = tl.zeros([BT], dtype=tl.float32)
+    one = tl.sum(e, axis=0) + 1.0
+    return e, e, one, one, one - 1.0
+
+
+@triton.jit
+def _next_row(c, e, A, E, d, a, n, o, r):
+    """(c, e, A, E, d) of row r from those of row r - 1."""
+    a_r = _pick(a, o, r)
+    n_r = _pick(n, o, r)
+    e = tl.where(o == r, 1.0, n_r * e)
+    A = a_r * A
+    E = n_r * E
+    return a_r * c + e, e, A, E, a_r * d + E
+
+
 @fast_launch
 @triton.jit(do_not_specialize=["T", "N"])
 def _coef_fwd_kernel(theta, alpha, eta, G, cv, cx, T, N, H: tl.constexpr, BT: tl.constexpr):
     """Grid (B*H, mini-batches): G [B*H*N, BT, BT], cv [B*H*N, 4, BT], cx [B*H*N, 3] of one mini-batch."""
-    i_bh = tl.program_id(0).to(tl.int64)
-    m = tl.program_id(1).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
-    o = tl.arange(0, BT)
-    t0 = m * BT
-    x = tl.minimum(BT - 1, T - 1 - t0)
-    th, a, n = _gates(theta, alpha, eta, i_b, i_h, t0, T, H, BT)
-    cb = i_bh * N + m
-    e = tl.zeros([BT], dtype=tl.float32)
-    c = tl.zeros([BT], dtype=tl.float32)
+    th, a, n, o, x, cb, ptr, inside = _mini_batch(theta, alpha, eta, T, N, H, BT)
+    c, e, A, E, d = _first_row(BT)
     A_row = tl.zeros([BT], dtype=tl.float32)
     d_row = tl.zeros([BT], dtype=tl.float32)
-    A = tl.sum(e, axis=0) + 1.0
-    E = A
-    d = A - 1.0
     for r in tl.static_range(BT):
-        a_r = _pick(a, o, r)
-        n_r = _pick(n, o, r)
-        e = tl.where(o == r, 1.0, n_r * e)
-        c = a_r * c + e
-        A = a_r * A
-        E = n_r * E
-        d = a_r * d + E
+        c, e, A, E, d = _next_row(c, e, A, E, d, a, n, o, r)
         tl.store(G + (cb * BT + r) * BT + o, tl.where(o <= r, th * c, 0.0))
         A_row = tl.where(o == r, A, A_row)
         d_row = tl.where(o == r, d, d_row)
@@ -121,46 +139,22 @@ def _coef_fwd_kernel(theta, alpha, eta, G, cv, cx, T, N, H: tl.constexpr, BT: tl
 def _coef_bwd_kernel(theta, alpha, eta, dG, dcv, dcx, dtheta, dalpha, deta, T, N, H: tl.constexpr,
                      BT: tl.constexpr):
     """Grid (B*H, mini-batches): the gate gradients of one mini-batch from those of G, cv and cx."""
-    i_bh = tl.program_id(0).to(tl.int64)
-    m = tl.program_id(1).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
-    o = tl.arange(0, BT)
-    t0 = m * BT
-    x = tl.minimum(BT - 1, T - 1 - t0)
-    th, a, n = _gates(theta, alpha, eta, i_b, i_h, t0, T, H, BT)
-    cb = i_bh * N + m
+    th, a, n, o, x, cb, ptr, inside = _mini_batch(theta, alpha, eta, T, N, H, BT)
     # the rows of the forward recurrence, kept in registers: C, Em [r, s]; A, E, d per row
-    e = tl.zeros([BT], dtype=tl.float32)
-    c = tl.zeros([BT], dtype=tl.float32)
+    c, e, A, E, d = _first_row(BT)
     Cm = tl.zeros([BT, BT], dtype=tl.float32)
     Em = tl.zeros([BT, BT], dtype=tl.float32)
     A_row = tl.zeros([BT], dtype=tl.float32)
     E_row = tl.zeros([BT], dtype=tl.float32)
     d_row = tl.zeros([BT], dtype=tl.float32)
-    A = tl.sum(e, axis=0) + 1.0
-    E = A
-    d = A - 1.0
     for r in tl.static_range(BT):
-        a_r = _pick(a, o, r)
-        n_r = _pick(n, o, r)
-        e = tl.where(o == r, 1.0, n_r * e)
-        c = a_r * c + e
-        A = a_r * A
-        E = n_r * E
-        d = a_r * d + E
+        c, e, A, E, d = _next_row(c, e, A, E, d, a, n, o, r)
         Cm = tl.where(o[:, None] == r, c[None, :], Cm)
         Em = tl.where(o[:, None] == r, e[None, :], Em)
         A_row = tl.where(o == r, A, A_row)
         E_row = tl.where(o == r, E, E_row)
         d_row = tl.where(o == r, d, d_row)
-    dGm = tl.load(dG + cb * BT * BT + o[:, None] * BT + o[None, :])
-    dA_row = tl.load(dcv + (cb * 4 + 0) * BT + o)
-    dd_row = tl.load(dcv + (cb * 4 + 1) * BT + o)
-    dcM = tl.load(dcv + (cb * 4 + 2) * BT + o)
-    deM = tl.load(dcv + (cb * 4 + 3) * BT + o)
-    dAx = tl.load(dcx + cb * 3)
-    ddx = tl.load(dcx + cb * 3 + 1)
-    dEx = tl.load(dcx + cb * 3 + 2)
+    dGm, dA_row, dd_row, dcM, deM, dAx, ddx, dEx = coefficient_loads(dG, dcv, dcx, cb, o, BT)
     gc = tl.zeros([BT], dtype=tl.float32)
     ge = tl.zeros([BT], dtype=tl.float32)
     dth = tl.zeros([BT], dtype=tl.float32)
@@ -207,11 +201,9 @@ def _coef_bwd_kernel(theta, alpha, eta, dG, dcv, dcx, dtheta, dalpha, deta, T, N
         gE = n_r * gE
         da_row = tl.where(o == r, da, da_row)
         dn_row = tl.where(o == r, dn, dn_row)
-    mask = t0 + o < T
-    ptr = (i_b * T + t0 + o) * H + i_h
-    tl.store(dtheta + ptr, dth.to(dtheta.dtype.element_ty), mask=mask)
-    tl.store(dalpha + ptr, (-da_row).to(dalpha.dtype.element_ty), mask=mask)
-    tl.store(deta + ptr, dn_row.to(deta.dtype.element_ty), mask=mask)
+    tl.store(dtheta + ptr, dth.to(dtheta.dtype.element_ty), mask=inside)
+    tl.store(dalpha + ptr, (-da_row).to(dalpha.dtype.element_ty), mask=inside)
+    tl.store(deta + ptr, dn_row.to(deta.dtype.element_ty), mask=inside)
 
 
 def _shapes(theta: torch.Tensor, b: int) -> tuple[int, int, int, int]:
