@@ -100,26 +100,38 @@ def resource_usage(launch: Launch, arch: int = 90) -> dict:
             "shared": int(compiled.metadata.shared)}
 
 
-def op_launches(op: str, B: int, T: int, H: int, K: int, V: int, dtype: torch.dtype) -> list[Launch]:
-    """The kernel launches of one forward and one backward of ``op``'s triton backend (first of each kernel)."""
-    spec = get_op(op)
-    inputs = {n: (x.requires_grad_(True) if isinstance(x, torch.Tensor) and x.is_floating_point() else x)
-              for n, x in spec.example_inputs(B, T, H, K, V, dtype=dtype).items()}
+@contextmanager
+def triton_path_on_cpu():
+    """Within the block an op's triton backend takes CPU tensors and records its kernel launches instead of running
+    them (yields the list of Launch); the ops' value checks are off, as they would read the unwritten outputs."""
     from linattn.ops.common import values
 
-    # the kernels are already compiled-on-demand JITFunctions (imported above without the interpreter); the
-    # variable only lets the op accept CPU tensors for its triton backend, whose launches are intercepted
+    # the kernels are already compiled-on-demand JITFunctions (imported without the interpreter); the variable only
+    # lets the op accept CPU tensors for its triton backend, whose launches are intercepted
     previous = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
     try:
         with intercepted_launches() as launches, values.value_checks(False):
-            o, _ = spec.fn(**inputs, backend="triton")
-            o.backward(torch.ones_like(o))
+            yield launches
     finally:
         if previous is None:
             del os.environ["TRITON_INTERPRET"]
         else:
             os.environ["TRITON_INTERPRET"] = previous
+
+
+def op_inputs(op: str, B: int, T: int, H: int, K: int, V: int, dtype: torch.dtype) -> dict:
+    """``op``'s example inputs on the CPU, floating-point ones requiring grad."""
+    return {n: (x.requires_grad_(True) if isinstance(x, torch.Tensor) and x.is_floating_point() else x)
+            for n, x in get_op(op).example_inputs(B, T, H, K, V, dtype=dtype).items()}
+
+
+def op_launches(op: str, B: int, T: int, H: int, K: int, V: int, dtype: torch.dtype) -> list[Launch]:
+    """The kernel launches of one forward and one backward of ``op``'s triton backend (first of each kernel)."""
+    inputs = op_inputs(op, B, T, H, K, V, dtype)
+    with triton_path_on_cpu() as launches:
+        o, _ = get_op(op).fn(**inputs, backend="triton")
+        o.backward(torch.ones_like(o))
     seen, unique = set(), []
     for launch in launches:
         if launch.fn.__name__ not in seen:

@@ -1,7 +1,8 @@
 """titans backend="triton" == recurrent (and chunk): outputs, final (M, S) and every gradient (q, k, v, theta, alpha,
-eta, the initial M and S); the gate coefficients' kernels == their PyTorch reference; float32 and bf16; lengths that are not multiples of the mini-batch or of 64, shorter
-than one mini-batch; gates at the ends of [0, 1]; mini-batches of 16 and 32; V split into blocks with a partial last
-block; splitting at a mini-batch boundary; long sequences finite; torch.compile without graph breaks.
+eta, the initial M and S); the gate coefficients' kernels == their PyTorch reference; float32 and bf16; lengths that
+are not multiples of the mini-batch or of 64, shorter than one mini-batch; gates at the ends of [0, 1]; mini-batches
+of 16 and 32; V split into blocks with a partial last block; splitting at a mini-batch boundary; long sequences
+finite; torch.compile without graph breaks.
 
 Runs on CUDA when present, else on the CPU through Triton's interpreter (tests/conftest.py)."""
 

@@ -1,0 +1,91 @@
+"""Host cost of the ops' Triton paths, measured without a GPU.
+
+``python -m linattn.bench.host_cost [OP ...] [--B 1] [--T 64] [--H 2] [--K 16] [--V 16] [--repeats 30]`` runs one
+forward and one backward of each op's triton backend on small CPU tensors with every kernel launch intercepted
+(:func:`linattn.bench.triton_resources.triton_path_on_cpu`: nothing runs, outputs stay unwritten; value checks off,
+as they are by default for CUDA tensors) and prints the
+median host time, the kernel launches and the top-level PyTorch operations of that call. On a GPU each PyTorch
+operation is a launch too, and an eager training step whose layers make many of them waits on the host (titans'
+gate coefficients were ~60 of them per layer: docs/benchmarks.md). Times here are the CPU's, lower than on a GPU
+machine where allocations and launches cost more; the counts are the same. Default: every op with a triton backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from linattn.bench.ops import OP_KWARGS
+from linattn.bench.shape_args import add_shape_arguments
+from linattn.bench.triton_resources import op_inputs, triton_path_on_cpu
+from linattn.ops import get_op, list_ops
+
+
+@dataclass
+class HostCost:
+    """One op's forward + backward through its triton backend: median host ms, kernel launches, top-level PyTorch
+    operations."""
+
+    op: str
+    ms: float
+    launches: int
+    torch_ops: int
+
+
+def _top_level_ops(call) -> int:
+    """The PyTorch operations ``call()`` dispatches that no other operation called (each a kernel launch on a GPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        call()
+    return sum(1 for e in prof.events() if e.name.startswith("aten::") and e.cpu_parent is None)
+
+
+def host_cost(op: str, B: int = 1, T: int = 64, H: int = 2, K: int = 16, V: int = 16, repeats: int = 30,
+              dtype: torch.dtype = torch.bfloat16) -> HostCost:
+    """The :class:`HostCost` of ``op`` at this shape (after three untimed calls). RuntimeError under Triton's
+    interpreter (TRITON_INTERPRET=1 when linattn was imported): its kernels would run, not be intercepted."""
+    from linattn.ops.common.triton_utils import interpreting
+
+    if interpreting():
+        raise RuntimeError("host_cost needs the real Triton kernels, whose launches it intercepts: run it without "
+                           "TRITON_INTERPRET=1")
+    spec = get_op(op)
+    inputs = op_inputs(op, B, T, H, K, V, dtype)
+    launches: list = []
+
+    def step() -> None:
+        with triton_path_on_cpu() as recorded:
+            o = spec.fn(**inputs, **OP_KWARGS.get(op, {}), backend="triton")[0]
+            o.float().sum().backward()
+        launches[:] = recorded
+
+    for _ in range(3):
+        step()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return HostCost(op, 1e3 * statistics.median(times), len(launches), _top_level_ops(step))
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m linattn.bench.host_cost", description=__doc__.splitlines()[0])
+    p.add_argument("ops", nargs="*", help="op names (default: every op with a triton backend)")
+    add_shape_arguments(p, B=1, T=64, H=2, K=16, V=16)
+    p.add_argument("--repeats", type=int, default=30)
+    a = p.parse_args(argv)
+    ops = a.ops or [op for op in list_ops() if "triton" in get_op(op).backends]
+    print(f"{'op':<22} {'host ms':>8} {'launches':>9} {'torch ops':>10}")
+    for op in ops:
+        c = host_cost(op, a.B, a.T, a.H, a.K, a.V, a.repeats)
+        print(f"{c.op:<22} {c.ms:8.2f} {c.launches:9d} {c.torch_ops:10d}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""python -m linattn.bench.host_cost: host time, kernel launches and PyTorch operations of an op's Triton path,
+counted on the CPU with the launches intercepted (in a subprocess without the interpreter, whose kernels would run)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from linattn.bench import host_cost
+from linattn.ops.common.triton_compat import triton_available
+from linattn.ops.common.triton_utils import interpreting
+
+pytestmark = [pytest.mark.triton, pytest.mark.skipif(not triton_available(), reason="triton not installed")]
+
+
+def _rows(*ops: str) -> dict[str, list[str]]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # real kernels, launches intercepted
+    out = subprocess.run([sys.executable, "-m", "linattn.bench.host_cost", *ops, "--repeats", "2"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[0].split() == ["op", "host", "ms", "launches", "torch", "ops"]
+    return {line.split()[0]: line.split()[1:] for line in lines[1:]}
+
+
+def test_titans_triton_path_makes_few_torch_operations():
+    """titans' gate coefficients are kernels (one each way), not dozens of small PyTorch operations: its forward and
+    backward make about as many operations as gated_delta_rule's."""
+    rows = _rows("titans", "gated_delta_rule")
+    assert list(rows) == ["titans", "gated_delta_rule"]
+    (t_ms, t_launches, t_ops), (_, g_launches, g_ops) = rows["titans"], rows["gated_delta_rule"]
+    assert int(t_launches) == 5, "forward, coefficients, state-gradient scan, per-chunk gradients, coefficients' bwd"
+    assert int(g_launches) > 0 and float(t_ms) > 0
+    assert int(t_ops) <= int(g_ops) + 5, rows
+
+
+@pytest.mark.skipif(not interpreting(), reason="the interpreter is what the error is about")
+def test_refuses_to_run_under_the_interpreter():
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+        host_cost.host_cost("simple_gla", repeats=1)
