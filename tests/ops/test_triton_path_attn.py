@@ -56,6 +56,34 @@ def test_triton_matches_recurrent_fp32(shape, T0, blocks):
 
 
 @pytest.mark.parametrize("blocks", ["16"], indirect=True)
+def test_training_call_recomputes_the_ut_transform(blocks):
+    """Without a final state (a training call) the UT transform runs under a checkpoint: the same outputs and
+    gradients as the recurrence, and none of its intermediates is kept for the backward pass."""
+    import sys
+
+    def output_only(q, k, v, w, beta, g, k0, v0, d0, backend):
+        return (path_attn(q, k, v, w, beta, g, backend=backend)[0],)
+
+    xs = make(2, 37, 2, 16, 12)
+    check_backends_agree(output_only, xs[:6] + [None] * 3, NAMES, ["triton"], tol=1e-5)
+
+    sites = []
+
+    def pack(t):
+        frame, names = sys._getframe(1), []
+        while frame is not None:
+            names.append(frame.f_code.co_name)
+            frame = frame.f_back
+        sites.append(names)
+        return t
+
+    leaves = [x.detach().requires_grad_() for x in xs[:6]]
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        path_attn(*leaves, backend="triton")[0].sum().backward()
+    assert sites and not any("ut_transform" in names for names in sites)
+
+
+@pytest.mark.parametrize("blocks", ["16"], indirect=True)
 def test_without_gate(blocks):
     check_backends_agree(run, make(2, 41, 2, 16, 8, T0=3, gate=False, seed=1), NAMES, ["triton"], tol=1e-5)
 

@@ -4,7 +4,8 @@
 
 Per chunk of C positions (as ``chunk.py``): [T_w | T_k] = (I + L)^-1 diag(b) [W | tril(W K^T, -1)], the queries
 moved to the chunk start Q^ = Q - tril(Q W^T) T_w, the intra-chunk logits, the chunk's product P = I - W^T T_w and
-its keys moved to the chunk end K^ = K - T_k^T W: O(T C K) work and memory, differentiated by autograd. The
+its keys moved to the chunk end K^ = K - T_k^T W: O(T C K) work and memory, differentiated by autograd (in a
+training call under a checkpoint, so that its intermediates are recomputed in the backward pass, not kept). The
 cross-chunk attention, O(T^2 (K + K^2 / C)), runs in the kernels of ``triton_kernels.py`` (forward: the flash pass
 with the query chain in registers; backward: a bounded number of programs with a scratch for one query block's
 chain each). Memory linear in T in training. The flash pass is an op registered with torch.library, with fake
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from ..common.checks import compute_dtype
 from ..common.kv_cache import KVCache
@@ -145,21 +147,30 @@ def path_attn_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch
     q, k, v, w, beta = (x.to(sdt) for x in (q, k, v, w, beta))
     g = torch.zeros_like(beta) if g is None else g.to(sdt)
     k0, v0, d0 = _past(initial_state, k, V, sdt)
-    ut = ut_transform(q, k, v, w, beta, g, scale, C)  # E: the chunk's product of factors is P = I - E
-    Qhat, Khat, Vc, Gl, E = ut.Qhat, ut.Khat, ut.Vc, ut.Gl, ut.E
-    intra = ut.intra.float().contiguous()
-    N = Qhat.shape[2]
+    flat = lambda x: x.reshape(B, H, -1, x.shape[-1]).to(dt).contiguous()
+
+    def transformed(q, k, v, w, beta, g):
+        """The flash pass's chunk inputs (E: the chunk's product of factors is P = I - E)."""
+        ut = ut_transform(q, k, v, w, beta, g, scale, C)
+        return flat(ut.Qhat), ut.intra.float().contiguous(), ut.E.to(dt).contiguous(), flat(ut.Khat), flat(ut.Vc), ut
+
+    if torch.is_grad_enabled() and not output_final_state:
+        # the UT transform's intermediates (a dozen [C, K] and [C, C] products per chunk) are recomputed in the
+        # backward pass instead of kept: O(T C K) work against the flash pass's O(T^2 K)
+        qh, intra, E, kh, vc = checkpoint(lambda *x: transformed(*x)[:5], q, k, v, w, beta, g, use_reentrant=False)
+    else:
+        qh, intra, E, kh, vc, ut = transformed(q, k, v, w, beta, g)
+    N = intra.shape[2]
     S0, V0, D0 = (x.transpose(1, 2) for x in (k0, v0, d0))  # cache [B, H, T0, *]
     G_new = torch.cumsum(F.pad(g, (0, 0, 0, N * C - T)).transpose(1, 2).to(torch.float64), dim=-1)
     G = torch.cat([-D0.to(torch.float64), G_new], dim=-1).contiguous()  # the cache's end at G = 0
-    flat = lambda x: x.reshape(B, H, N * C, x.shape[-1]).to(dt).contiguous()
-    o, _ = _path_differentiable(flat(Qhat), intra, E.to(dt).contiguous(), flat(Khat), flat(Vc), S0.to(dt).contiguous(),
-                 V0.to(dt).contiguous(), G, float(scale))
+    o, _ = _path_differentiable(qh, intra, E, kh, vc, S0.to(dt).contiguous(), V0.to(dt).contiguous(), G,
+                                float(scale))
     o = o[:, :, :T].transpose(1, 2).to(in_dtype)
     state = None
     if output_final_state:
-        Pt = torch.eye(K, dtype=sdt, device=q.device) - E.transpose(-1, -2)  # the chunk's P^T
-        state = _final_state(S0, V0, D0, Khat, Vc, Pt, Gl[..., -1], Gl, T)
+        Pt = torch.eye(K, dtype=sdt, device=q.device) - ut.E.transpose(-1, -2)  # the chunk's P^T
+        state = _final_state(S0, V0, D0, ut.Khat, ut.Vc, Pt, ut.Gl[..., -1], ut.Gl, T)
     return o, state
 
 
