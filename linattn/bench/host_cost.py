@@ -3,7 +3,9 @@
 ``python -m linattn.bench.host_cost [OP ...] [--B 1] [--T 64] [--H 2] [--K 16] [--V 16] [--repeats 30]`` runs one
 forward and one backward of each op's triton backend on small CPU tensors with every kernel launch intercepted
 (:func:`linattn.bench.triton_resources.triton_path_on_cpu`: nothing runs, outputs stay unwritten; value checks off,
-as they are by default for CUDA tensors) and prints the
+as they are by default for CUDA tensors; the finiteness fast path that only CPU tensors take,
+:func:`~linattn.ops.common.masking.all_finite_here`, off too, so the guarded products run their CUDA form) and
+prints the
 median host time, the kernel launches and the top-level PyTorch operations of that call. On a GPU each PyTorch
 operation is a launch too, and an eager training step whose layers make many of them waits on the host (titans'
 gate coefficients were ~60 of them per layer: docs/benchmarks.md). Times here are the CPU's, lower than on a GPU
@@ -14,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +38,24 @@ class HostCost:
     ms: float
     launches: int
     torch_ops: int
+
+
+@contextmanager
+def cuda_guards():
+    """Within the block :func:`~linattn.ops.common.masking.all_finite_here` answers False, as it does for CUDA
+    tensors (it reads the values only on the CPU), in every linattn module that holds it."""
+    from linattn.ops.common import masking
+
+    original = masking.all_finite_here
+    holders = [m for name, m in list(sys.modules.items())
+               if name.startswith("linattn") and getattr(m, "all_finite_here", None) is original]
+    for m in holders:
+        m.all_finite_here = lambda *xs: False
+    try:
+        yield
+    finally:
+        for m in holders:
+            m.all_finite_here = original
 
 
 def _top_level_ops(call) -> int:
@@ -64,14 +86,16 @@ def host_cost(op: str, B: int = 1, T: int = 64, H: int = 2, K: int = 16, V: int 
             o.float().sum().backward()
         launches[:] = recorded
 
-    for _ in range(3):
-        step()
     times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return HostCost(op, 1e3 * statistics.median(times), len(launches), _top_level_ops(step))
+    with cuda_guards():
+        for _ in range(3):
+            step()
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t0)
+        torch_ops = _top_level_ops(step)
+    return HostCost(op, 1e3 * statistics.median(times), len(launches), torch_ops)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -39,3 +39,16 @@ def test_titans_triton_path_makes_few_torch_operations():
 def test_refuses_to_run_under_the_interpreter():
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
         host_cost.host_cost("simple_gla", repeats=1)
+
+
+def test_cuda_guards_turn_the_cpu_fast_path_off_and_back_on():
+    import torch
+
+    from linattn.ops.common import masking
+    from linattn.ops.path_attn import chunk
+
+    x = torch.ones(3)
+    assert masking.all_finite_here(x) and chunk.all_finite_here(x)
+    with host_cost.cuda_guards():
+        assert not masking.all_finite_here(x) and not chunk.all_finite_here(x)
+    assert masking.all_finite_here(x) and chunk.all_finite_here(x)
