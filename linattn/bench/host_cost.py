@@ -5,21 +5,20 @@ forward and one backward of each op's triton backend on small CPU tensors with e
 (:func:`linattn.bench.triton_resources.triton_path_on_cpu`: nothing runs, outputs stay unwritten; value checks off,
 as they are by default for CUDA tensors; the finiteness fast path that only CPU tensors take,
 :func:`~linattn.ops.common.masking.all_finite_here`, off too, so the guarded products run their CUDA form) and
-prints the
-median host time, the kernel launches and the top-level PyTorch operations of that call. On a GPU each PyTorch
-operation is a launch too, and an eager training step whose layers make many of them waits on the host (titans'
-gate coefficients were ~60 of them per layer: docs/benchmarks.md). Times here are the CPU's, lower than on a GPU
-machine where allocations and launches cost more; the counts are the same. Default: every op with a triton backend.
+prints the median host time, the kernel launches and the top-level PyTorch operations of that call. On a GPU each
+PyTorch operation is a launch too, and an eager training step whose layers make many of them waits on the host
+(titans' gate coefficients were ~60 of them per layer: docs/benchmarks.md). Times here are the CPU's, lower than on
+a GPU machine where allocations and launches cost more; the counts are the same. Default: every op with a triton
+backend.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
+from unittest import mock
 
 import torch
 
@@ -40,22 +39,13 @@ class HostCost:
     torch_ops: int
 
 
-@contextmanager
 def cuda_guards():
-    """Within the block :func:`~linattn.ops.common.masking.all_finite_here` answers False, as it does for CUDA
-    tensors (it reads the values only on the CPU), in every linattn module that holds it."""
+    """A context in which :func:`~linattn.ops.common.masking.all_finite_here` answers False, as it does for CUDA
+    tensors (it reads the values only on the CPU), for the guarded products of masking.py that the Triton paths
+    call (tril_matmul and the attention guard)."""
     from linattn.ops.common import masking
 
-    original = masking.all_finite_here
-    holders = [m for name, m in list(sys.modules.items())
-               if name.startswith("linattn") and getattr(m, "all_finite_here", None) is original]
-    for m in holders:
-        m.all_finite_here = lambda *xs: False
-    try:
-        yield
-    finally:
-        for m in holders:
-            m.all_finite_here = original
+    return mock.patch.object(masking, "all_finite_here", lambda *xs: False)
 
 
 def _top_level_ops(call) -> int:

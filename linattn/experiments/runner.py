@@ -174,10 +174,15 @@ def _devices(device: str) -> list[str]:
 PROCESS_OVERHEAD_BYTES = 1.6 * 2**30
 
 
+def runs_per_device(workers: int, num_devices: int) -> int:
+    """How many of ``workers`` processes, spread round-robin over ``num_devices`` devices, share the busiest one."""
+    return -(-workers // max(1, num_devices))
+
+
 def gpu_memory_share(workers: int, num_devices: int, device: str) -> float:
     """The fraction of a GPU's memory one of ``workers`` processes (spread over ``num_devices`` GPUs) may
     cache: 90% of the memory, less each process's overhead outside the allocator, split evenly."""
-    per_gpu = -(-workers // max(1, num_devices))
+    per_gpu = runs_per_device(workers, num_devices)
     if per_gpu <= 1 or not device.startswith("cuda") or not torch.cuda.is_available():
         return 1.0
     total = torch.cuda.get_device_properties(torch.device(device)).total_memory
@@ -209,11 +214,12 @@ def run_study(study: Study, out_root: str | Path = "runs", *, resume: bool = Fal
     devices = _devices(device)
     cpu_threads = max(1, (os.cpu_count() or 1) // max(1, workers))
     threads = threads or (cpu_threads if device == "cpu" else 1)
-    gpu_share = gpu_memory_share(workers, len(devices), device)
+    running = min(workers, max(1, len(pending)))  # processes at once: never more than the runs left
+    gpu_share = gpu_memory_share(running, len(devices), device)
     failed: list[str] = []
     bar = tqdm(total=len(specs), initial=len(done), desc=f"{study.name} runs", disable=not progress, leave=True)
-    sharing = -(-min(workers, max(1, len(pending))) // len(devices))  # runs at once per device
-    jobs = [(s, str(sdir / "runs" / s.run_id), devices[i % len(devices)], deadline, threads, gpu_share, sharing)
+    jobs = [(s, str(sdir / "runs" / s.run_id), devices[i % len(devices)], deadline, threads, gpu_share,
+             runs_per_device(running, len(devices)))
             for i, s in enumerate(pending)]
 
     def note(row: dict) -> None:
