@@ -181,6 +181,18 @@ def test_conclusion_and_paper_table_are_computed_from_the_numbers():
     assert PAPER_TRANSFORMER["pathx"] == (None, 88.1)
 
 
+def test_conclusion_gives_each_mixer_its_own_verdict_when_the_mean_hides_it():
+    # the Transformer loses 6 points beyond its noise, gla gains 5 within its own wide noise: the mean says nothing
+    cells = [_cell("softmax_attn", "none", 0.48, 0.005), _cell("softmax_attn", "causal", 0.42, 0.01),
+             _cell("gla", "none", 0.40, 0.05), _cell("gla", "causal", 0.45, 0.03)]
+    text = conclusion(lra_study("smoke"), cells)
+    assert "mean gain -0.5 points over 2 mixer(s) (1 improved), within the seed noise" in text
+    assert "  - softmax_attn: 48.0 -> 42.0, gain -6.0 points, beyond the seed noise: SPT hurts (2.2)." in text
+    assert "  - gla: 40.0 -> 45.0, gain +5.0 points, within the seed noise: no clear effect (11.7)." in text
+    alone = conclusion(lra_study("smoke"), cells[:2])
+    assert "  - " not in alone, "one mixer: its line is the pooled one"
+
+
 def test_cli_arguments_select_the_grid():
     import argparse
 
