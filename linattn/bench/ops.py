@@ -86,7 +86,7 @@ def fla_function(op: str):
         return None
 
 
-def _output(result):
+def fla_output(result):
     """The output of an FLA function: the first element of a tuple (output, state), or the tensor it returned
     (parallel_forgetting_attn returns o alone)."""
     return result[0] if isinstance(result, tuple) else result
@@ -131,7 +131,7 @@ def bench_op(op: str, T: int, impl: str, *, B: int, H: int, K: int, V: int, dtyp
         if fn is None:
             return None
         arguments = FLA_ARGUMENTS.get(op, lambda x: x)
-        call = lambda x: _output(fn(**arguments(x)))
+        call = lambda x: fla_output(fn(**arguments(x)))
     else:
         if impl not in spec.backends:
             return None

@@ -10,7 +10,7 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from linattn.bench.ops import fla_function
+from linattn.bench.ops import FLA_ARGUMENTS, OP_KWARGS, fla_function, fla_output
 from linattn.bench.shape_args import add_shape_arguments
 from linattn.ops import get_op
 
@@ -41,7 +41,9 @@ def _kernel_table(prof, on_device: bool, rows: int) -> tuple[str, float]:
 
 def profile_op(op: str, backend: str, B: int, T: int, H: int, K: int, V: int, device: str, dtype: torch.dtype,
                rows: int = 25) -> str:
-    """The kernel tables of one forward and one backward of ``op`` (backend "fla": FLA's chunk kernel)."""
+    """The kernel tables of one forward and one backward of ``op`` (backend "fla": FLA's chunk kernel), with the
+    settings of ``linattn bench ops`` (ttt_linear with its inner norm, mesa_net with 30 CG steps on both sides) so
+    that the tables explain its rows."""
     spec = get_op(op)
     inputs = spec.example_inputs(B, T, H, K, V, dtype=dtype, device=device)
     for x in inputs.values():
@@ -51,9 +53,10 @@ def profile_op(op: str, backend: str, B: int, T: int, H: int, K: int, V: int, de
         fla_fn = fla_function(op)
         if fla_fn is None:
             return f"{op}: FLA not importable or has no chunk kernel for it"
-        call = lambda: fla_fn(**inputs)[0]
+        arguments = FLA_ARGUMENTS.get(op, lambda x: x)
+        call = lambda: fla_output(fla_fn(**arguments(inputs)))
     else:
-        call = lambda: spec.fn(**inputs, backend=backend)[0]
+        call = lambda: spec.fn(**inputs, **OP_KWARGS.get(op, {}), backend=backend)[0]
 
     def sync():
         if device == "cuda":

@@ -5,14 +5,14 @@ single-tensor output is taken as the output."""
 import pytest
 import torch
 
-from linattn.bench.ops import FLA_FUNCTIONS, _output, run_ops_bench
+from linattn.bench.ops import FLA_FUNCTIONS, fla_output, run_ops_bench
 from linattn.ops.common.triton_compat import triton_available
 
 
 def test_fla_output_is_the_tensor_or_the_first_element():
     o = torch.ones(2)
-    assert _output(o) is o
-    assert _output((o, None)) is o
+    assert fla_output(o) is o
+    assert fla_output((o, None)) is o
     assert FLA_FUNCTIONS["forgetting_attn"][1] == "parallel_forgetting_attn"
     assert FLA_FUNCTIONS["path_attn"][1] == "parallel_path_attn"
 

@@ -25,6 +25,22 @@ def test_profile_op_reports_missing_fla_without_failing():
     assert "FLA" in text
 
 
+def test_profile_op_uses_the_ops_benchmark_settings(monkeypatch):
+    # the tables must explain `linattn bench ops` rows: ttt_linear with its inner norm, mesa_net's 30 CG steps
+    spec = profile_op.get_op("ttt_linear")
+    seen = {}
+
+    def recording(**kwargs):
+        seen.update(kwargs)
+        return spec.fn(**kwargs)
+
+    monkeypatch.setattr(profile_op, "get_op", lambda op: type("Spec", (), {"fn": staticmethod(recording),
+                                                                            "example_inputs": spec.example_inputs}))
+    text = profile_op.profile_op("ttt_linear", "chunk", 1, 32, 1, 8, 8, "cpu", torch.float32, rows=2)
+    assert "ttt_linear [chunk] backward:" in text
+    assert seen["inner_norm"] is True and seen["backend"] == "chunk"
+
+
 def test_default_grids_start_from_the_current_setting_and_use_known_keys():
     for family in triton_tune.KERNEL_GROUPS:
         module = __import__(f"linattn.ops.{family}.triton", fromlist=["LAUNCH"]) if triton_available() else None
