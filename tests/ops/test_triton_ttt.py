@@ -8,7 +8,7 @@ import torch
 
 from linattn.ops.common.triton_compat import triton_available
 from linattn.ops.ttt import ttt_linear
-from linattn.testing import check_backends_agree, randn
+from linattn.testing import assert_close, check_backends_agree, randn
 
 pytestmark = [pytest.mark.triton, pytest.mark.skipif(not triton_available(), reason="triton not installed")]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -50,6 +50,43 @@ def test_triton_matches_recurrent_fp32(norm, shape, mini_batch_size, with_state)
     check_backends_agree(runner(norm, mini_batch_size), xs, names, ["triton"], tol=1e-5)
 
 
+@pytest.mark.parametrize("norm,T,mini_batch_size", [
+    (True, 229, 16),  # three whole chunks of 64 tokens, then 37: a partial last chunk and mini-batch
+    (False, 229, 32),
+    (True, 128, 32),  # whole chunks only
+    (False, 80, 16),  # the last chunk one whole mini-batch
+])
+def test_triton_chunks_and_partial_tail_fp32(norm, T, mini_batch_size):
+    """The parallel kernels read each chunk's entry weights and the kept per-token values: several chunks, whole
+    and partial, with every gradient."""
+    xs, names = make(1, T, 2, 16, 16, norm, seed=5)
+    check_backends_agree(runner(norm, mini_batch_size), xs, names, ["triton"], tol=1e-5)
+
+
+def test_triton_final_state_gradient_only():
+    """Only the final weights reach the loss: the backward starts from their gradient with do = 0."""
+    xs, names = make(1, 100, 2, 16, 16, True, seed=6)
+    run = runner(True)
+    check_backends_agree(lambda *a, backend: run(*a, backend=backend)[1:], xs, names, ["triton"], tol=1e-5)
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_triton_no_grad_forward_equals_training_forward(norm):
+    """Without a backward pass the forward keeps nothing for it; the output and final weights are the same (bit for
+    bit: the same kernels compute them) and agree with the recurrence."""
+    xs, _ = make(1, 150, 2, 16, 16, norm, seed=7)
+    run = runner(norm)
+    with torch.no_grad():
+        o, W = run(*xs, backend="triton")
+        o_ref, W_ref = run(*xs, backend="recurrent")
+    leaves = [x.detach().clone().requires_grad_(True) for x in xs]
+    o_train, W_train = run(*leaves, backend="triton")
+    assert o_train.requires_grad
+    assert torch.equal(o, o_train.detach()) and torch.equal(W, W_train.detach())
+    assert_close(o, o_ref, 1e-5, "o")
+    assert_close(W, W_ref, 1e-5, "final W")
+
+
 def test_triton_without_final_state():
     xs, names = make(1, 50, 2, 16, 16, True, seed=1)
     check_backends_agree(runner(True, final=False), xs, names, ["triton"], tol=1e-5)
@@ -67,6 +104,20 @@ def test_triton_bf16(norm):
         o, W = run(q, k, v, *rest, backend=backend)
         assert o.dtype == q.dtype and W.dtype == torch.float32
         return o, W
+
+    check_backends_agree(both, xs, names, ["triton"], tol=5e-3, grad_tol=1e-2, metric="rmse")
+
+
+def test_triton_fp16_long():
+    """fp16 inputs: the weight update's two tf32 dots rely on K being exact in tf32 (as for bf16); several chunks."""
+    xs, names = make(1, 200, 1, 32, 32, True, seed=8)
+    xs[:3] = [x.half() for x in xs[:3]]
+    run = runner(True)
+
+    def both(q, k, v, *rest, backend):
+        if backend == "recurrent":
+            q, k, v = q.float(), k.float(), v.float()
+        return run(q, k, v, *rest, backend=backend)
 
     check_backends_agree(both, xs, names, ["triton"], tol=5e-3, grad_tol=1e-2, metric="rmse")
 

@@ -7,8 +7,9 @@ import torch
 from ..common.checks import Dims, check_shape, compute_dtype
 from .state import MiniBatchState
 
-# What ttt_linear's Triton kernels take (ttt/triton.py): one program holds the [K, V] weights and their gradient,
-# and mini-batches of 16 or 32 tokens; larger ones exceed an H100's shared memory in the backward kernel.
+# What the Triton kernels take (ttt/triton_linear.py, ttt/triton.py): a scan program holds the [K, V] weights (or
+# their gradient) in registers, and mini-batches of 16 or 32 tokens (titans: larger ones exceeded an H100's shared
+# memory in the backward kernel; ttt_linear's parallel kernels work on chunks of 64 tokens).
 TRITON_MINI_BATCH_SIZES = (16, 32)
 TRITON_MAX_HEAD_DIM = 128
 
