@@ -25,6 +25,7 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from linattn.bench.ops import OP_KWARGS
 from linattn.bench.shape_args import add_shape_arguments
 from linattn.ops import get_op
 
@@ -37,6 +38,8 @@ KERNEL_GROUPS = {
             "_state_bwd_kernel": "bscan", "_inter_bwd_kernel": "inter", "_intra_bwd_kernel": "intra"},
     "simple_gla": {"_state_fwd_kernel": "scan", "chunk_output_kernel": "out", "_state_bwd_kernel": "bscan",
                    "_grads_bwd_kernel": "grads"},
+    "mesa_net": {"_states_kernel": "scan", "_chunk_cg_kernel": "cg", "_readout_kernel": "out",
+                 "_dstates_kernel": "bscan", "_read_grads_kernel": "grads", "_solve_grads_kernel": "kk"},
 }
 
 
@@ -58,6 +61,8 @@ def default_grid(family: str) -> dict[str, list[dict]]:
     """Candidate settings per kernel group (the wy group of the delta family is left to launch_check: some of its
     settings miscompile on Hopper)."""
     groups = sorted(set(KERNEL_GROUPS[family].values()) - {"wy"})
+    if family == "mesa_net":
+        return _mesa_grid()
     blocks = {"gated_delta_rule": {"scan": ("scan_BV", (32, 64)), "bscan": ("bscan_BV", (32, 64)),
                                    "out": ("out_BV", (64, 128)), "dv": ("dv_BV", (64, 128)),
                                    "grads": ("grads_BV", (32, 64))},
@@ -65,6 +70,19 @@ def default_grid(family: str) -> dict[str, list[dict]]:
               "simple_gla": {"grads": ("grads_BV", (32, 64))}}[family]
     return {g: _candidates(g, warps=(2, 4, 8) if g in ("scan", "bscan") else (4, 8), blocks=blocks.get(g))
             for g in groups}
+
+
+def _mesa_grid() -> dict[str, list[dict]]:
+    """mesa_net's candidates (each fits an H100's shared memory at K = V = 128, bf16: checked by compiling for sm_90
+    with bench/triton_resources.py). The CG kernel has no stages (no loads in its loop); "chunk" changes every
+    kernel at once and is left to whole-op runs (``LINATTN_TRITON_LAUNCH='{"mesa_net": {"chunk": 32}}'``)."""
+    cg = [{}, {"cg_warps": 8}, {"cg_rows": 16}, {"cg_rows": 16, "cg_warps": 8}, {"cg_rows": 64, "cg_warps": 8}]
+    return {"cg": cg,
+            "scan": _candidates("scan", warps=(2, 4, 8), blocks=("scan_BV", (32, 64))),
+            "out": _candidates("out", warps=(4, 8), blocks=("out_BV", (64, 128))),
+            "bscan": _candidates("bscan", warps=(2, 4, 8), blocks=("bscan_BV", (32, 64))),
+            "grads": _candidates("grads", warps=(4, 8), stages=(1, 2), blocks=("grads_BV", (32, 64))),
+            "kk": [{}, {"kk_BV": 16}, {"kk_BV": 16, "kk_stages": 2}, {"kk_warps": 4}, {"kk_BV": 16, "kk_warps": 4}]}
 
 
 def _inputs(op: str, B: int, T: int, H: int, K: int, V: int, device: str) -> dict:
@@ -82,7 +100,7 @@ def _run(op: str, inputs: dict, repeats: int) -> tuple[list[torch.Tensor], dict[
     def step():
         for x in leaves:
             x.grad = None
-        o, _ = spec.fn(**inputs, backend="triton")
+        o, _ = spec.fn(**inputs, **OP_KWARGS.get(op, {}), backend="triton")
         o.backward(torch.ones_like(o))
         return o
 

@@ -29,3 +29,24 @@ def causal_dot_rest(x):
     xf = x.to(tl.float32)
     fin = is_finite(xf)
     return tl.where(fin, xf, 0.0).to(x.dtype), tl.cumsum(tl.where(fin, 0.0, xf), axis=0)
+
+
+@triton.jit
+def finite_part(x):
+    """Elementwise: x where finite, else 0 (float32)."""
+    xf = x.to(tl.float32)
+    return tl.where(is_finite(xf), xf, 0.0)
+
+
+@triton.jit
+def nonfinite_rows(x):
+    """For a tile x [C, D]: per row, 1.0 where any entry is NaN or inf, else 0.0."""
+    return tl.max(tl.where(is_finite(x), 0.0, 1.0), axis=1)
+
+
+@triton.jit
+def rows_seeing(bad, visible):
+    """NaN for each row i of ``visible`` [R, C] (bool: row i reads column s) that reads a column s with bad[s] > 0,
+    else 0: added to a product whose operands were read through :func:`finite_part`, it makes exactly the rows
+    that read a non-finite input non-finite."""
+    return tl.where(tl.max(tl.where(visible, bad[None, :], 0.0), axis=1) > 0, float("nan"), 0.0)

@@ -11,7 +11,8 @@ so y_t = G_t p_t: one scan is one matrix-vector product with every G_t, and
   its step sizes per-token tensors: no host synchronisation, no data-dependent exit), then o = scan(x; k, b v; H_0).
   A solve is the scan's ``solve_system(k, b k, g, S_0, lamb, b, steps)``: :func:`solve_by_reader` (``solve`` with one
   read of the scan per step) on the PyTorch scan; one kernel launch for all steps on the Triton one
-  (triton_cg.py), whose programs read each token's products from its chunk's state and keys.
+  (triton_cg.py), whose programs read each token's products from its chunk's state and keys. (The triton backend
+  runs this algorithm on kernels of its own at head dims up to 128: triton_fused.py.)
   Nothing of size K x K per token exists; kept for the backward pass: x [B, T, H, K] and the inputs.
   Backward by implicit differentiation (not through the CG iterations): with do and the final states' gradients,
       dx_t = H_t do_t                  (the output scan's query gradient; the same backward call gives H's inputs'
@@ -183,6 +184,15 @@ def _contiguous(x: torch.Tensor | None) -> torch.Tensor | None:
     return None if x is None else x.contiguous()
 
 
+def check_cg_system(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, G0: torch.Tensor | None,
+                    dtype: torch.dtype) -> None:
+    """Raise what chunk's CG raises for G_t + diag(lamb) with NaN or inf entries, read from the inputs G_t is made of
+    (where value checks run: reading the values is a host synchronisation on CUDA); ``dtype``: the compute dtype
+    the message names."""
+    if value_checks_enabled(k) and not all(bool(torch.isfinite(x).all()) for x in (k, g, beta, G0) if x is not None):
+        raise _not_positive_definite("it has NaN or inf entries, so conjugate gradient cannot solve it", dtype)
+
+
 def _cg(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, lamb: torch.Tensor,
         initial_state: MesaState | None, scale: float, cg_steps: int | None, scan: Scan
         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -191,9 +201,7 @@ def _cg(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta
     K = q.shape[-1]
     q, k, v, g, beta, lamb = (x.to(dt).contiguous() for x in (q, k, v, g, beta, lamb))
     G0, H0 = (None, None) if initial_state is None else (x.to(dt).contiguous() for x in initial_state)
-    # what chunk's CG refuses as G_t + diag(lamb) with NaN or inf entries, read from the inputs G_t is made of
-    if value_checks_enabled(k) and not all(bool(torch.isfinite(x).all()) for x in (k, g, beta, G0) if x is not None):
-        raise _not_positive_definite("it has NaN or inf entries, so conjugate gradient cannot solve it", dt)
+    check_cg_system(k, g, beta, G0, dt)
     return _MesaCG.apply(q, k, v, g, beta, lamb, G0, H0, float(scale), K if cg_steps is None else cg_steps, scan)
 
 

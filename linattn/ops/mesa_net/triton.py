@@ -1,25 +1,27 @@
-"""mesa_net's ``backend="triton"``: MesaNet composed of simple_gla's Triton scans, memory O(T (K + V)) per head.
+"""mesa_net's ``backend="triton"``: MesaNet in memory O(T (K + V)) per head.
 
     G_t = exp(g_t) G_{t-1} + b_t k_t k_t^T,   H_t = exp(g_t) H_{t-1} + b_t k_t v_t^T,
     o_t = H_t^T (G_t + diag(lamb))^-1 (scale q_t)
 
-solver "cg": each solve (the forward's, and the backward's on the transposed system) scans the keys' chunk states
-once (simple_gla's state kernel) and then runs all its CG steps in one kernel launch (``triton_cg.py``,
-``chunk_cg_solve``): a program holds some tokens of one chunk and reads every product with G_t from the chunk's
-entering state and its keys, so the steps cost no launches and no pass over the sequence each. The read-out with
-H_t is one simple_gla Triton forward, the backward by implicit differentiation through simple_gla's Triton backward;
-solver "exact" runs the chunk backend's code in checkpointed blocks (``composed.py`` has the algorithm). Under
-torch.compile the solve is a registered custom op with a fake kernel. The per-step form (one launch of simple_gla's
-output kernel per CG step for the products, the step's vector updates in one fused kernel: ``TritonScan.reader``
-and ``TritonScan.solve``) computes the same iterates; it solves head dims above 128 and is the reference the
-one-launch solve is tested against.
+solver "cg" at head dims up to 128 (bf16, fp16, float32): mesa_net's own kernels (``triton_fused.py``): the states of
+both scans in one launch, all CG steps in one launch (``triton_cg.py``: a program holds some tokens of one chunk and
+reads every product with G_t from the chunk's entering state and its keys, so the steps cost no launches and no pass
+over the sequence each), the read-out; backward by implicit differentiation in six launches, the inputs read as
+given (beta, the query scale and the transposes folded into the kernels). Under torch.compile the forward and
+backward are registered custom ops with fake kernels.
 
-The scans take float32 tensors whatever the input dtype: CG needs its vectors more accurately than bf16 holds them.
-Their products carry the inputs' precision: IEEE float32 dots for float32 inputs, tf32 tensor-core dots (10 mantissa
-bits, three more than bf16's) for bf16/fp16 inputs. IEEE float32 dots run on the CUDA cores and their tiles spill
-registers at K=128: on an H100 a bf16 MesaNet layer's cg16 forward and backward took 1,507 ms with them at B=8,
-T=2048, H=8, K=128 with the per-step form (one output-kernel call 41 ms), and 18.9 ms with tf32 dots. float64
-inputs take simple_gla's PyTorch chunk form instead (Triton has no float64 dots), the same algorithm.
+Otherwise the algorithm of ``composed.py`` runs on scans (the ``Scan`` protocol): ``TritonScan``, simple_gla's Triton
+kernels over float32 copies of the inputs (head dims above 128: the per-step form, one launch of simple_gla's output
+kernel per CG step for the products and the step's vector updates in one fused kernel, ``TritonScan.reader`` and
+``TritonScan.solve``; its ``solve_system`` is the one-launch solve ``chunk_cg_solve`` at head dims up to 128), or for
+float64 simple_gla's PyTorch chunk form; solver "exact" runs the chunk backend's code in checkpointed blocks.
+
+CG's vectors, the states and x are float32 whatever the input dtype: CG needs them more accurately than bf16
+holds them. The products carry the inputs' precision: IEEE float32 dots for float32 inputs, tf32 tensor-core dots
+(10 mantissa bits, three more than bf16's) for bf16/fp16 inputs. IEEE float32 dots run on the CUDA cores and their
+tiles spill registers at K=128: on an H100 a bf16 MesaNet layer's cg16 forward and backward took 1,507 ms with them
+at B=8, T=2048, H=8, K=128 with the per-step form (one output-kernel call 41 ms), and 18.9 ms with tf32 dots.
+float64 inputs take simple_gla's PyTorch chunk form instead (Triton has no float64 dots), the same algorithm.
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ from ..simple_gla.triton import (
 from .composed import TorchScan, mesa_net_composed, solve_by_reader
 from .reference import MesaState
 from .solve import shifted_cg_solve
+from .triton_cg import LAUNCH as LAUNCH  # the mesa_net family's launch settings, where bench/triton_tune.py reads them
 from .triton_cg import chunk_cg_fits, chunk_cg_solve, fused_cg_solve
+from .triton_fused import mesa_net_cg_fused
 
 
 class TritonScan:
@@ -117,10 +121,14 @@ def mesa_net_triton(
     cg_steps: int | None = None,
 ) -> tuple[torch.Tensor, MesaState | None]:
     """backend='triton': G_t = exp(g_t) G_{t-1} + b_t k_t k_t^T, H_t = exp(g_t) H_{t-1} + b_t k_t v_t^T,
-    o_t = H_t^T (G_t + diag(lamb))^-1 (scale q_t) in memory O(T (K + V)) per head (module docstring); inputs
-    validated by the public op; chunk_size 16, 32, 64 or 128."""
+    o_t = H_t^T (G_t + diag(lamb))^-1 (scale q_t) in memory O(T (K + V)) per head (module docstring: solver "cg" at
+    head dims up to 128 on triton_fused.py's kernels, else composed.py's algorithm); inputs validated by the public
+    op; chunk_size 16, 32, 64 or 128."""
     if chunk_size not in CHUNK_SIZES:
         raise ValueError(f"chunk_size must be 16, 32, 64 or 128 for backend='triton', got {chunk_size}")
+    if solver == "cg" and compute_dtype(q) != torch.float64 and chunk_cg_fits(q.shape[-1]):
+        return mesa_net_cg_fused(q, k, v, g, beta, lamb, scale=scale, initial_state=initial_state,
+                                 output_final_state=output_final_state, chunk_size=chunk_size, cg_steps=cg_steps)
     if compute_dtype(q) == torch.float64:
         scan: TorchScan | TritonScan = TorchScan(chunk_size)
     else:

@@ -1,22 +1,26 @@
 """Conjugate gradient on (G_t + diag(lamb)) x_t = b_t for every token at once, in Triton.
 
-``chunk_cg_solve``: a whole solve in one launch after the chunk-state scan. G_t = S_t^T for the scan
-S_t = exp(g_t) S_{t-1} + k_t w_t^T (w = beta k; S_0 = G_0^T, or G_0 for the backward's transposed system), so with
-S_n the state entering token t's chunk and c the log gates cumulated within the chunk,
+``_chunk_cg_kernel``: a whole solve in one launch, given the chunk-entry states of the scan
+S_t = exp(g_t) S_{t-1} + k_t w_t^T (w = beta k): G_t = S_t^T for S_0 = G_0^T (or G_t = S_t, the backward's transposed
+system, reading the same states transposed), so with S_n the state entering token t's chunk and c the log gates
+cumulated within the chunk,
 
     G_t p = exp(c_t) S_n^T p + sum_{s <= t in the chunk} exp(c_t - c_s) (p . k_s) w_s,
 
 which needs only the chunk's S_n [K, K], k, w [C, K] and c. A program takes ``cg_rows`` tokens of one chunk of one
-batch-head, loads their b, keeps x, r and p in registers and runs all the steps: per step the products
-P S_n (decayed by exp(c_t)) and (P K^T * decay * causal) W as two tensor-core dots plus lamb P, then per row
+batch-head, loads their b, keeps x, r and p in registers (S_n, the keys and w in shared memory) and runs all the
+steps: per step the products P S_n (rows scaled by exp(c_t)) and (P K^T * decay * causal) W as two tensor-core dots
+plus lamb P, then per row
 
     alpha = r.r / p.Ap,   x += alpha p,   r -= alpha Ap,   beta = r'.r' / r.r,   p = r' + beta p
 
 with cg_solve's freezing rule: a row whose residual reached ||r||^2 <= (32 eps ||b||)^2 takes zero steps from then
 on, and a ratio with a denominator below float32's smallest normal number is zero (no 0/0 for b = 0 or masked
-rows). Rows past T and columns past K are masked to zero. The chunk states come from simple_gla's state kernel;
-the dots use the scan's precision (tf32 for bf16/fp16 inputs, IEEE float32 for float32 ones). Forward only: the
-composed backend differentiates the solve implicitly, by a second solve on the transposed system.
+rows). Rows past T and columns past K are masked to zero. The dots use the scan's precision (tf32 for bf16/fp16
+inputs, IEEE float32 for float32 ones). Two callers: mesa_net's own path (triton_fused.py) passes the inputs as they
+are, w = beta k formed in the kernel, the query scale folded into the load of b; :func:`chunk_cg_solve` (the Scan
+protocol's solve, composed.py) scans the states of float32 k and w with simple_gla's state kernel first. Forward
+only: both differentiate the solve implicitly, by a second solve on the transposed system.
 
 ``fused_cg_solve``: the per-step form, one launch per CG step of the step's vector updates given the product
 y = G_t p from any scan (a step of :func:`linattn.ops.mesa_net.solve.cg_solve` is about fifteen elementwise and
@@ -34,7 +38,7 @@ import triton.language as tl
 
 from ..common.registered_ops import define_op
 from ..common.triton_launch import fast_launch
-from ..common.triton_masking import is_finite
+from ..common.triton_masking import finite_part, is_finite, nonfinite_rows, rows_seeing
 from ..common.triton_utils import block, cdiv, dot_precision, launch_overrides, mm, upcast_dots
 from ..simple_gla.triton import simple_gla_triton_states
 from .solve import cg_floor
@@ -103,39 +107,54 @@ def fused_cg_solve(product: Callable[[torch.Tensor], torch.Tensor], lamb: torch.
     return x
 
 
-# Launch settings of the chunk solve (override through ``linattn.settings(triton_launch={"mesa_net": {...}})``):
-# "cg_rows" tokens per program (a power of two; a chunk's tokens split over chunk_size / cg_rows programs when it
-# is smaller), "cg_warps" warps per program. x, r and p [rows, K] float32 stay in registers across the steps.
-# Compiled for sm_90 (Triton 3.9, tf32 dots, K = 128, chunk 64; bench/triton_resources.py's compile): 32 rows and 8
-# warps take 250 registers and no stack (Ampere-style mma); 64 rows, 8 warps use Hopper's warp-group mma but spill
-# (800 B of stack), 4 warps more. Timed on an H100 (bf16 inputs, B 4, H 16, K 128, 30 steps, one solve): 32 rows and
-# 4 warps 2.82 ms at T 2048 and 20.9 ms at T 16384; 32 rows and 8 warps 3.60 and 26.9; 64 rows 4.20-7.32 and
-# 31.6-55.1; 16 rows 3.82-4.71 and 28.3-34.5.
-LAUNCH = {"cg_rows": 32, "cg_warps": 4}
+# Launch settings of mesa_net's kernels (override through ``linattn.settings(triton_launch={"mesa_net": {...}})``;
+# one dict for the family: this module's chunk solve and triton_fused.py's kernels).
+# The chunk solve: "cg_rows" tokens per program (a power of two; a chunk's tokens split over chunk_size / cg_rows
+# programs when it is smaller), "cg_warps" warps. x, r and p [rows, K] float32 stay in registers across the steps; the
+# chunk's state S_n and keys are loop-invariant, and the compiler loads them once, into shared memory, before the
+# steps (Triton 3.9, sm_90, K = 128, chunk 64, 32 rows, 4 warps, bf16 keys: 152 KB of shared memory, so one program
+# per SM; 242-255 registers, no spills; per step and warp 256 tensor-core instructions in about 1,500). Timed on an
+# H100 when each step also read w = beta k from float32 copies of the inputs (bf16 inputs, B 4,
+# H 16, K 128, 30 steps, one solve): 32 rows and 4 warps 2.82 ms at T 2048 and 20.9 ms at T 16384; 32 rows and 8
+# warps 3.60 and 26.9; 64 rows 4.20-7.32 and 31.6-55.1; 16 rows 3.82-4.71 and 28.3-34.5.
+# triton_fused.py's kernels, "<kernel>_BV" (value block), "<kernel>_warps", "<kernel>_stages": "scan" the forward
+# state scans (G's and H's in one launch), "out" the read-out o_t = H_t^T x_t, "bscan" the reverse scans of the state
+# gradients, "grads" the per-chunk gradients of the read-out ("grads_BK": a block of k's columns), "kk" those
+# through the solve (BV: a block of k's columns); "chunk": the largest chunk they take (a larger chunk_size runs in
+# chunks of this many tokens: the same sums in another order; 32 halves the solve's key tiles and doubles the
+# states' size).
+LAUNCH = {"cg_rows": 32, "cg_warps": 4, "scan_BV": 64, "scan_warps": 4, "scan_stages": 3, "out_BV": 64,
+          "out_warps": 8, "out_stages": 3, "bscan_BV": 64, "bscan_warps": 4, "bscan_stages": 3, "grads_BV": 64,
+          "grads_BK": 32, "grads_warps": 8, "grads_stages": 2, "kk_BV": 32, "kk_warps": 8, "kk_stages": 1, "chunk": 64}
 launch_overrides("mesa_net", LAUNCH)
 
-# The widest key block the chunk solve takes: its dots stage S_n [K, K], k and w [C, K] float32 in shared memory,
-# 224 KB at K = 128 and chunk 128 (an H100 has 227 KB per program); at K = 256 they took 352 KB
+# The widest key block the chunk solve takes: its dots stage S_n [K, K] and the keys [C, K] float32 in shared memory
+# (at K = 256 they took 352 KB; an H100 has 227 KB per program)
 MAX_BLOCK_K = 128
 
 
 def chunk_cg_fits(K: int) -> bool:
-    """Whether :func:`chunk_cg_solve` takes head dim K (else the per-step form solves the system)."""
+    """Whether :func:`chunk_cg_solve` (and the fused path, triton_fused.py) takes head dim K (else the per-step form
+    solves the system)."""
     return block(K) <= MAX_BLOCK_K
 
 
 @fast_launch
 @triton.jit(do_not_specialize=["T", "steps"])
-def _chunk_cg_kernel(k, w, g, h, lamb, b, x, steps, T, H: tl.constexpr, K: tl.constexpr, C: tl.constexpr,
-                     BR: tl.constexpr, BK: tl.constexpr, FLOOR: tl.constexpr, TINY: tl.constexpr,
-                     PREC: tl.constexpr, UP: tl.constexpr):
-    """Grid (cdiv(T, C) * (C // BR), B*H): ``steps`` CG steps on (G_t + diag(lamb)) x_t = b_t for BR tokens of one
-    chunk n, every step's product from the chunk's entering state S = h[b, h, n] [K, K] (G_t = S_t^T) and its keys:
+def _chunk_cg_kernel(k, w, beta, g, h, lamb, b, x, scale, steps, T, H: tl.constexpr, K: tl.constexpr,
+                     C: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, FOLD: tl.constexpr, TRANS: tl.constexpr,
+                     NAN_B: tl.constexpr, FLOOR: tl.constexpr, TINY: tl.constexpr, PREC: tl.constexpr,
+                     UP: tl.constexpr):
+    """Grid (cdiv(T, C) * (C // BR), B*H): ``steps`` CG steps on (G_t + diag(lamb)) x_t = scale b_t for BR tokens of
+    one chunk n, every step's product from the chunk's entering state S = h[b, h, n] [K, K] (G_t = S_t^T; TRANS:
+    G_t = S_t, S read transposed) and its keys:
 
         G_t p = exp(c_t) S^T p + sum_{s <= t in the chunk} exp(c_t - c_s) (p . k_s) w_s
 
-    (c: the log gates cumulated within the chunk). A token's product reads only its own p, so the BR rows of a
-    program are independent systems, which all take the same steps (cg_solve's freezing rule per row)."""
+    (c: the log gates cumulated within the chunk). FOLD: w_s = beta_s k_s, made in the kernel from k and beta; else
+    w read. A token's product reads only its own p, so the BR rows of a program are independent systems, which all
+    take the same steps (cg_solve's freezing rule per row). NAN_B: a row whose b is not finite is NaN in x (CG's
+    zero steps would hide it). Inputs in any float dtype, computed in float32; x float32."""
     i_r, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     N = tl.cdiv(T, C)
@@ -148,39 +167,59 @@ def _chunk_cg_kernel(k, w, g, h, lamb, b, x, steps, T, H: tl.constexpr, K: tl.co
     row_c = (i_b * T + n * C + o_c) * H + i_h
     row_r = (i_b * T + n * C + o_r) * H + i_h
     m_rk = m_r[:, None] & m_k[None, :]
+    m_ck = m_c[:, None] & m_k[None, :]
     c = tl.cumsum(tl.load(g + row_c, mask=m_c, other=0.0).to(tl.float32), axis=0)
     c_r = tl.sum(tl.where(o_r[:, None] == o_c[None, :], c[None, :], 0.0), axis=1)  # selected: exactly the c_t above
     causal = o_r[:, None] >= o_c[None, :]
     D = tl.where(causal, tl.exp(tl.where(causal, c_r[:, None] - c[None, :], 0.0)), 0.0)  # [t, s]
     decay = tl.exp(c_r)
-    # the products weight w_s by p . k_s, so a non-finite w_s reaches rows t >= s only: its finite part enters the
-    # dot (a NaN times a zero weight would reach every row) and the rows that may read it become NaN
-    m_ck = m_c[:, None] & m_k[None, :]
-    wc = tl.load(w + row_c[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
-    bad = tl.sum(tl.where(is_finite(wc), 0.0, 1.0), axis=1)
-    poison = tl.where(tl.sum(tl.where(causal, bad[None, :], 0.0), axis=1) > 0, float("nan"), 0.0)
+    # a non-finite key (or w_s, or beta_s) reaches rows t >= s only: the dots read the finite parts (a NaN times a
+    # zero weight would reach every row) and the rows that may read it are made NaN
+    kc = tl.load(k + row_c[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
+    bad = nonfinite_rows(kc)
+    # times the rows' 0/1 mask (a runtime vector): with only constants in the chain from the load, the compiler keeps
+    # bf16 keys in shared memory and converts them to float32 at every step (Triton 3.9: 400 more instructions a
+    # step); this way the float32 keys are made once
+    kc = finite_part(kc) * m_c.to(tl.float32)[:, None]
+    if FOLD:
+        bet = tl.load(beta + row_c, mask=m_c, other=0.0).to(tl.float32)
+        bad = tl.maximum(bad, tl.where(is_finite(bet), 0.0, 1.0))
+        wc = kc * finite_part(bet)[:, None]
+    else:
+        wc = tl.load(w + row_c[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
+        bad = tl.maximum(bad, nonfinite_rows(wc))
+        wc = finite_part(wc) * m_c.to(tl.float32)[:, None]
+    poison = rows_seeing(bad, causal)
     lam = tl.load(lamb + i_h * K + o_k, mask=m_k, other=0.0).to(tl.float32)
-    bt = tl.load(b + row_r[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32)
-    at_S = h + (i_bh * N + n) * K * K + o_k[:, None] * K + o_k[None, :]
-    m_kk = m_k[:, None] & m_k[None, :]
-    at_kt = k + row_c[None, :] * K + o_k[:, None]
-    m_kc = m_k[:, None] & m_c[None, :]
+    bt = tl.load(b + row_r[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32) * scale
+    if TRANS:
+        at_S = h + (i_bh * N + n) * K * K + o_k[None, :] * K + o_k[:, None]
+    else:
+        at_S = h + (i_bh * N + n) * K * K + o_k[:, None] * K + o_k[None, :]
+    S = tl.load(at_S, mask=m_k[:, None] & m_k[None, :], other=0.0).to(tl.float32)
     xt = tl.zeros([BR, BK], dtype=tl.float32)
     rt = bt
     pt = bt
     rr = tl.sum(bt * bt, axis=1)
     floor = rr * FLOOR
+    if NAN_B:
+        nan_b = tl.where(nonfinite_rows(bt) > 0, float("nan"), 0.0)
+    # S, the keys and w are loop-invariant: the compiler keeps them in shared memory across the steps
     for _ in range(steps):
-        # S, k and w are re-read every step (from cache) rather than held in registers across the steps
-        S = tl.load(at_S, mask=m_kk, other=0.0)
-        kt = tl.load(at_kt, mask=m_kc, other=0.0)
-        wc = tl.load(w + row_c[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
-        w_fin = tl.where(is_finite(wc), wc, 0.0)
-        A = tl.where(causal, mm(pt, kt, PREC, UP) * D, 0.0)  # selected: a later NaN key must not leak
-        ap = mm(pt * decay[:, None], S, PREC, UP) + mm(A, w_fin, PREC, UP)
+        # D is 0 above the diagonal and the keys are finite: a non-finite entry of A can only come from p's own row
+        A = mm(pt, tl.trans(kc), PREC, UP) * D
+        ap = mm(pt, S, PREC, UP) * decay[:, None] + mm(A, wc, PREC, UP)  # exp(c_t) S^T p: the rows scaled after
         ap = ap + poison[:, None] + lam[None, :] * pt
         xt, rt, pt, rr = _cg_update(xt, rt, pt, ap, rr, floor, TINY)
+    if NAN_B:
+        xt = xt + nan_b[:, None]
     tl.store(x + row_r[:, None] * K + o_k[None, :], xt, mask=m_rk)
+
+
+def cg_launch(dtype: torch.dtype, C: int, precision: str | None) -> dict:
+    """The chunk solve's dtype-dependent constants and launch options (rows per program, warps)."""
+    return dict(BR=min(C, LAUNCH["cg_rows"]), FLOOR=(32 * torch.finfo(dtype).eps) ** 2, TINY=torch.finfo(dtype).tiny,
+                PREC=precision or dot_precision(dtype), num_warps=LAUNCH["cg_warps"])
 
 
 def chunk_cg_solve(k: torch.Tensor, w: torch.Tensor, g: torch.Tensor, s0: torch.Tensor | None, lamb: torch.Tensor,
@@ -190,16 +229,16 @@ def chunk_cg_solve(k: torch.Tensor, w: torch.Tensor, g: torch.Tensor, s0: torch.
     S_t = exp(g_t) S_{t-1} + k_t w_t^T from ``s0``: its chunk states scanned once, then one launch for all the steps.
     float32 k, w, b [B, T, H, K] contiguous, g [B, T, H], s0 [B, H, K, K] or None, lamb [H, K]; ``precision``: the
     dots' (None: IEEE float32). Returns (x, S_T). The same iterates as ``cg_solve`` on p -> G_t p + lamb p, up to
-    the order of float32 sums."""
+    the order of float32 sums. (The Scan protocol's solve, composed.py; mesa_net's own path, triton_fused.py, runs
+    the same kernel on the inputs with beta folded in.)"""
     B, T, H, K = b.shape
     states = simple_gla_triton_states(k, w, g, s0, chunk_size, precision=precision)
     C = states.C
-    BR = min(C, LAUNCH["cg_rows"])
+    launch = cg_launch(b.dtype, C, precision)
     x = torch.empty_like(b)
-    _chunk_cg_kernel[(cdiv(T, C) * (C // BR), B * H)](
-        k=k, w=w, g=g, h=states.h, lamb=lamb.to(b.dtype).contiguous(), b=b, x=x, steps=steps, T=T, H=H, K=K, C=C,
-        BR=BR, BK=block(K), FLOOR=(32 * torch.finfo(b.dtype).eps) ** 2, TINY=torch.finfo(b.dtype).tiny,
-        PREC=precision or dot_precision(b.dtype), UP=upcast_dots(b.dtype), num_warps=LAUNCH["cg_warps"])
+    _chunk_cg_kernel[(cdiv(T, C) * (C // launch["BR"]), B * H)](
+        k=k, w=w, beta=g, g=g, h=states.h, lamb=lamb.to(b.dtype).contiguous(), b=b, x=x, scale=1.0, steps=steps,
+        T=T, H=H, K=K, C=C, BK=block(K), FOLD=False, TRANS=False, NAN_B=False, UP=upcast_dots(b.dtype), **launch)
     return x, states.final
 
 
