@@ -46,7 +46,7 @@ from ..common.triton_utils import block as _block
 from ..common.triton_utils import cdiv, dot_precision, launch_overrides
 from .checks import TRITON_MAX_HEAD_DIM, TRITON_MINI_BATCH_SIZES, titans_triton_takes
 from .triton_gates import coefficient_loads, titans_coefficients_triton
-from .triton_linear import TOKENS_PER_CHUNK, ttt_linear_triton
+from .triton_linear import TOKENS_PER_CHUNK, state_program, ttt_linear_triton
 
 # titans: a program holds [K, BV] slices of M and S (and of their gradients in the backward); BV caps the V block
 # ("fwd": forward, "scan": the backward's scan of (dM, dS), "bwd": the backward's per-chunk gradients). Timed on an
@@ -69,20 +69,6 @@ def _update_precision(dtype: torch.dtype) -> str:
 
 # ---------------------------------------------------------------------------------------------------------------------
 # titans: linear memory with momentum and weight decay (see the module docstring)
-
-
-@triton.jit
-def _titans_program(H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                    BV: tl.constexpr):
-    """A (batch-head, V block) program's indices: i_bh, i_v, i_b, i_h, the token, key and value offsets, their masks,
-    and the offsets (and mask) of its [K, BV] slice of a [K, V] state."""
-    i_bh = tl.program_id(0).to(tl.int64)
-    i_v = tl.program_id(1)
-    o_k, o_t = tl.arange(0, BK), tl.arange(0, BT)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
-    return (i_bh, i_v, i_bh // H, i_bh % H, o_k, o_t, o_v, m_k, m_v, o_k[:, None] * V + o_v[None, :],
-            m_k[:, None] & m_v[None, :])
 
 
 @triton.jit
@@ -127,7 +113,7 @@ def _titans_fwd_kernel(q, k, v, G, cv, cx, m0, s0, o, mt, st, mc, sc, scale, T, 
                        WPREC: tl.constexpr):
     """Grid (B*H, V blocks): o's columns of this block, the final (M, S) and (SAVE) the (M, S) entering every chunk of
     NB mini-batches, each [K, BV] slice of this program's columns."""
-    i_bh, i_v, i_b, i_h, o_k, o_t, o_v, m_k, m_v, kv, m_kv = _titans_program(H, K, V, BT, BK, BV)
+    i_bh, i_v, i_b, i_h, o_k, o_t, o_v, m_k, m_v, kv, m_kv = state_program(H, K, V, BT, BK, BV)
     M = tl.zeros([BK, BV], dtype=tl.float32)
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_S0:
@@ -160,7 +146,7 @@ def _titans_dstate_kernel(q, k, v, G, cv, cx, do, dmt, dst, dmc, dsc, dm0, ds0, 
     """Grid (B*H, V blocks): the gradient scan of (M, S) alone, mini-batches in reverse; writes the gradients of the
     (M, S) leaving every chunk of NB mini-batches (dmc, dsc [B*H, NC, K, V], this block's columns) and of the initial
     state. dU does not depend on U, so the scan needs no state of the forward pass."""
-    i_bh, i_v, i_b, i_h, o_k, o_t, o_v, m_k, m_v, kv, m_kv = _titans_program(H, K, V, BT, BK, BV)
+    i_bh, i_v, i_b, i_h, o_k, o_t, o_v, m_k, m_v, kv, m_kv = state_program(H, K, V, BT, BK, BV)
     dM = tl.zeros([BK, BV], dtype=tl.float32)
     dS = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_DMT:
@@ -198,7 +184,7 @@ def _titans_grads_kernel(q, k, v, G, cv, cx, mc, sc, dmc, dsc, do, dq, dk, dv, d
     for one chunk. Walks the chunk's mini-batches in reverse from the chunk's exit gradients (dmc, dsc); each
     mini-batch's entry (M, S) is recomputed from the chunk's kept entry state (NB is small: at most NB - 1 updates
     per mini-batch, and nothing per token is kept)."""
-    i_bh, i_v, i_b, i_h, o_k, o_t, o_v, m_k, m_v, kv, m_kv = _titans_program(H, K, V, BT, BK, BV)
+    i_bh, i_v, i_b, i_h, o_k, o_t, o_v, m_k, m_v, kv, m_kv = state_program(H, K, V, BT, BK, BV)
     c = tl.program_id(2)
     NC = tl.cdiv(N, NB)
     chunk = (i_bh * NC + c) * K * V

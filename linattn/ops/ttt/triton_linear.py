@@ -63,6 +63,8 @@ weights (K V / 64 floats). Checked against autograd of the recurrence (tests/ops
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -144,6 +146,21 @@ def _load_rows(x, row, m_t, o_d, m_d, D: tl.constexpr):
 def _store_rows(x, row, m_t, o_d, m_d, D: tl.constexpr, val):
     """``val`` [n, BD] into rows ``row`` of a [rows, D] tensor (m_t's rows and the valid columns), in x's dtype."""
     tl.store(x + row[:, None] * D + o_d[None, :], val.to(x.dtype.element_ty), mask=m_t[:, None] & m_d[None, :])
+
+
+@triton.jit
+def state_program(H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                  BV: tl.constexpr):
+    """A (batch-head, V block) program's indices (grid (B*H, V blocks); a 1-D grid is one V block): i_bh, i_v, i_b,
+    i_h, the token, key and value offsets, their masks, and the offsets (and mask) of its [K, BV] slice of a [K, V]
+    state (the scans of this module and titans')."""
+    i_bh = tl.program_id(0).to(tl.int64)
+    i_v = tl.program_id(1)
+    o_k, o_t = tl.arange(0, BK), tl.arange(0, BT)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    return (i_bh, i_v, i_bh // H, i_bh % H, o_k, o_t, o_v, m_k, m_v, o_k[:, None] * V + o_v[None, :],
+            m_k[:, None] & m_v[None, :])
 
 
 @triton.jit
@@ -229,12 +246,7 @@ def _ttt_fwd_scan_kernel(k, v, eta, w_ln, b_ln, w0, wt, wc, hs, rs, eps, T, H: t
                          NORM: tl.constexpr, HAS_W0: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr):
     """Grid (B*H,): the final weights wt, the weights wc [B, H, NC, K, V] entering every chunk of NB mini-batches,
     and per token h [B, T, H, V] and r [B, T, H] (norm) or err (plain, into hs)."""
-    i_bh = tl.program_id(0).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_k, o_v, o_t = tl.arange(0, BK), tl.arange(0, BV), tl.arange(0, BT)
-    m_k, m_v = o_k < K, o_v < V
-    kv = o_k[:, None] * V + o_v[None, :]
-    m_kv = m_k[:, None] & m_v[None, :]
+    i_bh, _, i_b, i_h, o_k, o_t, o_v, m_k, m_v, kv, m_kv = state_program(H, K, V, BT, BK, BV)
     W = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_W0:
         W += tl.load(w0 + i_bh * K * V + kv, mask=m_kv, other=0.0)
@@ -323,12 +335,7 @@ def _ttt_bwd_scan_kernel(q, k, v, eta, w_ln, b_ln, hs, rs, dzq, derr, dwt, dk, d
     over it (each row is read before it is written, by this program alone); writes dv, the partial dk and deta
     (float32), the initial weights' gradient dw0 and this program's share of the inner LayerNorm's parameter
     gradients (dwl, dbl [B, H, V])."""
-    i_bh = tl.program_id(0).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_k, o_v, o_t = tl.arange(0, BK), tl.arange(0, BV), tl.arange(0, BT)
-    m_k, m_v = o_k < K, o_v < V
-    kv = o_k[:, None] * V + o_v[None, :]
-    m_kv = m_k[:, None] & m_v[None, :]
+    i_bh, _, i_b, i_h, o_k, o_t, o_v, m_k, m_v, kv, m_kv = state_program(H, K, V, BT, BK, BV)
     wl, bl = _norm_params(w_ln, b_ln, i_h, o_v, m_v, V, BV, NORM)
     dwl_acc = tl.zeros([BV], dtype=tl.float32)
     dbl_acc = tl.zeros([BV], dtype=tl.float32)
@@ -418,20 +425,32 @@ def _ttt_bwd_post_kernel(q, k, v, eta, w_ln, b_ln, wc, hs, rs, do, dzq, dz, dkp,
     tl.store(deta + row, det.to(deta.dtype.element_ty), mask=m_t)
 
 
-def _sizes(K: int, V: int, b: int) -> tuple[dict, int, int]:
-    """(the blocks every kernel takes, NB mini-batches a chunk, BC tokens a chunk)."""
+class _Geometry(NamedTuple):
+    """Sizes of a call: the shape, the blocks every kernel takes, NB mini-batches and BC tokens a chunk, NC chunks."""
+
+    B: int
+    T: int
+    H: int
+    K: int
+    V: int
+    blk: dict
+    NB: int
+    BC: int
+    NC: int
+
+
+def _geometry(q: torch.Tensor, v: torch.Tensor, b: int) -> _Geometry:
+    B, T, H, K = q.shape
+    V = v.shape[-1]
     NB = max(1, TOKENS_PER_CHUNK // b)
-    return dict(BK=_block(K), BV=_block(V)), NB, NB * b
+    return _Geometry(B, T, H, K, V, dict(BK=_block(K), BV=_block(V)), NB, NB * b, cdiv(T, NB * b))
 
 
 def ttt_triton_forward(q, k, v, eta, w0, w_ln, b_ln, scale, eps, b, keep):
     """(o, final W float32, and when ``keep``: the chunk-entry weights [B, H, NC, K, V], h [B, T, H, V] and r
     [B, T, H] (norm; r empty for plain, whose err [B, T, H, V] takes h's place), all float32; else three empty
     tensors). q, k, v, eta contiguous [B, T, H, *]; w_ln, b_ln [H, V] or None (plain)."""
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    blk, NB, BC = _sizes(K, V, b)
-    NC = cdiv(T, BC)
+    B, T, H, K, V, blk, NB, BC, NC = _geometry(q, v, b)
     norm = w_ln is not None
     f32 = dict(device=q.device, dtype=torch.float32)
     wt = torch.empty(B, H, K, V, **f32)
@@ -456,10 +475,7 @@ def ttt_triton_forward(q, k, v, eta, w0, w_ln, b_ln, scale, eps, b, keep):
 def ttt_triton_backward(q, k, v, eta, w_ln, b_ln, scale, eps, b, wc, hs, rs, do, dwt):
     """(dq, dk, dv, deta, dW0 float32, dw_ln, db_ln [H, V] float32; empty without the norm) from what the forward
     kept (``wc``, ``hs``, ``rs``)."""
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    blk, NB, BC = _sizes(K, V, b)
-    NC = cdiv(T, BC)
+    B, T, H, K, V, blk, NB, BC, NC = _geometry(q, v, b)
     norm = w_ln is not None
     f32 = dict(device=q.device, dtype=torch.float32)
     prec = dot_precision(q.dtype)
@@ -512,7 +528,7 @@ def _fwd_fake(q, k, v, eta, w0, w_ln, b_ln, scale, eps, b, keep):
     wt = q.new_empty(B, H, K, V, dtype=torch.float32)
     if not keep:
         return torch.empty_like(v), wt, *(q.new_empty(0, dtype=torch.float32) for _ in range(3))
-    NC = cdiv(T, _sizes(K, V, b)[2])
+    NC = _geometry(q, v, b).NC
     rs = q.new_empty((B, T, H) if w_ln is not None else (0,), dtype=torch.float32)
     return (torch.empty_like(v), wt, q.new_empty(B, H, NC, K, V, dtype=torch.float32),
             q.new_empty(B, T, H, V, dtype=torch.float32), rs)
