@@ -3,7 +3,8 @@
     python -m linattn.bench.triton_tune --family gated_delta_rule [--T 16384] [--grid '{"scan": [{}, ...]}']
         [--out tune.json]
 
-A family's kernels each read their own ``LAUNCH`` keys (``linattn/ops/<family>/triton.py``), so the settings of
+A family's kernels each read their own ``LAUNCH`` keys (``linattn/ops/<family>/triton.py``; ttt_linear's in
+``linattn/ops/ttt/triton_linear.py``), so the settings of
 different kernels do not interact. Run i sets every kernel group to its i-th candidate (groups with fewer
 candidates repeat their last), runs forward+backward of the family's op at the benchmark shape under
 torch.profiler, and records each kernel's device time (median of the repeats); the best candidate of each group
@@ -40,7 +41,15 @@ KERNEL_GROUPS = {
                    "_grads_bwd_kernel": "grads"},
     "mesa_net": {"_states_kernel": "scan", "_chunk_cg_kernel": "cg", "_readout_kernel": "out",
                  "_dstates_kernel": "bscan", "_read_grads_kernel": "grads", "_solve_grads_kernel": "kk"},
+    "ttt_linear": {f"_ttt_{g}_kernel": g for g in ("fwd_scan", "fwd_out", "bwd_pre", "bwd_scan", "bwd_post")},
 }
+# the module holding a family's LAUNCH, where it is not linattn/ops/<family>/triton.py
+LAUNCH_MODULES = {"ttt_linear": "linattn.ops.ttt.triton_linear"}
+
+
+def launch_module(family: str):
+    """The module whose ``LAUNCH`` dict the family's kernels read."""
+    return importlib.import_module(LAUNCH_MODULES.get(family, f"linattn.ops.{family}.triton"))
 
 
 def _candidates(group: str, warps=(2, 4, 8), stages=(2, 3), blocks: tuple[str, tuple[int, ...]] | None = None
@@ -63,6 +72,8 @@ def default_grid(family: str) -> dict[str, list[dict]]:
     groups = sorted(set(KERNEL_GROUPS[family].values()) - {"wy"})
     if family == "mesa_net":
         return _mesa_grid()
+    if family == "ttt_linear":
+        return _ttt_grid()
     blocks = {"gated_delta_rule": {"scan": ("scan_BV", (32, 64)), "bscan": ("bscan_BV", (32, 64)),
                                    "out": ("out_BV", (64, 128)), "dv": ("dv_BV", (64, 128)),
                                    "grads": ("grads_BV", (32, 64))},
@@ -83,6 +94,15 @@ def _mesa_grid() -> dict[str, list[dict]]:
             "bscan": _candidates("bscan", warps=(2, 4, 8), blocks=("bscan_BV", (32, 64))),
             "grads": _candidates("grads", warps=(4, 8), stages=(1, 2), blocks=("grads_BV", (32, 64))),
             "kk": [{}, {"kk_BV": 16}, {"kk_BV": 16, "kk_stages": 2}, {"kk_warps": 4}, {"kk_BV": 16, "kk_warps": 4}]}
+
+
+def _ttt_grid() -> dict[str, list[dict]]:
+    """ttt_linear's candidates: the scans (a program per batch-head, latency-bound) with a prefetching second stage;
+    the chunk kernels at 4 warps (they spill a few hundred bytes at 8 and would spill more at 4: to be timed). Their
+    second stages are left out: the backward's post kernel needs 160 KB of shared memory with one."""
+    scans = {g: _candidates(g, warps=(4, 8), stages=(1, 2)) for g in ("fwd_scan", "bwd_scan")}
+    chunks = {g: [{}, {f"{g}_warps": 4}] for g in ("fwd_out", "bwd_pre", "bwd_post")}
+    return {**scans, **chunks}
 
 
 def _inputs(op: str, B: int, T: int, H: int, K: int, V: int, device: str) -> dict:
@@ -127,7 +147,7 @@ def tune(family: str, grid: dict[str, list[dict]], *, B: int = 4, T: int = 16384
     """{"runs": [...], "best": {group: setting}}: see the module docstring. ``op``: the op run on the family's
     kernels (default: the family's own; e.g. delta_rule on gated_delta_rule's kernels, compiled without the gate)."""
     op = op or family
-    module = importlib.import_module(f"linattn.ops.{family}.triton")
+    module = launch_module(family)
     default = dict(module.LAUNCH)
     inputs = _inputs(op, B, T, H, K, V, device)
     kernel_group = KERNEL_GROUPS[family]

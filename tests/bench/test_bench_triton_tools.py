@@ -43,12 +43,20 @@ def test_profile_op_uses_the_ops_benchmark_settings(monkeypatch):
 
 def test_default_grids_start_from_the_current_setting_and_use_known_keys():
     for family in triton_tune.KERNEL_GROUPS:
-        module = __import__(f"linattn.ops.{family}.triton", fromlist=["LAUNCH"]) if triton_available() else None
+        module = triton_tune.launch_module(family) if triton_available() else None
         grid = triton_tune.default_grid(family)
         for group, candidates in grid.items():
             assert candidates[0] == {} and len(candidates) > 1
             if module is not None:
                 assert all(set(c) <= set(module.LAUNCH) for c in candidates), (family, group)
+
+
+@needs_triton
+def test_ttt_linear_groups_name_its_kernels_and_launch_keys():
+    module = triton_tune.launch_module("ttt_linear")
+    for kernel, group in triton_tune.KERNEL_GROUPS["ttt_linear"].items():
+        assert hasattr(module, kernel), kernel
+        assert {f"{group}_warps", f"{group}_stages"} <= set(module.LAUNCH)
 
 
 @pytest.mark.triton
