@@ -4,7 +4,7 @@
         [--out tune.json]
 
 A family's kernels each read their own ``LAUNCH`` keys (``linattn/ops/<family>/triton.py``; ttt_linear's in
-``linattn/ops/ttt/triton_linear.py``), so the settings of
+``linattn/ops/ttt/triton_linear.py``, mesa_net's in ``linattn/ops/mesa_net/triton_cg.py``), so the settings of
 different kernels do not interact. Run i sets every kernel group to its i-th candidate (groups with fewer
 candidates repeat their last), runs forward+backward of the family's op at the benchmark shape under
 torch.profiler, and records each kernel's device time (median of the repeats); the best candidate of each group
@@ -44,7 +44,8 @@ KERNEL_GROUPS = {
     "ttt_linear": {f"_ttt_{g}_kernel": g for g in ("fwd_scan", "fwd_out", "bwd_pre", "bwd_scan", "bwd_post")},
 }
 # the module holding a family's LAUNCH, where it is not linattn/ops/<family>/triton.py
-LAUNCH_MODULES = {"ttt_linear": "linattn.ops.ttt.triton_linear"}
+LAUNCH_MODULES = {"ttt_linear": "linattn.ops.ttt.triton_linear",
+                  "mesa_net": "linattn.ops.mesa_net.triton_cg"}
 
 
 def launch_module(family: str):

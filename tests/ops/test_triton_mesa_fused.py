@@ -1,9 +1,9 @@
 """mesa_net's solver "cg" on its own kernels (mesa_net/triton_fused.py: the two scans' states in one launch, the
 solve, the read-out, the reverse scans and the per-chunk gradients with beta, scale and the transposes folded in) ==
-the composed path it replaced (simple_gla's Triton scans and the one-launch solve over float32 copies of the inputs,
-mesa_net/composed.py): outputs, final states and every gradient, float32 and bf16, odd lengths, head dims that are not
-powers of two, a non-symmetric initial G, chunk sizes, launch settings that split every kernel's tiles into several
-blocks, inputs of mixed dtypes, and which path the op takes.
+the composed path (simple_gla's Triton scans over float32 copies of the inputs and CG step by step, other kernels
+than the fused path's; mesa_net/composed.py): outputs, final states and every gradient, float32 and bf16, odd
+lengths, head dims that are not powers of two, a non-symmetric initial G, chunk sizes, launch settings that split
+every kernel's tiles into several blocks, inputs of mixed dtypes, and which path the op takes.
 
 Runs on CUDA when present, else on the CPU through Triton's interpreter (tests/conftest.py)."""
 
@@ -38,7 +38,7 @@ def fused(q, k, v, g, beta, lamb, G0, H0, chunk_size=16, cg_steps=None):
 
 
 def composed(q, k, v, g, beta, lamb, G0, H0, chunk_size=16, cg_steps=None):
-    """The path before the fused kernels: mesa_net_composed over simple_gla's Triton scans."""
+    """mesa_net_composed over simple_gla's Triton scans, its CG one scan read and one update kernel a step."""
     from linattn.ops.mesa_net.composed import mesa_net_composed
     from linattn.ops.mesa_net.triton import TritonScan
 

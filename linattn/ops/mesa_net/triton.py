@@ -13,8 +13,8 @@ backward are registered custom ops with fake kernels.
 Otherwise the algorithm of ``composed.py`` runs on scans (the ``Scan`` protocol): ``TritonScan``, simple_gla's Triton
 kernels over float32 copies of the inputs (head dims above 128: the per-step form, one launch of simple_gla's output
 kernel per CG step for the products and the step's vector updates in one fused kernel, ``TritonScan.reader`` and
-``TritonScan.solve``; its ``solve_system`` is the one-launch solve ``chunk_cg_solve`` at head dims up to 128), or for
-float64 simple_gla's PyTorch chunk form; solver "exact" runs the chunk backend's code in checkpointed blocks.
+``TritonScan.solve``), or for float64 simple_gla's PyTorch chunk form; solver "exact" runs the chunk backend's code in
+checkpointed blocks.
 
 CG's vectors, the states and x are float32 whatever the input dtype: CG needs them more accurately than bf16
 holds them. The products carry the inputs' precision: IEEE float32 dots for float32 inputs, tf32 tensor-core dots
@@ -41,8 +41,7 @@ from ..simple_gla.triton import (
 from .composed import TorchScan, mesa_net_composed, solve_by_reader
 from .reference import MesaState
 from .solve import shifted_cg_solve
-from .triton_cg import LAUNCH as LAUNCH  # the mesa_net family's launch settings, where bench/triton_tune.py reads them
-from .triton_cg import chunk_cg_fits, chunk_cg_solve, fused_cg_solve
+from .triton_cg import chunk_cg_fits, fused_cg_solve
 from .triton_fused import mesa_net_cg_fused
 
 
@@ -85,16 +84,10 @@ class TritonScan:
 
     def solve_system(self, k: torch.Tensor, w: torch.Tensor, g: torch.Tensor, s0: torch.Tensor | None,
                      lamb: torch.Tensor, b: torch.Tensor, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The chunk states of (k, w, g) scanned once, then all CG steps in one launch (triton_cg.py); under
-        torch.compile (or for tensor subclasses) the same as the registered custom op ``linattn::mesa_net_chunk_cg``.
-        Head dims above 128 take the per-step form (the one-launch kernel's tiles would not fit shared memory)."""
-        k, w, g, b = (x.contiguous() for x in (k, w, g, b))
-        s0 = None if s0 is None else s0.contiguous()
-        if not chunk_cg_fits(k.shape[-1]):
-            return solve_by_reader(self, k, w, g, s0, lamb, b, steps)
-        if traced(b):
-            return torch.ops.linattn.mesa_net_chunk_cg(k, w, g, s0, lamb, b, steps, self.chunk_size, self.precision)
-        return chunk_cg_solve(k, w, g, s0, lamb, b, steps, self.chunk_size, precision=self.precision)
+        """Step by step: one read of the scan and one fused update kernel per CG step (:func:`solve_by_reader`).
+        mesa_net's triton backend solves on its own kernels at head dims up to 128 (triton_fused.py), so this
+        serves the head dims above 128."""
+        return solve_by_reader(self, k, w, g, s0, lamb, b, steps)
 
     def backward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, s0: torch.Tensor | None,
                  dy: torch.Tensor, dST: torch.Tensor | None) -> tuple[torch.Tensor, ...]:

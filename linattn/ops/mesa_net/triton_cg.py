@@ -1,26 +1,25 @@
 """Conjugate gradient on (G_t + diag(lamb)) x_t = b_t for every token at once, in Triton.
 
 ``_chunk_cg_kernel``: a whole solve in one launch, given the chunk-entry states of the scan
-S_t = exp(g_t) S_{t-1} + k_t w_t^T (w = beta k): G_t = S_t^T for S_0 = G_0^T (or G_t = S_t, the backward's transposed
+S_t = exp(g_t) S_{t-1} + beta_t k_t k_t^T: G_t = S_t^T for S_0 = G_0^T (or G_t = S_t, the backward's transposed
 system, reading the same states transposed), so with S_n the state entering token t's chunk and c the log gates
 cumulated within the chunk,
 
     G_t p = exp(c_t) S_n^T p + sum_{s <= t in the chunk} exp(c_t - c_s) (p . k_s) w_s,
 
-which needs only the chunk's S_n [K, K], k, w [C, K] and c. A program takes ``cg_rows`` tokens of one chunk of one
-batch-head, loads their b, keeps x, r and p in registers (S_n, the keys and w in shared memory) and runs all the
-steps: per step the products P S_n (rows scaled by exp(c_t)) and (P K^T * decay * causal) W as two tensor-core dots
-plus lamb P, then per row
+(w = beta k), which needs only the chunk's S_n [K, K], k [C, K], beta and c. A program takes ``cg_rows`` tokens of one
+chunk of one batch-head, loads their b, keeps x, r and p in registers (S_n, the keys and w in shared memory) and runs
+all the steps: per step the products P S_n (rows scaled by exp(c_t)) and (P K^T * decay * causal) W as two tensor-core
+dots plus lamb P, then per row
 
     alpha = r.r / p.Ap,   x += alpha p,   r -= alpha Ap,   beta = r'.r' / r.r,   p = r' + beta p
 
 with cg_solve's freezing rule: a row whose residual reached ||r||^2 <= (32 eps ||b||)^2 takes zero steps from then
 on, and a ratio with a denominator below float32's smallest normal number is zero (no 0/0 for b = 0 or masked
 rows). Rows past T and columns past K are masked to zero. The dots use the scan's precision (tf32 for bf16/fp16
-inputs, IEEE float32 for float32 ones). Two callers: mesa_net's own path (triton_fused.py) passes the inputs as they
-are, w = beta k formed in the kernel, the query scale folded into the load of b; :func:`chunk_cg_solve` (the Scan
-protocol's solve, composed.py) scans the states of float32 k and w with simple_gla's state kernel first. Forward
-only: both differentiate the solve implicitly, by a second solve on the transposed system.
+inputs, IEEE float32 for float32 ones). Its caller, mesa_net's own path (triton_fused.py), passes the inputs as they
+are, w = beta k formed in the kernel, the query scale folded into the load of b, and the chunk states of its own
+scan kernel. Forward only: the solve is differentiated implicitly, by a second solve on the transposed system.
 
 ``fused_cg_solve``: the per-step form, one launch per CG step of the step's vector updates given the product
 y = G_t p from any scan (a step of :func:`linattn.ops.mesa_net.solve.cg_solve` is about fifteen elementwise and
@@ -36,11 +35,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.registered_ops import define_op
 from ..common.triton_launch import fast_launch
 from ..common.triton_masking import finite_part, is_finite, nonfinite_rows, rows_seeing
-from ..common.triton_utils import block, cdiv, dot_precision, launch_overrides, mm, upcast_dots
-from ..simple_gla.triton import simple_gla_triton_states
+from ..common.triton_utils import block, cdiv, dot_precision, launch_overrides, mm
 from .solve import cg_floor
 
 ROWS_PER_PROGRAM = 32  # tokens x heads per program: a [32, K] tile of each of x, r, p, y
@@ -134,15 +131,15 @@ MAX_BLOCK_K = 128
 
 
 def chunk_cg_fits(K: int) -> bool:
-    """Whether :func:`chunk_cg_solve` (and the fused path, triton_fused.py) takes head dim K (else the per-step form
-    solves the system)."""
+    """Whether the one-launch solve (and so the fused path, triton_fused.py) takes head dim K (else mesa_net's
+    composed path solves the system step by step)."""
     return block(K) <= MAX_BLOCK_K
 
 
 @fast_launch
 @triton.jit(do_not_specialize=["T", "steps"])
-def _chunk_cg_kernel(k, w, beta, g, h, lamb, b, x, scale, steps, T, H: tl.constexpr, K: tl.constexpr,
-                     C: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, FOLD: tl.constexpr, TRANS: tl.constexpr,
+def _chunk_cg_kernel(k, beta, g, h, lamb, b, x, scale, steps, T, H: tl.constexpr, K: tl.constexpr,
+                     C: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, TRANS: tl.constexpr,
                      NAN_B: tl.constexpr, FLOOR: tl.constexpr, TINY: tl.constexpr, PREC: tl.constexpr,
                      UP: tl.constexpr):
     """Grid (cdiv(T, C) * (C // BR), B*H): ``steps`` CG steps on (G_t + diag(lamb)) x_t = scale b_t for BR tokens of
@@ -151,10 +148,10 @@ def _chunk_cg_kernel(k, w, beta, g, h, lamb, b, x, scale, steps, T, H: tl.conste
 
         G_t p = exp(c_t) S^T p + sum_{s <= t in the chunk} exp(c_t - c_s) (p . k_s) w_s
 
-    (c: the log gates cumulated within the chunk). FOLD: w_s = beta_s k_s, made in the kernel from k and beta; else
-    w read. A token's product reads only its own p, so the BR rows of a program are independent systems, which all
-    take the same steps (cg_solve's freezing rule per row). NAN_B: a row whose b is not finite is NaN in x (CG's
-    zero steps would hide it). Inputs in any float dtype, computed in float32; x float32."""
+    (c: the log gates cumulated within the chunk), w_s = beta_s k_s made in the kernel from k and beta. A token's
+    product reads only its own p, so the BR rows of a program are independent systems, which all take the same steps
+    (cg_solve's freezing rule per row). NAN_B: a row whose b is not finite is NaN in x (CG's zero steps would hide it).
+    Inputs in any float dtype, computed in float32; x float32."""
     i_r, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     N = tl.cdiv(T, C)
@@ -173,7 +170,7 @@ def _chunk_cg_kernel(k, w, beta, g, h, lamb, b, x, scale, steps, T, H: tl.conste
     causal = o_r[:, None] >= o_c[None, :]
     D = tl.where(causal, tl.exp(tl.where(causal, c_r[:, None] - c[None, :], 0.0)), 0.0)  # [t, s]
     decay = tl.exp(c_r)
-    # a non-finite key (or w_s, or beta_s) reaches rows t >= s only: the dots read the finite parts (a NaN times a
+    # a non-finite key (or beta_s) reaches rows t >= s only: the dots read the finite parts (a NaN times a
     # zero weight would reach every row) and the rows that may read it are made NaN
     kc = tl.load(k + row_c[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
     bad = nonfinite_rows(kc)
@@ -181,14 +178,9 @@ def _chunk_cg_kernel(k, w, beta, g, h, lamb, b, x, scale, steps, T, H: tl.conste
     # bf16 keys in shared memory and converts them to float32 at every step (Triton 3.9: 400 more instructions a
     # step); this way the float32 keys are made once
     kc = finite_part(kc) * m_c.to(tl.float32)[:, None]
-    if FOLD:
-        bet = tl.load(beta + row_c, mask=m_c, other=0.0).to(tl.float32)
-        bad = tl.maximum(bad, tl.where(is_finite(bet), 0.0, 1.0))
-        wc = kc * finite_part(bet)[:, None]
-    else:
-        wc = tl.load(w + row_c[:, None] * K + o_k[None, :], mask=m_ck, other=0.0)
-        bad = tl.maximum(bad, nonfinite_rows(wc))
-        wc = finite_part(wc) * m_c.to(tl.float32)[:, None]
+    bet = tl.load(beta + row_c, mask=m_c, other=0.0).to(tl.float32)
+    bad = tl.maximum(bad, tl.where(is_finite(bet), 0.0, 1.0))
+    wc = kc * finite_part(bet)[:, None]  # w = beta k
     poison = rows_seeing(bad, causal)
     lam = tl.load(lamb + i_h * K + o_k, mask=m_k, other=0.0).to(tl.float32)
     bt = tl.load(b + row_r[:, None] * K + o_k[None, :], mask=m_rk, other=0.0).to(tl.float32) * scale
@@ -220,33 +212,3 @@ def cg_launch(dtype: torch.dtype, C: int, precision: str | None) -> dict:
     """The chunk solve's dtype-dependent constants and launch options (rows per program, warps)."""
     return dict(BR=min(C, LAUNCH["cg_rows"]), FLOOR=(32 * torch.finfo(dtype).eps) ** 2, TINY=torch.finfo(dtype).tiny,
                 PREC=precision or dot_precision(dtype), num_warps=LAUNCH["cg_warps"])
-
-
-def chunk_cg_solve(k: torch.Tensor, w: torch.Tensor, g: torch.Tensor, s0: torch.Tensor | None, lamb: torch.Tensor,
-                   b: torch.Tensor, steps: int, chunk_size: int, precision: str | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``steps`` CG steps on (G_t + diag(lamb)) x_t = b_t from x = 0 for every token, G_t = S_t^T with S the scan
-    S_t = exp(g_t) S_{t-1} + k_t w_t^T from ``s0``: its chunk states scanned once, then one launch for all the steps.
-    float32 k, w, b [B, T, H, K] contiguous, g [B, T, H], s0 [B, H, K, K] or None, lamb [H, K]; ``precision``: the
-    dots' (None: IEEE float32). Returns (x, S_T). The same iterates as ``cg_solve`` on p -> G_t p + lamb p, up to
-    the order of float32 sums. (The Scan protocol's solve, composed.py; mesa_net's own path, triton_fused.py, runs
-    the same kernel on the inputs with beta folded in.)"""
-    B, T, H, K = b.shape
-    states = simple_gla_triton_states(k, w, g, s0, chunk_size, precision=precision)
-    C = states.C
-    launch = cg_launch(b.dtype, C, precision)
-    x = torch.empty_like(b)
-    _chunk_cg_kernel[(cdiv(T, C) * (C // launch["BR"]), B * H)](
-        k=k, w=w, beta=g, g=g, h=states.h, lamb=lamb.to(b.dtype).contiguous(), b=b, x=x, scale=1.0, steps=steps,
-        T=T, H=H, K=K, C=C, BK=block(K), FOLD=False, TRANS=False, NAN_B=False, UP=upcast_dots(b.dtype), **launch)
-    return x, states.final
-
-
-def _chunk_cg_fake(k, w, g, s0, lamb, b, steps, chunk_size, precision=None):
-    B, _, H, K = b.shape
-    return torch.empty_like(b), b.new_empty(B, H, K, K, dtype=torch.float32)
-
-
-# chunk_cg_solve as an opaque op for torch.compile graphs (forward only: the composed backend differentiates the
-# solve implicitly, by another solve)
-_chunk_cg_op = define_op("mesa_net_chunk_cg", chunk_cg_solve, _chunk_cg_fake)

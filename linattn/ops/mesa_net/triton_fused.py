@@ -386,8 +386,8 @@ def mesa_cg_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     x = q.new_empty(B, T, H, K, dtype=torch.float32)
     launch = cg_launch(torch.float32, C, prec)
     _chunk_cg_kernel[(N * (C // launch["BR"]), B * H)](
-        k=k, w=k, beta=beta, g=g, h=hk, lamb=lamb, b=q, x=x, scale=scale, steps=steps, T=T, H=H, K=K, C=C,
-        BK=block(K), FOLD=True, TRANS=False, NAN_B=True, UP=up, **launch)
+        k=k, beta=beta, g=g, h=hk, lamb=lamb, b=q, x=x, scale=scale, steps=steps, T=T, H=H, K=K, C=C,
+        BK=block(K), TRANS=False, NAN_B=True, UP=up, **launch)
     # the read-out in a kernel of its own: in the solve's kernel its products made the compiler hold the keys' tiles
     # in registers across the steps, which then spilled (Triton 3.9, sm_90)
     o = q.new_empty(B, T, H, V)
@@ -427,8 +427,8 @@ def mesa_cg_backward(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     u = torch.empty_like(x)
     launch = cg_launch(torch.float32, C, prec)
     _chunk_cg_kernel[(N * (C // launch["BR"]), B * H)](
-        k=k, w=k, beta=beta, g=g, h=hk, lamb=lamb, b=dx, x=u, scale=1.0, steps=steps, T=T, H=H, K=K, C=C,
-        BK=block(K), FOLD=True, TRANS=True, NAN_B=False, UP=up, **launch)
+        k=k, beta=beta, g=g, h=hk, lamb=lamb, b=dx, x=u, scale=1.0, steps=steps, T=T, H=H, K=K, C=C,
+        BK=block(K), TRANS=True, NAN_B=False, UP=up, **launch)
     del dx
     # the solve's gradient to G_t is -u_t x_t^T: y_t = G_t x_t read with the cotangent -u_t
     dhk, dS0 = _dstates(x, u, g, dGT, -1.0, True, C, prec, up)
