@@ -410,7 +410,11 @@ class ConvOutputs:
     rebuilt from the first in the backward pass: the ShortConvs and :meth:`MixerLayer.op_inputs` (feature maps,
     norms, gates) run again once per layer, without gradients and under the forward's autocast state. They are
     elementwise and per-channel kernels, cheap beside the op's backward; the values are the forward's, bit for bit
-    (the same kernels on the same inputs).
+    (the same kernels on the same inputs). They run with gradients enabled, as the forward did, and their results
+    are detached: the backends' choices depend on the grad mode (ShortConv's "auto" takes conv1d for small CUDA
+    inputs that need gradients, the joint Triton conv otherwise), and another choice lays the same values out in
+    other storage, where the saved views would read the wrong elements. Each recomputed tensor's layout is checked
+    against the forward's before any view is taken of it.
 
     ``pack`` wraps every tensor saved while the hooks are on; ``seal`` (after the op) drops the wrapped tensor of
     each one that is a conv output or q, k, v (same storage), keeping where it lies in that tensor; ``unpack``
@@ -422,6 +426,7 @@ class ConvOutputs:
         dev = x.device.type
         self.autocast = (dev, torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev))
         self.targets: dict[int, int] = {}  # storage address -> index in the recomputed list
+        self.layouts: list[tuple] = []  # the forward's layout of each added tensor, in order
         self.held: list[list] = []
         self.cache: list[torch.Tensor] | None = None
         self.n = 0
@@ -429,6 +434,7 @@ class ConvOutputs:
     def add(self, tensors) -> None:
         for t in tensors:
             self.targets.setdefault(t.untyped_storage().data_ptr(), self.n)
+            self.layouts.append(storage_layout(t))
             self.n += 1
 
     def pack(self, t: torch.Tensor) -> list:
@@ -458,10 +464,22 @@ class ConvOutputs:
     def recompute(self) -> list[torch.Tensor]:
         layer = self.layer
         dev, enabled, dtype = self.autocast
-        with torch.no_grad(), torch.autocast(dev, dtype=dtype, enabled=enabled):
+        with torch.enable_grad(), torch.autocast(dev, dtype=dtype, enabled=enabled):
             s, _ = layer.convolve(self.pre, None, self.cu_seqlens, caches=False)
             q, k, v, _, _ = layer.op_inputs(self.x, s, self.offset, self.cu_seqlens)
-        return [*(s[name] for name in layer.convs), q, k, v]
+        tensors = [t.detach() for t in (*(s[name] for name in layer.convs), q, k, v)]
+        for i, (t, layout) in enumerate(zip(tensors, self.layouts)):
+            if storage_layout(t) != layout:
+                raise RuntimeError(
+                    f"{type(layer).__name__}: recomputed tensor {i} of the backward pass has layout {storage_layout(t)}"
+                    f" (shape, stride, storage offset, storage bytes), the forward's had {layout}; its saved views "
+                    "would read the wrong elements")
+        return tensors
+
+
+def storage_layout(t: torch.Tensor) -> tuple:
+    """Where ``t``'s elements lie in its storage: (shape, stride, storage offset, storage bytes, dtype)."""
+    return tuple(t.shape), t.stride(), t.storage_offset(), t.untyped_storage().nbytes(), t.dtype
 
 
 def unchecked(fn: Callable, *args: Any) -> Any:

@@ -47,6 +47,40 @@ def test_recomputed_conv_outputs_give_the_same_gradients(mixer, monkeypatch):
         assert (a is None and b is None) or torch.equal(a, b)
 
 
+def _grad_mode_conv_backend(x: torch.Tensor) -> str:
+    """ShortConv's "auto" as on CUDA, with the multiply-adds for Triton: conv1d when gradients are wanted, another
+    backend (and another output layout) otherwise."""
+    return "conv1d" if torch.is_grad_enabled() and x.requires_grad else "muladd"
+
+
+@pytest.mark.parametrize("mixer", CONV_MIXERS)
+def test_recomputed_with_a_grad_mode_dependent_conv_backend(mixer, monkeypatch):
+    """The recompute makes the forward's backend choices: on CUDA, ShortConv's "auto" takes conv1d for small inputs
+    that need gradients and the Triton kernels without gradients, whose outputs lie in other storage layouts."""
+    monkeypatch.setattr("linattn.layers.shortconv.auto_backend", _grad_mode_conv_backend)
+    torch.manual_seed(0)
+    layer = mixer_class(mixer)(32, 2)
+    x = torch.randn(2, 37, 32)
+    kept, recomputed = (_grads(layer, x, r, monkeypatch) for r in (False, True))
+    for a, b in zip(kept, recomputed):
+        assert (a is None and b is None) or torch.equal(a, b)
+
+
+def test_a_recompute_laid_out_otherwise_is_an_error(monkeypatch):
+    """A recomputed tensor in another storage layout than the forward's is an error, not wrong gradients."""
+    in_backward = []
+
+    def conv1d_then_muladd(x: torch.Tensor) -> str:
+        return "muladd" if in_backward else "conv1d"
+
+    monkeypatch.setattr("linattn.layers.shortconv.auto_backend", conv1d_then_muladd)
+    layer = mixer_class("gated_delta_rule")(32, 2)
+    y, _ = layer(torch.randn(2, 37, 32), use_cache=False)
+    in_backward.append(True)
+    with pytest.raises(RuntimeError, match="recomputed tensor 0 of the backward pass has layout"):
+        y.square().sum().backward()
+
+
 @pytest.mark.triton
 @pytest.mark.skipif(not triton_available(), reason="triton not installed")
 @pytest.mark.parametrize("mixer", ["gated_delta_rule", "mamba2", "comba"])
