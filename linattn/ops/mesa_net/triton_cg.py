@@ -120,9 +120,13 @@ def fused_cg_solve(product: Callable[[torch.Tensor], torch.Tensor], lamb: torch.
 # through the solve (BV: a block of k's columns); "chunk": the largest chunk they take (a larger chunk_size runs in
 # chunks of this many tokens: the same sums in another order; 32 halves the solve's key tiles and doubles the
 # states' size).
-LAUNCH = {"cg_rows": 32, "cg_warps": 4, "scan_BV": 64, "scan_warps": 4, "scan_stages": 3, "out_BV": 64,
-          "out_warps": 8, "out_stages": 3, "bscan_BV": 64, "bscan_warps": 4, "bscan_stages": 3, "grads_BV": 64,
-          "grads_BK": 32, "grads_warps": 8, "grads_stages": 2, "kk_BV": 32, "kk_warps": 8, "kk_stages": 1, "chunk": 64}
+# The values of triton_fused.py's kernels are the per-kernel best of ``python -m linattn.bench.triton_tune --family
+# mesa_net`` on an H200 (bf16, B 4, T 16384, H 16, K = V = 128): state scans 2.38 -> 2.15 ms, read-out 2.45 -> 1.59,
+# reverse scans 1.90 -> 1.48, read-out gradients 5.93 -> 3.74; the op's forward+backward 61.5 -> 57.9 ms (one process).
+# The solve's 32 rows and 4 warps stayed best (43.6 ms for both solves; 64 rows 44.5-44.9, 16 rows 53.8-72.1).
+LAUNCH = {"cg_rows": 32, "cg_warps": 4, "scan_BV": 32, "scan_warps": 2, "scan_stages": 2, "out_BV": 64,
+          "out_warps": 4, "out_stages": 3, "bscan_BV": 32, "bscan_warps": 4, "bscan_stages": 2, "grads_BV": 32,
+          "grads_BK": 32, "grads_warps": 4, "grads_stages": 2, "kk_BV": 32, "kk_warps": 8, "kk_stages": 1, "chunk": 64}
 launch_overrides("mesa_net", LAUNCH)
 
 # The widest key block the chunk solve takes: its dots stage S_n [K, K] and the keys [C, K] float32 in shared memory
