@@ -127,10 +127,13 @@ def op_inputs(op: str, B: int, T: int, H: int, K: int, V: int, dtype: torch.dtyp
 
 
 def op_launches(op: str, B: int, T: int, H: int, K: int, V: int, dtype: torch.dtype) -> list[Launch]:
-    """The kernel launches of one forward and one backward of ``op``'s triton backend (first of each kernel)."""
+    """The kernel launches of one forward and one backward of ``op``'s triton backend (first of each kernel), with
+    ``linattn bench ops``' settings (e.g. mesa_net's CG solver, which has kernels of its own)."""
+    from linattn.bench.ops import OP_KWARGS
+
     inputs = op_inputs(op, B, T, H, K, V, dtype)
     with triton_path_on_cpu() as launches:
-        o, _ = get_op(op).fn(**inputs, backend="triton")
+        o, _ = get_op(op).fn(**inputs, **OP_KWARGS.get(op, {}), backend="triton")
         o.backward(torch.ones_like(o))
     seen, unique = set(), []
     for launch in launches:

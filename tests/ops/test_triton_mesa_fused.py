@@ -171,3 +171,26 @@ def test_custom_ops_and_their_fake_kernels():
     assert [(tuple(t.shape), t.dtype) for t in fake_grads] == [(tuple(t.shape), t.dtype) for t in (q, *args[1:8])]
     torch.library.opcheck(torch.ops.linattn.mesa_net_cg_fwd.default, args)
     torch.library.opcheck(torch.ops.linattn.mesa_net_cg_bwd.default, bargs)
+
+
+def test_solve_products_in_the_input_dtype():
+    """cg_dots "input": the solve's product operands rounded to the 16-bit input dtype (as FLA multiplies). bf16
+    inputs: x moves by about bf16's rounding and the op stays within the bf16 tolerances of the float32-operand
+    path, gradients included; float32 inputs are not affected."""
+    from linattn.ops.mesa_net.triton_fused import mesa_cg_forward
+
+    x = inputs(2, 45, 2, 16, 12, dtype=torch.bfloat16, seed=5)
+    q, k, v, g, beta, lamb, G0, H0 = x
+    solve = [mesa_cg_forward(q, k, v, g, beta, lamb, G0, H0, 0.25, 16, 16)[1]]
+    with settings(triton_launch={"mesa_net": {"cg_dots": "input"}}):
+        solve.append(mesa_cg_forward(q, k, v, g, beta, lamb, G0, H0, 0.25, 16, 16)[1])
+        got = grads(fused, x)
+    assert not torch.equal(*solve), "the setting took effect"
+    assert_close(solve[1], solve[0], 5e-3, "x with 16-bit product operands")
+    compare(got, grads(composed, x), 5e-3, "bf16, 16-bit products", metric="rmse", grad_tol=1e-2)
+    x32 = inputs(1, 20, 2, 8, 6, seed=2)
+    want = grads(fused, x32)
+    with settings(triton_launch={"mesa_net": {"cg_dots": "input"}}):
+        compare(grads(fused, x32), want, 0.0, "float32 inputs")
+    with settings(triton_launch={"mesa_net": {"cg_dots": "bf16"}}), pytest.raises(ValueError, match="cg_dots"):
+        fused(*x32)

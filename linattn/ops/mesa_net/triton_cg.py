@@ -120,13 +120,21 @@ def fused_cg_solve(product: Callable[[torch.Tensor], torch.Tensor], lamb: torch.
 # through the solve (BV: a block of k's columns); "chunk": the largest chunk they take (a larger chunk_size runs in
 # chunks of this many tokens: the same sums in another order; 32 halves the solve's key tiles and doubles the
 # states' size).
+# "cg_dots": the solve's products take float32 operands at the scan's precision ("tf32": tf32 for 16-bit inputs,
+# IEEE for float32 ones) or, for 16-bit inputs, operands rounded to the input dtype ("input": p, S, w and the decayed
+# scores rounded to bf16/fp16 at each product, as FLA's chunk_mesa_net multiplies; twice the tensor-core rate and
+# half the shared memory for S and the keys). Emulated on the CPU (bf16 inputs, K = 128, T = 1024, float64 exact
+# solve as reference): the solution's relative error 1.5e-5 (tf32) and 1.2e-4 ("input") with lamb = 1 and decays
+# in [-0.5, 0); 1.7e-4 and 1.35e-3 with lamb = 0.25 and g = -0.01; bf16's unit roundoff is 3.9e-3.
 # The values of triton_fused.py's kernels are the per-kernel best of ``python -m linattn.bench.triton_tune --family
 # mesa_net`` on an H200 (bf16, B 4, T 16384, H 16, K = V = 128): state scans 2.38 -> 2.15 ms, read-out 2.45 -> 1.59,
 # reverse scans 1.90 -> 1.48, read-out gradients 5.93 -> 3.74; the op's forward+backward 61.5 -> 57.9 ms (one process).
 # The solve's 32 rows and 4 warps stayed best (43.6 ms for both solves; 64 rows 44.5-44.9, 16 rows 53.8-72.1).
-LAUNCH = {"cg_rows": 32, "cg_warps": 4, "scan_BV": 32, "scan_warps": 2, "scan_stages": 2, "out_BV": 64,
-          "out_warps": 4, "out_stages": 3, "bscan_BV": 32, "bscan_warps": 4, "bscan_stages": 2, "grads_BV": 32,
-          "grads_BK": 32, "grads_warps": 4, "grads_stages": 2, "kk_BV": 32, "kk_warps": 8, "kk_stages": 1, "chunk": 64}
+CG_DOTS = ("tf32", "input")
+LAUNCH = {"cg_rows": 32, "cg_warps": 4, "cg_dots": "tf32", "scan_BV": 32, "scan_warps": 2, "scan_stages": 2,
+          "out_BV": 64, "out_warps": 4, "out_stages": 3, "bscan_BV": 32, "bscan_warps": 4, "bscan_stages": 2,
+          "grads_BV": 32, "grads_BK": 32, "grads_warps": 4, "grads_stages": 2, "kk_BV": 32, "kk_warps": 8,
+          "kk_stages": 1, "chunk": 64}
 launch_overrides("mesa_net", LAUNCH)
 
 # The widest key block the chunk solve takes: its dots stage S_n [K, K] and the keys [C, K] float32 in shared memory
@@ -145,7 +153,7 @@ def chunk_cg_fits(K: int) -> bool:
 def _chunk_cg_kernel(k, beta, g, h, lamb, b, x, scale, steps, T, H: tl.constexpr, K: tl.constexpr,
                      C: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, TRANS: tl.constexpr,
                      NAN_B: tl.constexpr, FLOOR: tl.constexpr, TINY: tl.constexpr, PREC: tl.constexpr,
-                     UP: tl.constexpr):
+                     UP: tl.constexpr, LOW: tl.constexpr):
     """Grid (cdiv(T, C) * (C // BR), B*H): ``steps`` CG steps on (G_t + diag(lamb)) x_t = scale b_t for BR tokens of
     one chunk n, every step's product from the chunk's entering state S = h[b, h, n] [K, K] (G_t = S_t^T; TRANS:
     G_t = S_t, S read transposed) and its keys:
@@ -155,7 +163,9 @@ def _chunk_cg_kernel(k, beta, g, h, lamb, b, x, scale, steps, T, H: tl.constexpr
     (c: the log gates cumulated within the chunk), w_s = beta_s k_s made in the kernel from k and beta. A token's
     product reads only its own p, so the BR rows of a program are independent systems, which all take the same steps
     (cg_solve's freezing rule per row). NAN_B: a row whose b is not finite is NaN in x (CG's zero steps would hide it).
-    Inputs in any float dtype, computed in float32; x float32."""
+    LOW: the products' operands (p, S, the keys, w and the decayed scores) rounded to k's 16-bit dtype, as FLA's
+    chunk_mesa_net multiplies; else float32 operands at PREC. Inputs in any float dtype, computed in float32 (the
+    products accumulate in float32 either way); x float32."""
     i_r, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     N = tl.cdiv(T, C)
@@ -193,6 +203,10 @@ def _chunk_cg_kernel(k, beta, g, h, lamb, b, x, scale, steps, T, H: tl.constexpr
     else:
         at_S = h + (i_bh * N + n) * K * K + o_k[:, None] * K + o_k[None, :]
     S = tl.load(at_S, mask=m_k[:, None] & m_k[None, :], other=0.0).to(tl.float32)
+    # the products' operand dtype: with LOW, k's 16-bit dtype (bf16 keys are exact in it; S and w are rounded once,
+    # p and the scores at every step)
+    DT: tl.constexpr = k.dtype.element_ty if LOW else tl.float32
+    kd, wd, Sd = kc.to(DT), wc.to(DT), S.to(DT)
     xt = tl.zeros([BR, BK], dtype=tl.float32)
     rt = bt
     pt = bt
@@ -203,8 +217,9 @@ def _chunk_cg_kernel(k, beta, g, h, lamb, b, x, scale, steps, T, H: tl.constexpr
     # S, the keys and w are loop-invariant: the compiler keeps them in shared memory across the steps
     for _ in range(steps):
         # D is 0 above the diagonal and the keys are finite: a non-finite entry of A can only come from p's own row
-        A = mm(pt, tl.trans(kc), PREC, UP) * D
-        ap = mm(pt, S, PREC, UP) * decay[:, None] + mm(A, wc, PREC, UP)  # exp(c_t) S^T p: the rows scaled after
+        pd = pt.to(DT)
+        A = mm(pd, tl.trans(kd), PREC, UP) * D
+        ap = mm(pd, Sd, PREC, UP) * decay[:, None] + mm(A.to(DT), wd, PREC, UP)  # exp(c_t) S^T p: rows scaled after
         ap = ap + poison[:, None] + lam[None, :] * pt
         xt, rt, pt, rr = _cg_update(xt, rt, pt, ap, rr, floor, TINY)
     if NAN_B:
@@ -212,7 +227,12 @@ def _chunk_cg_kernel(k, beta, g, h, lamb, b, x, scale, steps, T, H: tl.constexpr
     tl.store(x + row_r[:, None] * K + o_k[None, :], xt, mask=m_rk)
 
 
-def cg_launch(dtype: torch.dtype, C: int, precision: str | None) -> dict:
-    """The chunk solve's dtype-dependent constants and launch options (rows per program, warps)."""
+def cg_launch(dtype: torch.dtype, C: int, precision: str | None, keys: torch.dtype) -> dict:
+    """The chunk solve's dtype-dependent constants and launch options (rows per program, warps, the products'
+    operands: LOW for 16-bit keys when ``cg_dots`` is "input"). ``dtype``: the CG vectors'."""
+    if LAUNCH["cg_dots"] not in CG_DOTS:
+        raise ValueError(f"mesa_net launch setting cg_dots must be one of {', '.join(map(repr, CG_DOTS))}, "
+                         f"got {LAUNCH['cg_dots']!r}")
+    low = LAUNCH["cg_dots"] == "input" and keys in (torch.bfloat16, torch.float16)
     return dict(BR=min(C, LAUNCH["cg_rows"]), FLOOR=(32 * torch.finfo(dtype).eps) ** 2, TINY=torch.finfo(dtype).tiny,
-                PREC=precision or dot_precision(dtype), num_warps=LAUNCH["cg_warps"])
+                PREC=precision or dot_precision(dtype), LOW=low, num_warps=LAUNCH["cg_warps"])

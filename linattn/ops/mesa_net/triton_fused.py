@@ -384,7 +384,7 @@ def mesa_cg_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     prec, up = dot_precision(q.dtype), upcast_dots(q.dtype)
     hk, hv, GT, HT = _states(k, v, g, beta, G0, H0, C, prec, up)
     x = q.new_empty(B, T, H, K, dtype=torch.float32)
-    launch = cg_launch(torch.float32, C, prec)
+    launch = cg_launch(torch.float32, C, prec, k.dtype)
     _chunk_cg_kernel[(N * (C // launch["BR"]), B * H)](
         k=k, beta=beta, g=g, h=hk, lamb=lamb, b=q, x=x, scale=scale, steps=steps, T=T, H=H, K=K, C=C,
         BK=block(K), TRANS=False, NAN_B=True, UP=up, **launch)
@@ -425,7 +425,7 @@ def mesa_cg_backward(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     del hv, dhv  # H's states are done with: the solve's tensors take their memory
     # u_t = (G_t + diag(lamb))^-T dx_t: the same solve with S_n read transposed (S_n^T = G_n)
     u = torch.empty_like(x)
-    launch = cg_launch(torch.float32, C, prec)
+    launch = cg_launch(torch.float32, C, prec, k.dtype)
     _chunk_cg_kernel[(N * (C // launch["BR"]), B * H)](
         k=k, beta=beta, g=g, h=hk, lamb=lamb, b=dx, x=u, scale=1.0, steps=steps, T=T, H=H, K=K, C=C,
         BK=block(K), TRANS=True, NAN_B=False, UP=up, **launch)
