@@ -51,11 +51,12 @@ CONV_BACKENDS = switches.SHORTCONV_BACKENDS
 CONV1D_MAX_TRAINING_NUMEL = 4 * 2048 * 1024
 
 
-def auto_backend(x: torch.Tensor) -> str:
+def auto_backend(x: torch.Tensor, *, on_cuda: bool | None = None) -> str:
     """The backend "auto" picks for input x: multiply-adds on the CPU; on CUDA the Triton kernels for single
     tokens (one launch per decoding step) and large inputs, conv1d for small inputs that need gradients
-    (without Triton: multiply-adds for single tokens, conv1d otherwise)."""
-    if not x.is_cuda:
+    (without Triton: multiply-adds for single tokens, conv1d otherwise). ``on_cuda`` (default: x.is_cuda) lets
+    tests make CUDA's choices for CPU tensors, the Triton kernels then running in the interpreter."""
+    if not (x.is_cuda if on_cuda is None else on_cuda):
         return "muladd"
     if x.shape[1] == 1:
         return "triton" if triton_importable() else "muladd"

@@ -1,0 +1,50 @@
+"""Every mixer layer making CUDA's choices (the ops' Triton backends, the fused norm and gate kernels, ShortConv's
+"auto" rule for CUDA tensors: conv1d for small inputs that need gradients, the Triton kernels otherwise, including
+the backward pass's recompute) gives the plain CPU layer's output and gradients (chunk backends, PyTorch norms,
+multiply-add convs). Choices that depend on the device or the grad mode are where CUDA-only bugs hide: the
+recompute of the conv outputs once rebuilt q, k, v in another layout than the forward's on CUDA.
+
+Runs on CUDA when present (the layer as it is there, against a CPU copy), else on the CPU through Triton's
+interpreter (tests/conftest.py) with ShortConv's rule for CUDA tensors."""
+
+import functools
+
+import pytest
+import torch
+
+import linattn
+import linattn.layers.shortconv as shortconv
+from linattn.layers.registry import list_mixers, mixer_class
+from linattn.ops.common.triton_compat import triton_available
+from linattn.testing import assert_close
+
+pytestmark = [pytest.mark.triton, pytest.mark.skipif(not triton_available(), reason="triton not installed"),
+              pytest.mark.usefixtures("one_thread")]
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _output_and_grads(layer, x):
+    layer.zero_grad()
+    x = x.detach().clone().requires_grad_(True)
+    y, _ = layer(x, use_cache=False)
+    y.square().sum().backward()
+    return [y.detach(), x.grad] + [p.grad for p in layer.parameters()]
+
+
+@pytest.mark.parametrize("mixer", list_mixers())
+def test_the_layer_with_cudas_choices_equals_the_cpu_layer(mixer, monkeypatch):
+    torch.manual_seed(0)
+    layer = mixer_class(mixer)(32, 2)
+    x = torch.randn(2, 37, 32, generator=torch.Generator().manual_seed(1))
+    with linattn.settings(op_backend="chunk", fused_backend="torch", shortconv_backend="muladd"):
+        want = _output_and_grads(layer, x)
+    if DEVICE == "cpu":
+        monkeypatch.setattr(shortconv, "auto_backend", functools.partial(shortconv.auto_backend, on_cuda=True))
+    with linattn.settings(op_backend="auto" if DEVICE == "cuda" else "triton", fused_backend="auto"
+                          if DEVICE == "cuda" else "triton", shortconv_backend="auto"):
+        got = _output_and_grads(layer.to(DEVICE), x.to(DEVICE))
+    names = ["output", "dx"] + [f"grad of {n}" for n, _ in layer.named_parameters()]
+    for name, a, e in zip(names, got, want):
+        assert (a is None) == (e is None), name
+        if e is not None:
+            assert_close(a.cpu(), e, 1e-4, f"{mixer}: {name}")
