@@ -8,6 +8,7 @@ Runs on CUDA when present (the layer as it is there, against a CPU copy), else o
 interpreter (tests/conftest.py) with ShortConv's rule for CUDA tensors."""
 
 import functools
+import inspect
 
 import pytest
 import torch
@@ -23,26 +24,32 @@ pytestmark = [pytest.mark.triton, pytest.mark.skipif(not triton_available(), rea
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _output_and_grads(layer, x):
+def _output_and_grads(layer, x, **kw):
     layer.zero_grad()
     x = x.detach().clone().requires_grad_(True)
-    y, _ = layer(x, use_cache=False)
+    y, _ = layer(x, use_cache=False, **kw)
     y.square().sum().backward()
     return [y.detach(), x.grad] + [p.grad for p in layer.parameters()]
 
 
-@pytest.mark.parametrize("mixer", list_mixers())
-def test_the_layer_with_cudas_choices_equals_the_cpu_layer(mixer, monkeypatch):
+PACKED = [m for m in list_mixers() if "cu_seqlens" in inspect.signature(mixer_class(m).forward).parameters]
+
+
+@pytest.mark.parametrize("mixer,packed", [(m, False) for m in list_mixers()] + [(m, True) for m in PACKED])
+def test_the_layer_with_cudas_choices_equals_the_cpu_layer(mixer, packed, monkeypatch):
+    """Packed: three sequences in one row (the packed ShortConv and op paths)."""
     torch.manual_seed(0)
     layer = mixer_class(mixer)(32, 2)
-    x = torch.randn(2, 37, 32, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(1 if packed else 2, 70 if packed else 37, 32, generator=torch.Generator().manual_seed(1))
+    cu = torch.tensor([0, 20, 33, 70]) if packed else None
+    kw = {"cu_seqlens": cu} if packed else {}
     with linattn.settings(op_backend="chunk", fused_backend="torch", shortconv_backend="muladd"):
-        want = _output_and_grads(layer, x)
+        want = _output_and_grads(layer, x, **kw)
     if DEVICE == "cpu":
         monkeypatch.setattr(shortconv, "auto_backend", functools.partial(shortconv.auto_backend, on_cuda=True))
     with linattn.settings(op_backend="auto" if DEVICE == "cuda" else "triton", fused_backend="auto"
                           if DEVICE == "cuda" else "triton", shortconv_backend="auto"):
-        got = _output_and_grads(layer.to(DEVICE), x.to(DEVICE))
+        got = _output_and_grads(layer.to(DEVICE), x.to(DEVICE), **({"cu_seqlens": cu.to(DEVICE)} if packed else {}))
     names = ["output", "dx"] + [f"grad of {n}" for n, _ in layer.named_parameters()]
     for name, a, e in zip(names, got, want):
         assert (a is None) == (e is None), name
