@@ -174,9 +174,9 @@ def test_custom_ops_and_their_fake_kernels():
 
 
 def test_solve_products_in_the_input_dtype():
-    """cg_dots "input": the solve's product operands rounded to the 16-bit input dtype (as FLA multiplies). bf16
-    inputs: x moves by about bf16's rounding and the op stays within the bf16 tolerances of the float32-operand
-    path, gradients included; float32 inputs are not affected."""
+    """cg_dots "input": the solve's product operands rounded to bf16 for bf16 inputs (as FLA multiplies): x moves by
+    about bf16's rounding and the op stays within the bf16 tolerances of the float32-operand path, gradients
+    included; float32 and fp16 inputs are not affected (fp16 would overflow where bf16 does not)."""
     from linattn.ops.mesa_net.triton_fused import mesa_cg_forward
 
     x = inputs(2, 45, 2, 16, 12, dtype=torch.bfloat16, seed=5)
@@ -189,8 +189,10 @@ def test_solve_products_in_the_input_dtype():
     assert_close(solve[1], solve[0], 5e-3, "x with 16-bit product operands")
     compare(got, grads(composed, x), 5e-3, "bf16, 16-bit products", metric="rmse", grad_tol=1e-2)
     x32 = inputs(1, 20, 2, 8, 6, seed=2)
-    want = grads(fused, x32)
-    with settings(triton_launch={"mesa_net": {"cg_dots": "input"}}):
-        compare(grads(fused, x32), want, 0.0, "float32 inputs")
+    for dtype in (torch.float32, torch.float16):
+        xd = [t.to(dtype) for t in x32]
+        want = grads(fused, xd)
+        with settings(triton_launch={"mesa_net": {"cg_dots": "input"}}):
+            compare(grads(fused, xd), want, 0.0, f"{dtype} inputs")
     with settings(triton_launch={"mesa_net": {"cg_dots": "bf16"}}), pytest.raises(ValueError, match="cg_dots"):
         fused(*x32)

@@ -121,11 +121,12 @@ def fused_cg_solve(product: Callable[[torch.Tensor], torch.Tensor], lamb: torch.
 # chunks of this many tokens: the same sums in another order; 32 halves the solve's key tiles and doubles the
 # states' size).
 # "cg_dots": the solve's products take float32 operands at the scan's precision ("tf32": tf32 for 16-bit inputs,
-# IEEE for float32 ones) or, for 16-bit inputs, operands rounded to the input dtype ("input": p, S, w and the decayed
-# scores rounded to bf16/fp16 at each product, as FLA's chunk_mesa_net multiplies; twice the tensor-core rate and
-# half the shared memory for S and the keys). Emulated on the CPU (bf16 inputs, K = 128, T = 1024, float64 exact
-# solve as reference): the solution's relative error 1.5e-5 (tf32) and 1.2e-4 ("input") with lamb = 1 and decays
-# in [-0.5, 0); 1.7e-4 and 1.35e-3 with lamb = 0.25 and g = -0.01; bf16's unit roundoff is 3.9e-3.
+# IEEE for float32 ones) or, for bf16 inputs, operands rounded to bf16 ("input": p, S, w and the decayed scores
+# rounded at each product, as FLA's chunk_mesa_net multiplies; twice the tensor-core rate and half the shared memory
+# for S and the keys). fp16 inputs keep tf32: the state S can exceed fp16's range where it does not exceed bf16's.
+# Emulated on the CPU (bf16 inputs, K = 128, T = 1024, float64 exact solve as reference): the solution's relative
+# error 1.5e-5 (tf32) and 1.2e-4 ("input") with lamb = 1 and decays in [-0.5, 0); 1.7e-4 and 1.35e-3 with
+# lamb = 0.25 and g = -0.01; bf16's unit roundoff is 3.9e-3.
 # The values of triton_fused.py's kernels are the per-kernel best of ``python -m linattn.bench.triton_tune --family
 # mesa_net`` on an H200 (bf16, B 4, T 16384, H 16, K = V = 128): state scans 2.38 -> 2.15 ms, read-out 2.45 -> 1.59,
 # reverse scans 1.90 -> 1.48, read-out gradients 5.93 -> 3.74; the op's forward+backward 61.5 -> 57.9 ms (one process).
@@ -163,7 +164,7 @@ def _chunk_cg_kernel(k, beta, g, h, lamb, b, x, scale, steps, T, H: tl.constexpr
     (c: the log gates cumulated within the chunk), w_s = beta_s k_s made in the kernel from k and beta. A token's
     product reads only its own p, so the BR rows of a program are independent systems, which all take the same steps
     (cg_solve's freezing rule per row). NAN_B: a row whose b is not finite is NaN in x (CG's zero steps would hide it).
-    LOW: the products' operands (p, S, the keys, w and the decayed scores) rounded to k's 16-bit dtype, as FLA's
+    LOW: the products' operands (p, S, the keys, w and the decayed scores) rounded to k's dtype (bf16), as FLA's
     chunk_mesa_net multiplies; else float32 operands at PREC. Inputs in any float dtype, computed in float32 (the
     products accumulate in float32 either way); x float32."""
     i_r, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
@@ -203,7 +204,7 @@ def _chunk_cg_kernel(k, beta, g, h, lamb, b, x, scale, steps, T, H: tl.constexpr
     else:
         at_S = h + (i_bh * N + n) * K * K + o_k[:, None] * K + o_k[None, :]
     S = tl.load(at_S, mask=m_k[:, None] & m_k[None, :], other=0.0).to(tl.float32)
-    # the products' operand dtype: with LOW, k's 16-bit dtype (bf16 keys are exact in it; S and w are rounded once,
+    # the products' operand dtype: with LOW, k's (bf16: the keys are exact in it; S and w are rounded once,
     # p and the scores at every step)
     DT: tl.constexpr = k.dtype.element_ty if LOW else tl.float32
     kd, wd, Sd = kc.to(DT), wc.to(DT), S.to(DT)
@@ -229,10 +230,10 @@ def _chunk_cg_kernel(k, beta, g, h, lamb, b, x, scale, steps, T, H: tl.constexpr
 
 def cg_launch(dtype: torch.dtype, C: int, precision: str | None, keys: torch.dtype) -> dict:
     """The chunk solve's dtype-dependent constants and launch options (rows per program, warps, the products'
-    operands: LOW for 16-bit keys when ``cg_dots`` is "input"). ``dtype``: the CG vectors'."""
+    operands: LOW for bf16 keys when ``cg_dots`` is "input"). ``dtype``: the CG vectors'."""
     if LAUNCH["cg_dots"] not in CG_DOTS:
         raise ValueError(f"mesa_net launch setting cg_dots must be one of {', '.join(map(repr, CG_DOTS))}, "
                          f"got {LAUNCH['cg_dots']!r}")
-    low = LAUNCH["cg_dots"] == "input" and keys in (torch.bfloat16, torch.float16)
+    low = LAUNCH["cg_dots"] == "input" and keys == torch.bfloat16
     return dict(BR=min(C, LAUNCH["cg_rows"]), FLOOR=(32 * torch.finfo(dtype).eps) ** 2, TINY=torch.finfo(dtype).tiny,
                 PREC=precision or dot_precision(dtype), LOW=low, num_warps=LAUNCH["cg_warps"])
