@@ -1,11 +1,12 @@
 """Every mixer layer making CUDA's choices (the ops' Triton backends, the fused norm and gate kernels, ShortConv's
 "auto" rule for CUDA tensors: conv1d for small inputs that need gradients, the Triton kernels otherwise, including
-the backward pass's recompute) gives the plain CPU layer's output and gradients (chunk backends, PyTorch norms,
-multiply-add convs). Choices that depend on the device or the grad mode are where CUDA-only bugs hide: the
-recompute of the conv outputs once rebuilt q, k, v in another layout than the forward's on CUDA.
+the backward pass's recompute; the guarded products' branch-free form) gives the plain CPU layer's output and
+gradients (chunk backends, PyTorch norms, multiply-add convs). Choices that depend on the device or the grad mode
+are where CUDA-only bugs hide: the recompute of the conv outputs once rebuilt q, k, v in another layout than the
+forward's on CUDA.
 
 Runs on CUDA when present (the layer as it is there, against a CPU copy), else on the CPU through Triton's
-interpreter (tests/conftest.py) with ShortConv's rule for CUDA tensors."""
+interpreter (tests/conftest.py) with CUDA's rules patched in."""
 
 import functools
 import inspect
@@ -16,6 +17,7 @@ import torch
 import linattn
 import linattn.layers.shortconv as shortconv
 from linattn.layers.registry import list_mixers, mixer_class
+from linattn.ops.common import masking
 from linattn.ops.common.triton_compat import triton_available
 from linattn.testing import assert_close
 
@@ -47,6 +49,7 @@ def test_the_layer_with_cudas_choices_equals_the_cpu_layer(mixer, packed, monkey
         want = _output_and_grads(layer, x, **kw)
     if DEVICE == "cpu":
         monkeypatch.setattr(shortconv, "auto_backend", functools.partial(shortconv.auto_backend, on_cuda=True))
+        monkeypatch.setattr(masking, "all_finite_here", lambda *xs: False)  # the guarded products' CUDA form
     with linattn.settings(op_backend="auto" if DEVICE == "cuda" else "triton", fused_backend="auto"
                           if DEVICE == "cuda" else "triton", shortconv_backend="auto"):
         got = _output_and_grads(layer.to(DEVICE), x.to(DEVICE), **({"cu_seqlens": cu.to(DEVICE)} if packed else {}))
