@@ -58,3 +58,28 @@ def test_the_layer_with_cudas_choices_equals_the_cpu_layer(mixer, packed, monkey
         assert (a is None) == (e is None), name
         if e is not None:
             assert_close(a.cpu(), e, 1e-4, f"{mixer}: {name}")
+
+
+DECODERS = [m for m in list_mixers() if m in PACKED]  # the mixers with a cached step (the LRU and Mamba baselines
+# have none)
+
+
+@pytest.mark.parametrize("mixer", DECODERS)
+def test_greedy_decoding_with_cudas_choices_equals_the_cpu_path(mixer, monkeypatch):
+    """A CausalLM's greedy tokens from the static decoder with CUDA's choices (step kernels, ShortConv's step kernel)
+    equal the CPU's cached eager path's."""
+    from linattn.models.config import ModelConfig
+    from linattn.models.lm import CausalLM
+
+    torch.manual_seed(0)
+    model = CausalLM(ModelConfig(mixer=mixer, d_model=32, n_layers=2, n_heads=2, vocab_size=50)).eval()
+    prompt = torch.randint(0, 50, (2, 13), generator=torch.Generator().manual_seed(2))
+    with linattn.settings(op_backend="chunk", fused_backend="torch", shortconv_backend="muladd", step_backend="torch"):
+        want = model.generate(prompt, 8, static=False)
+    if DEVICE == "cpu":
+        monkeypatch.setattr(shortconv, "auto_backend", functools.partial(shortconv.auto_backend, on_cuda=True))
+        monkeypatch.setattr(masking, "all_finite_here", lambda *xs: False)
+    backend = "auto" if DEVICE == "cuda" else "triton"
+    with linattn.settings(op_backend=backend, fused_backend=backend, shortconv_backend="auto", step_backend=backend):
+        got = model.to(DEVICE).generate(prompt.to(DEVICE), 8, static=True)
+    assert torch.equal(got.cpu(), want)
