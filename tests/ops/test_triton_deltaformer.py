@@ -18,6 +18,9 @@ FOX_SMALL = {"fwd_BM": 16, "fwd_BN": 16, "dkv_BM": 16, "dkv_BN": 16, "dq_BM": 16
 SETTINGS = {
     "16": ({"C": 16, "BN": 16, "BV": 16}, FOX_SMALL),
     "mixed": ({"C": 32, "BN": 16, "BV": 16}, {**FOX_SMALL, "fwd_BM": 32, "dkv_BN": 32}),
+    # the blocked solve: panels of one and of two 16-row chunks (a partial last panel at T = 37 and 50)
+    "panel1": ({"C": 16, "BN": 16, "BV": 16, "panel": 1}, FOX_SMALL),
+    "panel2": ({"C": 16, "BN": 16, "BV": 16, "panel": 2}, FOX_SMALL),
 }
 
 

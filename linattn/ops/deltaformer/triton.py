@@ -26,11 +26,19 @@ from ..common.registered_ops import define_op
 from ..common.triton_ops import eager_backward, op_function
 from ..common.triton_utils import block, cdiv, dot_precision, launch_options, launch_overrides, upcast_dots
 from ..forgetting_attn.triton import KERNEL_DTYPES, MAX_HEAD_DIM, fox_attention, fox_backward, fox_forward
-from .triton_kernels import deltaformer_psi_kernel, deltaformer_solve_kernel
+from .triton_kernels import (
+    deltaformer_psi_kernel,
+    deltaformer_psi_update_kernel,
+    deltaformer_solve_kernel,
+    deltaformer_update_kernel,
+)
 
 # "C": rows per chunk of the solve (16, 32 or 64: the in-kernel inverse); "BN" keys per step over the past;
-# "BV" value columns per program; LINATTN_TRITON_LAUNCH='{"deltaformer": {...}}' overrides them.
-LAUNCH = {"C": 64, "BN": 64, "BV": 64, "solve_warps": 4, "solve_stages": 2, "psi_warps": 4, "psi_stages": 2}
+# "BV" value columns per program; "panel": chunks per panel of the blocked solve (triton_kernels.py; 0: one pass over
+# the whole sequence per program, the default until the blocked solve is timed on a GPU);
+# LINATTN_TRITON_LAUNCH='{"deltaformer": {...}}' overrides them.
+LAUNCH = {"C": 64, "BN": 64, "BV": 64, "panel": 0, "solve_warps": 4, "solve_stages": 2, "psi_warps": 4,
+          "psi_stages": 2, "update_warps": 4, "update_stages": 2}
 launch_overrides("deltaformer", LAUNCH)
 
 
@@ -51,12 +59,39 @@ def solve_forward(k_all: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, u_ca
     U = torch.empty(B, Tk, H, V, device=k_all.device, dtype=torch.float32)
     U[:, :T0] = u_cache
     r = torch.empty(B, T, H, V, device=k_all.device, dtype=torch.float32)
-    BV = min(LAUNCH["BV"], block(V))
-    deltaformer_solve_kernel[(cdiv(V, BV), B * H)](
-        k=k_all, v=v, beta=beta, lse=lse, u=U, r=r, scale=scale, T=T, Tk=Tk, H=H, K=K, V=V, C=LAUNCH["C"],
-        BN=LAUNCH["BN"], BK=block(K), BV=BV, PREC=dot_precision(k_all.dtype), UP=upcast_dots(k_all.dtype),
-        **launch_options(LAUNCH, "solve", k_all.dtype, 1))
+    C, BV = LAUNCH["C"], min(LAUNCH["BV"], block(V))
+    common = dict(scale=scale, T=T, Tk=Tk, H=H, K=K, V=V, C=C, BN=LAUNCH["BN"], BK=block(K), BV=BV,
+                  PREC=dot_precision(k_all.dtype), UP=upcast_dots(k_all.dtype))
+    solve = launch_options(LAUNCH, "solve", k_all.dtype, 1)
+    NC, P = cdiv(T, C), _panel(T)
+    if P >= NC:  # one pass over the whole sequence
+        deltaformer_solve_kernel[(cdiv(V, BV), B * H)](
+            k=k_all, v=v, beta=beta, lse=lse, u=U, r=r, acc_in=r, c0=0, c1=NC, past0=0, HAS_ACC=False, **common,
+            **solve)
+        return U, r, lse
+    acc = torch.empty(B, T, H, V, device=k_all.device, dtype=torch.float32)  # each row's sum over earlier panels
+    update = launch_options(LAUNCH, "update", k_all.dtype, 1)
+    deltaformer_update_kernel[(NC, cdiv(V, BV), B * H)](  # the cache's share (none: zeros)
+        k=k_all, u=U, lse=lse, acc=acc, m0=0, n0=0, n1=T0, HAS_ACC=False, **common, **update)
+    for c0 in range(0, NC, P):
+        c1 = min(c0 + P, NC)
+        deltaformer_solve_kernel[(cdiv(V, BV), B * H)](
+            k=k_all, v=v, beta=beta, lse=lse, u=U, r=r, acc_in=acc, c0=c0, c1=c1, past0=T0 + c0 * C, HAS_ACC=True,
+            **common, **solve)
+        if c1 < NC:
+            deltaformer_update_kernel[(NC - c1, cdiv(V, BV), B * H)](
+                k=k_all, u=U, lse=lse, acc=acc, m0=c1, n0=T0 + c0 * C, n1=T0 + c1 * C, HAS_ACC=True, **common,
+                **update)
     return U, r, lse
+
+
+def _panel(T: int) -> int:
+    """Chunks per panel of the blocked solve (LAUNCH["panel"]; 0 or more than the chunks: one pass)."""
+    P = LAUNCH["panel"]
+    if not isinstance(P, int) or isinstance(P, bool) or P < 0:
+        raise ValueError(f"deltaformer launch setting panel must be an int >= 0 (0: one pass), got {P!r}")
+    NC = cdiv(T, LAUNCH["C"])
+    return NC if P == 0 else P
 
 
 def solve_backward(k_all: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor, U: torch.Tensor, r: torch.Tensor,
@@ -66,11 +101,29 @@ def solve_backward(k_all: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor, U
     T, V = r.shape[1], r.shape[-1]
     T0 = Tk - T
     psi = torch.empty_like(r)
-    BV = min(LAUNCH["BV"], block(V))
-    deltaformer_psi_kernel[(cdiv(V, BV), B * H)](
-        k=k_all, beta=beta, lse=lse, du=dU[:, T0:].float().contiguous(), psi=psi, scale=scale, T=T, Tk=Tk, H=H,
-        K=K, V=V, C=LAUNCH["C"], BM=LAUNCH["C"], BK=block(K), BV=BV, PREC=dot_precision(k_all.dtype),
-        UP=upcast_dots(k_all.dtype), **launch_options(LAUNCH, "psi", k_all.dtype, 1))
+    C, BV = LAUNCH["C"], min(LAUNCH["BV"], block(V))
+    du = dU[:, T0:].float().contiguous()
+    common = dict(scale=scale, T=T, Tk=Tk, H=H, K=K, V=V, C=C, BM=C, BK=block(K), BV=BV,
+                  PREC=dot_precision(k_all.dtype), UP=upcast_dots(k_all.dtype))
+    adjoint = launch_options(LAUNCH, "psi", k_all.dtype, 1)
+    NC, P = cdiv(T, C), _panel(T)
+    if P >= NC:
+        deltaformer_psi_kernel[(cdiv(V, BV), B * H)](
+            k=k_all, beta=beta, lse=lse, du=du, psi=psi, acc_in=psi, c0=0, c1=NC, t_end=T, HAS_ACC=False, **common,
+            **adjoint)
+    else:  # panels from the last one; acc: each row's sum over the later panels' rows
+        acc = torch.empty_like(psi)
+        update = launch_options(LAUNCH, "update", k_all.dtype, 1)
+        last = (NC - 1) // P * P  # the first chunk of the last panel
+        for c0 in range(last, -1, -P):
+            c1 = min(c0 + P, NC)
+            deltaformer_psi_kernel[(cdiv(V, BV), B * H)](
+                k=k_all, beta=beta, lse=lse, du=du, psi=psi, acc_in=acc, c0=c0, c1=c1, t_end=min(c1 * C, T),
+                HAS_ACC=c1 < NC, **common, **adjoint)
+            if c0 > 0:
+                deltaformer_psi_update_kernel[(c0, cdiv(V, BV), B * H)](
+                    k=k_all, beta=beta, lse=lse, psi=psi, acc=acc, t0=c0 * C, t1=min(c1 * C, T),
+                    HAS_ACC=c1 < NC, **common, **update)
     # the kernel logits' gradient is an attention backward: queries and keys k, values U, dO = -b psi, O = r
     dt = k_all.dtype
     do = -(beta[..., None] * psi)
