@@ -69,7 +69,7 @@ def test_default_blocks():
     check_backends_agree(run, make(1, 150, 1, 32, 32, T0=70, seed=1), NAMES, ["triton"], tol=1e-5)
 
 
-@pytest.mark.parametrize("blocks", ["mixed"], indirect=True)
+@pytest.mark.parametrize("blocks", ["mixed", "panel2"], indirect=True)
 def test_bf16_against_float32_recurrent(blocks):
     xs = make(2, 45, 2, 16, 16, T0=6, dtype=torch.bfloat16, seed=2)
     ref_out, ref_grad = grads(lambda *a: run(*a, "recurrent"), [None if x is None else x.float() for x in xs])
