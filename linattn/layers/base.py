@@ -408,13 +408,13 @@ class ConvOutputs:
     the conv's backward reads) and what the op and the feature maps save of its output (q, k, v, and e.g. Mamba2's
     k beside k dt): two copies of every stream, where a Transformer layer holds one. Here the second copy is
     rebuilt from the first in the backward pass: the ShortConvs and :meth:`MixerLayer.op_inputs` (feature maps,
-    norms, gates) run again once per layer, without gradients and under the forward's autocast state. They are
+    norms, gates) run again once per layer, under the forward's grad mode and autocast state. They are
     elementwise and per-channel kernels, cheap beside the op's backward; the values are the forward's, bit for bit
-    (the same kernels on the same inputs). They run with gradients enabled, as the forward did, and their results
-    are detached: the backends' choices depend on the grad mode (ShortConv's "auto" takes conv1d for small CUDA
-    inputs that need gradients, the joint Triton conv otherwise), and another choice lays the same values out in
-    other storage, where the saved views would read the wrong elements. Each recomputed tensor's layout is checked
-    against the forward's before any view is taken of it.
+    (the same kernels on the same inputs). Gradients are enabled, as in the forward, and the results detached: the
+    backends' choices depend on the grad mode (ShortConv's "auto" takes conv1d for small CUDA inputs that need
+    gradients, the joint Triton conv otherwise), and another choice lays the same values out in other storage,
+    where the saved views would read the wrong elements. Each recomputed tensor's layout is checked against the
+    forward's before any view is taken of it.
 
     ``pack`` wraps every tensor saved while the hooks are on; ``seal`` (after the op) drops the wrapped tensor of
     each one that is a conv output or q, k, v (same storage), keeping where it lies in that tensor; ``unpack``
