@@ -24,6 +24,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
+from linattn.bench.ops import OP_KWARGS
 from linattn.bench.shape_args import add_shape_arguments
 from linattn.ops import get_op
 
@@ -129,8 +130,6 @@ def op_inputs(op: str, B: int, T: int, H: int, K: int, V: int, dtype: torch.dtyp
 def op_launches(op: str, B: int, T: int, H: int, K: int, V: int, dtype: torch.dtype) -> list[Launch]:
     """The kernel launches of one forward and one backward of ``op``'s triton backend (first of each kernel), with
     ``linattn bench ops``' settings (e.g. mesa_net's CG solver, which has kernels of its own)."""
-    from linattn.bench.ops import OP_KWARGS
-
     inputs = op_inputs(op, B, T, H, K, V, dtype)
     with triton_path_on_cpu() as launches:
         o, _ = get_op(op).fn(**inputs, **OP_KWARGS.get(op, {}), backend="triton")

@@ -60,11 +60,7 @@ def test_the_layer_with_cudas_choices_equals_the_cpu_layer(mixer, packed, monkey
             assert_close(a.cpu(), e, 1e-4, f"{mixer}: {name}")
 
 
-DECODERS = [m for m in list_mixers() if m in PACKED]  # the mixers with a cached step (the LRU and Mamba baselines
-# have none)
-
-
-@pytest.mark.parametrize("mixer", DECODERS)
+@pytest.mark.parametrize("mixer", list_mixers())
 def test_greedy_decoding_with_cudas_choices_equals_the_cpu_path(mixer, monkeypatch):
     """A CausalLM's greedy tokens from the static decoder with CUDA's choices (step kernels, ShortConv's step kernel)
     equal the CPU's cached eager path's."""

@@ -93,3 +93,12 @@ def test_beta_zero_is_softmax_attention_and_split_equals_full(blocks):
                          backend="triton")
     assert_close(torch.cat([o1, o2], 1), o, 1e-5, "split outputs")
     assert_close(s2.v, state.v, 1e-5, "split cache u's")
+
+
+@pytest.mark.parametrize("panel", [-1, 1.5, True])
+def test_a_bad_panel_setting_is_named(panel, monkeypatch):
+    from linattn.ops.deltaformer import triton as df_triton
+
+    monkeypatch.setitem(df_triton.LAUNCH, "panel", panel)
+    with pytest.raises(ValueError, match="panel must be an int >= 0"):
+        run(*make(1, 20, 1, 8, 8), "triton")

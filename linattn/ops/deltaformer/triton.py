@@ -63,7 +63,8 @@ def solve_forward(k_all: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, u_ca
     common = dict(scale=scale, T=T, Tk=Tk, H=H, K=K, V=V, C=C, BN=LAUNCH["BN"], BK=block(K), BV=BV,
                   PREC=dot_precision(k_all.dtype), UP=upcast_dots(k_all.dtype))
     solve = launch_options(LAUNCH, "solve", k_all.dtype, 1)
-    NC, P = cdiv(T, C), _panel(T)
+    NC = cdiv(T, C)
+    P = _panel(NC)
     if P >= NC:  # one pass over the whole sequence
         deltaformer_solve_kernel[(cdiv(V, BV), B * H)](
             k=k_all, v=v, beta=beta, lse=lse, u=U, r=r, acc_in=r, c0=0, c1=NC, past0=0, HAS_ACC=False, **common,
@@ -85,13 +86,12 @@ def solve_forward(k_all: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, u_ca
     return U, r, lse
 
 
-def _panel(T: int) -> int:
-    """Chunks per panel of the blocked solve (LAUNCH["panel"]; 0 or more than the chunks: one pass)."""
+def _panel(NC: int) -> int:
+    """Chunks per panel of the blocked solve over NC chunks (LAUNCH["panel"]; 0: all of them, one pass)."""
     P = LAUNCH["panel"]
     if not isinstance(P, int) or isinstance(P, bool) or P < 0:
         raise ValueError(f"deltaformer launch setting panel must be an int >= 0 (0: one pass), got {P!r}")
-    NC = cdiv(T, LAUNCH["C"])
-    return NC if P == 0 else P
+    return P or NC
 
 
 def solve_backward(k_all: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor, U: torch.Tensor, r: torch.Tensor,
@@ -106,7 +106,8 @@ def solve_backward(k_all: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor, U
     common = dict(scale=scale, T=T, Tk=Tk, H=H, K=K, V=V, C=C, BM=C, BK=block(K), BV=BV,
                   PREC=dot_precision(k_all.dtype), UP=upcast_dots(k_all.dtype))
     adjoint = launch_options(LAUNCH, "psi", k_all.dtype, 1)
-    NC, P = cdiv(T, C), _panel(T)
+    NC = cdiv(T, C)
+    P = _panel(NC)
     if P >= NC:
         deltaformer_psi_kernel[(cdiv(V, BV), B * H)](
             k=k_all, beta=beta, lse=lse, du=du, psi=psi, acc_in=psi, c0=0, c1=NC, t_end=T, HAS_ACC=False, **common,
