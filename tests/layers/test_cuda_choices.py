@@ -8,6 +8,7 @@ forward's on CUDA.
 Runs on CUDA when present (the layer as it is there, against a CPU copy), else on the CPU through Triton's
 interpreter (tests/conftest.py) with CUDA's rules patched in."""
 
+import copy
 import functools
 import inspect
 
@@ -52,7 +53,9 @@ def test_the_layer_with_cudas_choices_equals_the_cpu_layer(mixer, packed, monkey
         monkeypatch.setattr(masking, "all_finite_here", lambda *xs: False)  # the guarded products' CUDA form
     with linattn.settings(op_backend="auto" if DEVICE == "cuda" else "triton", fused_backend="auto"
                           if DEVICE == "cuda" else "triton", shortconv_backend="auto"):
-        got = _output_and_grads(layer.to(DEVICE), x.to(DEVICE), **({"cu_seqlens": cu.to(DEVICE)} if packed else {}))
+        # a copy: moving the layer itself would move the reference's gradients (held by reference) to the GPU
+        got = _output_and_grads(copy.deepcopy(layer).to(DEVICE), x.to(DEVICE),
+                                **({"cu_seqlens": cu.to(DEVICE)} if packed else {}))
     names = ["output", "dx"] + [f"grad of {n}" for n, _ in layer.named_parameters()]
     for name, a, e in zip(names, got, want):
         assert (a is None) == (e is None), name
