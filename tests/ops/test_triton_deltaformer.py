@@ -16,7 +16,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 NAMES = ["q", "k", "v", "beta", "k0", "u0"]
 FOX_SMALL = {"fwd_BM": 16, "fwd_BN": 16, "dkv_BM": 16, "dkv_BN": 16, "dq_BM": 16, "dq_BN": 16, "delta_BM": 16}
 SETTINGS = {
-    "16": ({"C": 16, "BN": 16, "BV": 16}, FOX_SMALL),
+    "16": ({"C": 16, "BN": 16, "BV": 16, "panel": 0}, FOX_SMALL),  # one pass over the sequence
     "mixed": ({"C": 32, "BN": 16, "BV": 16}, {**FOX_SMALL, "fwd_BM": 32, "dkv_BN": 32}),
     # the blocked solve: panels of one and of two 16-row chunks (a partial last panel at T = 37 and 50)
     "panel1": ({"C": 16, "BN": 16, "BV": 16, "panel": 1}, FOX_SMALL),
@@ -65,8 +65,9 @@ def test_triton_matches_recurrent_fp32(shape, T0, blocks):
 
 
 def test_default_blocks():
-    """The default LAUNCH settings (64-row chunks, 128-row flash blocks) over several chunks and a cache."""
-    check_backends_agree(run, make(1, 150, 1, 32, 32, T0=70, seed=1), NAMES, ["triton"], tol=1e-5)
+    """The default LAUNCH settings (64-row chunks in panels of 4, 128-row flash blocks) over several chunks, two
+    panels (the second partial) and a cache."""
+    check_backends_agree(run, make(1, 300, 1, 32, 32, T0=70, seed=1), NAMES, ["triton"], tol=1e-5)
 
 
 @pytest.mark.parametrize("blocks", ["mixed", "panel2"], indirect=True)

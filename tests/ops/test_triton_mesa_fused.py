@@ -79,7 +79,8 @@ def test_fused_chunk_sizes(chunk_size):
 
 
 def test_fused_bf16():
-    """bf16 inputs: both paths compute in float32 (tf32 dots on a GPU) and round the results to bf16."""
+    """bf16 inputs: both paths compute in float32 (tf32 dots on a GPU; the fused solve's product operands in bf16)
+    and round the results to bf16."""
     x = inputs(2, 45, 2, 16, 12, dtype=torch.bfloat16, seed=5)
     compare(grads(fused, x), grads(composed, x), 5e-3, "bf16", metric="rmse", grad_tol=1e-2)
 
@@ -174,25 +175,27 @@ def test_custom_ops_and_their_fake_kernels():
 
 
 def test_solve_products_in_the_input_dtype():
-    """cg_dots "input": the solve's product operands rounded to bf16 for bf16 inputs (as FLA multiplies): x moves by
-    about bf16's rounding and the op stays within the bf16 tolerances of the float32-operand path, gradients
-    included; float32 and fp16 inputs are not affected (fp16 would overflow where bf16 does not)."""
+    """cg_dots "input" (the default): the solve's product operands rounded to bf16 for bf16 inputs (as FLA
+    multiplies): x moves by about bf16's rounding and the op stays within the bf16 tolerances of the float32-operand
+    path ("tf32"), gradients included; float32 and fp16 inputs are not affected (fp16 would overflow where bf16 does
+    not)."""
     from linattn.ops.mesa_net.triton_fused import mesa_cg_forward
 
     x = inputs(2, 45, 2, 16, 12, dtype=torch.bfloat16, seed=5)
     q, k, v, g, beta, lamb, G0, H0 = x
-    solve = [mesa_cg_forward(q, k, v, g, beta, lamb, G0, H0, 0.25, 16, 16)[1]]
-    with settings(triton_launch={"mesa_net": {"cg_dots": "input"}}):
-        solve.append(mesa_cg_forward(q, k, v, g, beta, lamb, G0, H0, 0.25, 16, 16)[1])
-        got = grads(fused, x)
+    solve = []
+    for dots in ("tf32", "input"):
+        with settings(triton_launch={"mesa_net": {"cg_dots": dots}}):
+            solve.append(mesa_cg_forward(q, k, v, g, beta, lamb, G0, H0, 0.25, 16, 16)[1])
+    assert torch.equal(solve[1], mesa_cg_forward(q, k, v, g, beta, lamb, G0, H0, 0.25, 16, 16)[1]), "the default"
     assert not torch.equal(*solve), "the setting took effect"
     assert_close(solve[1], solve[0], 5e-3, "x with 16-bit product operands")
-    compare(got, grads(composed, x), 5e-3, "bf16, 16-bit products", metric="rmse", grad_tol=1e-2)
+    compare(grads(fused, x), grads(composed, x), 5e-3, "bf16, 16-bit products", metric="rmse", grad_tol=1e-2)
     x32 = inputs(1, 20, 2, 8, 6, seed=2)
     for dtype in (torch.float32, torch.float16):
         xd = [t.to(dtype) for t in x32]
-        want = grads(fused, xd)
-        with settings(triton_launch={"mesa_net": {"cg_dots": "input"}}):
-            compare(grads(fused, xd), want, 0.0, f"{dtype} inputs")
+        with settings(triton_launch={"mesa_net": {"cg_dots": "tf32"}}):
+            want = grads(fused, xd)
+        compare(grads(fused, xd), want, 0.0, f"{dtype} inputs")
     with settings(triton_launch={"mesa_net": {"cg_dots": "bf16"}}), pytest.raises(ValueError, match="cg_dots"):
         fused(*x32)
