@@ -29,3 +29,31 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def gpu_dot_rounding(monkeypatch):
+    """The interpreter's dots with a GPU's rounding: float32 operands rounded to tf32 (10 mantissa bits) before the
+    product. On the CPU the kernels upcast bf16 blocks and multiply in IEEE float32 (``upcast_dots``), which hides
+    what tf32 tensor-core products do to 16-bit inputs on a GPU; bf16 operands are exact in tf32, so rounding every
+    float32 operand is what a GPU does for 16-bit inputs. Float32 inputs (IEEE dots on a GPU too) must not use it.
+    On CUDA the kernels round for real and this does nothing."""
+    if torch.cuda.is_available():
+        return
+    import numpy as np
+    import triton.runtime.interpreter as interpreter
+
+    dot = interpreter.InterpreterBuilder.create_dot
+
+    def tf32(handle):
+        if handle.data.dtype != np.float32:
+            return handle
+        bits = np.ascontiguousarray(handle.data, dtype=np.float32).view(np.uint32)
+        finite = (bits & np.uint32(0x7F800000)) != np.uint32(0x7F800000)
+        nearest_even = (bits + np.uint32(0xFFF) + ((bits >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000)
+        return interpreter.TensorHandle(np.where(finite, nearest_even, bits).view(np.float32), handle.dtype)
+
+    def rounded_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return dot(self, tf32(a), tf32(b), d, input_precision, max_num_imprecise_acc)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", rounded_dot)

@@ -18,11 +18,11 @@ checkpointed blocks.
 
 CG's vectors, the states and x are float32 whatever the input dtype: CG needs them more accurately than bf16
 holds them. The products carry the inputs' precision: IEEE float32 dots for float32 inputs, tf32 tensor-core dots
-(10 mantissa bits, three more than bf16's) for fp16 inputs, and for bf16 inputs the fused solve rounds its product
-operands to bf16, as FLA does (the launch setting ``cg_dots="tf32"`` keeps tf32 there too: triton_cg.py). IEEE float32 dots run on the CUDA
-cores and their tiles spill registers at K=128: on an H100 a bf16 MesaNet layer's cg16 forward and backward took
-1,507 ms with them at B=8, T=2048, H=8, K=128 with the per-step form (one output-kernel call 41 ms), and 18.9 ms with
-tf32 dots.
+(10 mantissa bits, three more than bf16's) for bf16/fp16 inputs, except the fused solve's with bf16 inputs, whose
+operands are rounded to bf16 as FLA does (the launch setting ``cg_dots="tf32"`` keeps tf32 there too:
+triton_cg.py). IEEE float32 dots run on the CUDA cores and their tiles spill registers at K=128: on an H100 a bf16
+MesaNet layer's cg16 forward and backward took 1,507 ms with them at B=8, T=2048, H=8, K=128 with the per-step form
+(one output-kernel call 41 ms), and 18.9 ms with tf32 dots.
 float64 inputs take simple_gla's PyTorch chunk form instead (Triton has no float64 dots), the same algorithm.
 """
 

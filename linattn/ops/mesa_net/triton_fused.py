@@ -1,6 +1,6 @@
 """mesa_net's solver "cg" on its own Triton kernels (head dims up to 128): the inputs read as they are (bf16, fp16 or
 float32; computed in float32), beta, the query scale and the transposes folded into the kernels; no PyTorch pass over
-[B, T, H, K] tensors (only the gates' reverse cumulative sum over [B, T, H] and lamb's sum over chunks).
+[B, T, H, K] tensors (only lamb's sum over chunks).
 
     G_t = exp(g_t) G_{t-1} + beta_t k_t k_t^T,   H_t = exp(g_t) H_{t-1} + beta_t k_t v_t^T,
     o_t = H_t^T x_t,   (G_t + diag(lamb)) x_t = scale q_t
@@ -22,9 +22,10 @@ backward (6 launches; dx_t = H_t do_t, u_t = (G_t + diag(lamb))^-T dx_t)
      (float32, partial), v's (final: beta_t times the scan's value gradient), beta's and the gates' (partial).
   4. ``_chunk_cg_kernel`` on the transposed systems: S read transposed (S_n^T = G_n), right-hand side dx.
   5. ``_dstates_kernel`` for y_t = G_t x_t read with the cotangent -u_t (S's state gradients, from dG_T^T).
-  6. ``_solve_grads_kernel``: per chunk, that read's gradients added to step 3's: k's and beta's final, the gates'
-     complete, q's (scale u_t) and lamb's (-sum_t u_t x_t, per chunk; summed over batch and chunks after).
-  dg is the reverse cumulative sum over time of the gates' gradient (simple_gla's ``_reverse_cumsum``).
+     Both reverse scans also give each chunk end's gate term <dS, S> (the state leaving the chunk, its gradient).
+  6. ``_solve_grads_kernel``: per chunk, that read's gradients added to step 3's: k's and beta's final, q's
+     (scale u_t), lamb's (-sum_t u_t x_t, per chunk; summed over batch and chunks after) and dg: the reverse
+     cumulative sum of the gates' gradient within the chunk, with the chunk end's terms.
 
 With y_t = S_t^T q_t a scan read with queries q, values w and cotangents c, the gradients (per chunk n of C tokens,
 b the gates cumulated within it, D_ts = exp(b_t - b_s) for s <= t) are simple_gla's:
@@ -32,7 +33,12 @@ b the gates cumulated within it, D_ts = exp(b_t - b_s) for s <= t) are simple_gl
     dq_t = exp(b_t) S_n c_t + sum_{s <= t} D_ts (c_t . w_s) k_s
     dk_s = sum_{t >= s} D_ts (c_t . w_s) q_t + exp(b_C - b_s) dS_n w_s
     dw_s = sum_{t >= s} D_ts (q_t . k_s) c_t + exp(b_C - b_s) dS_n^T k_s
-    dB_t = q_t . dq_t - k_t . dk_t   (+ <dS_T, S_T> at the last token; dg = reverse cumsum of dB)
+    dB_t = q_t . dq_t - k_t . dk_t   (+ <dS_n, S_n> at the chunk's last token, S_n the state leaving it)
+    dg_t = sum_{s >= t in t's chunk} dB_s
+
+(b_t cumulates the gates within the chunk, so g_t reaches the later b_s of its chunk and, through b_C, the whole
+state leaving it. The same dg as one reverse sum over the sequence, ending at <dS_T, S_T>, would be exact too, but
+its terms cancel over the whole sequence and tf32 products left it 1e-2 to 3e-2 off at T = 2048-16384.)
 
 with w = beta v (H's read: q = x, c = do) or w = beta k (G's: q = x, c = -u), and dv = beta dw,
 dbeta = dw . v (or . k).
@@ -51,8 +57,7 @@ from ..common.registered_ops import define_op
 from ..common.triton_launch import fast_launch
 from ..common.triton_masking import causal_dot_rest
 from ..common.triton_ops import eager_backward, op_function
-from ..common.triton_utils import block, cdiv, dot_precision, mm, upcast_dots
-from ..simple_gla.triton import _reverse_cumsum
+from ..common.triton_utils import block, cdiv, dot_precision, mm, next_power_of_2, upcast_dots
 from .composed import check_cg_system
 from .reference import MesaState
 from .triton_cg import LAUNCH, _chunk_cg_kernel, cg_launch
@@ -124,15 +129,18 @@ def _states_kernel(k, v, g, beta, hk, hv, g0, h0, gT, hT, T, H: tl.constexpr, K:
 
 @fast_launch
 @triton.jit(do_not_specialize=["T"])
-def _dstates_kernel(x, do, g, dh, dht, dh0, sign, T, H: tl.constexpr, K: tl.constexpr, W: tl.constexpr,
-                    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr, TRANS: tl.constexpr,
-                    PREC: tl.constexpr, UP: tl.constexpr):
+def _dstates_kernel(x, do, g, h, hT, dh, dht, dh0, ends, sign, T, H: tl.constexpr, K: tl.constexpr,
+                    W: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
+                    TRANS: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
     """Grid (cdiv(W, BV), B*H): dh[b, h, n] = the gradient of the state leaving chunk n of the read y_t = S_t^T x_t
     (S [K, W]) with cotangents sign * do_t, float32:
 
         dS_{n-1} = exp(b_C) dS_n + sum_{t in chunk n} exp(b_t) x_t (sign do_t)^T
 
-    from dS_N = dht (None: 0), to dh0 = dS_0; TRANS (K = W): dht read and dh0 stored transposed."""
+    from dS_N = dht (None: 0), to dh0 = dS_0; TRANS (K = W): dht read and dh0 stored transposed. And the gate term
+    of each chunk's end, <dS_n, S_n> over this program's columns, into ends[b, h, n, pid(0)] (float32), with S_n
+    the state leaving chunk n: h[b, h, n + 1] (the chunk-entry states), or the final state hT (TRANS: stored
+    transposed, as dht) for the last chunk."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     N = tl.cdiv(T, C)
@@ -143,9 +151,15 @@ def _dstates_kernel(x, do, g, dh, dht, dh0, sign, T, H: tl.constexpr, K: tl.cons
     dS = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_DHT:
         dS += tl.load(dht + i_bh * K * W + at_end, mask=m, other=0.0).to(tl.float32)
+    NB = tl.num_programs(0)
     for i in range(0, N):
         n = N - 1 - i
         tl.store(dh + (i_bh * N + n) * K * W + at, dS, mask=m)
+        if i == 0:
+            S_end = tl.load(hT + i_bh * K * W + at_end, mask=m, other=0.0)
+        else:
+            S_end = tl.load(h + (i_bh * N + n + 1) * K * W + at, mask=m, other=0.0)
+        tl.store(ends + (i_bh * N + n) * NB + i_v, tl.sum(tl.sum(dS * S_end, axis=1), axis=0))
         m_t = n * C + o_c < T
         row = (i_b * T + n * C + o_c) * H + i_h
         b, b_last = _chunk_gates(g, row, m_t, C)
@@ -278,15 +292,18 @@ def _read_grads_kernel(x, k, v, beta, g, h, dh, do, dx, dk, dv, dbeta, dG, T, H:
 
 @fast_launch
 @triton.jit(do_not_specialize=["T"])
-def _solve_grads_kernel(x, k, beta, g, h, dh, u, dk1, dbeta1, dG, dq, dk, dbeta, dlamb, scale, T, H: tl.constexpr,
-                        K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BJ: tl.constexpr, PREC: tl.constexpr,
+def _solve_grads_kernel(x, k, beta, g, h, dh, u, dk1, dbeta1, dG, ends_h, ends_g, dq, dk, dbeta, dlamb, dg, scale,
+                        T, H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BJ: tl.constexpr,
+                        NE_H: tl.constexpr, NE_G: tl.constexpr, BE: tl.constexpr, PREC: tl.constexpr,
                         UP: tl.constexpr):
     """Grid (N, B*H): the gradients through the solve in chunk n: of y_t = G_t x_t read with the cotangent -u_t
     (module docstring, q = x, w = beta k, c = -u; S = G^T's states h and state gradients dh [B, H, N, K, K]), added
     to the read-out's (dk1, dbeta1 and dG, in place): dk = dk1 + dk + beta dw (k's dtype), dbeta = dbeta1 + dw . k
-    (beta's dtype), dG += x . dq - k . dk; and dq = scale u (dq's dtype), dlamb[b, h, n] = -sum_{t in chunk n}
+    (beta's dtype), dB = dG + x . dq - k . dk; and dq = scale u (dq's dtype), dlamb[b, h, n] = -sum_{t in chunk n}
     u_t * x_t (float32). k's columns in blocks of BJ: dk's and dw's columns j are both k's columns j, so a block's
-    gradients are complete in its iteration (only [C, BJ] accumulators)."""
+    gradients are complete in its iteration (only [C, BJ] accumulators). Then the gates' gradient, chunk-local:
+    dg_t = sum_{s >= t in the chunk} dB_s + <dS, S> at the chunk's end (both states' terms, from ends_h [N, NE_H]
+    and ends_g [N, NE_G] per batch and head: _dstates_kernel's; BE a power of two >= both), in g's dtype."""
     n, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     N = tl.cdiv(T, C)
     o_k = tl.arange(0, BK)
@@ -325,7 +342,16 @@ def _solve_grads_kernel(x, k, beta, g, h, dh, u, dk1, dbeta1, dG, dq, dk, dbeta,
         tl.store(dk + at_j, dk_j.to(dk.dtype.element_ty), mask=m_cj)
     dbeta_acc += tl.load(dbeta1 + row, mask=m_t, other=0.0)
     tl.store(dbeta + row, dbeta_acc.to(dbeta.dtype.element_ty), mask=m_t)
-    tl.store(dG + row, tl.load(dG + row, mask=m_t, other=0.0) + dB, mask=m_t)
+    # b_t is the gates cumulated within the chunk, so g_t reaches b_s for s >= t in its chunk only: the reverse sum
+    # stays in the chunk, and what lies past it enters as the chunk end's term (b_C scales the whole state leaving
+    # the chunk). Summing dB over the whole sequence instead gives the same number in exact arithmetic, but its
+    # terms cancel over thousands of tokens and tf32 products left the sum 1e-2 to 3e-2 off at T = 2048-16384.
+    o_e = tl.arange(0, BE)
+    end = tl.sum(tl.load(ends_h + (i_bh * N + n) * NE_H + o_e, mask=o_e < NE_H, other=0.0), axis=0)
+    end += tl.sum(tl.load(ends_g + (i_bh * N + n) * NE_G + o_e, mask=o_e < NE_G, other=0.0), axis=0)
+    last = tl.minimum(C, T - n * C) - 1
+    dB += tl.load(dG + row, mask=m_t, other=0.0) + tl.where(tl.arange(0, C) == last, end, 0.0)
+    tl.store(dg + row, tl.cumsum(dB, axis=0, reverse=True).to(dg.dtype.element_ty), mask=m_t)
 
 
 def _options(kernel: str) -> dict:
@@ -358,18 +384,23 @@ def _states(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tenso
     return hk, hv, GT, HT
 
 
-def _dstates(x: torch.Tensor, do: torch.Tensor, g: torch.Tensor, dht: torch.Tensor | None, sign: float,
-             transpose: bool, C: int, prec: str, up: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dh [B, H, N, K, W], dS_0 [B, H, K, W]) of the read y_t = S_t^T x_t with cotangents sign * do."""
+def _dstates(x: torch.Tensor, do: torch.Tensor, g: torch.Tensor, h: torch.Tensor, hT: torch.Tensor,
+             dht: torch.Tensor | None, sign: float, transpose: bool, C: int, prec: str, up: bool
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dh [B, H, N, K, W], dS_0 [B, H, K, W], the chunk ends' gate terms [B, H, N, column blocks]) of the read
+    y_t = S_t^T x_t with cotangents sign * do, for the chunk-entry states h and the final state hT."""
     B, T, H, K = x.shape
     W = do.shape[-1]
-    dh = x.new_empty(B, H, cdiv(T, C), K, W)
+    N = cdiv(T, C)
+    dh = x.new_empty(B, H, N, K, W)
     dh0 = x.new_empty(B, H, K, W)
     BV = min(LAUNCH["bscan_BV"], block(W))
+    ends = x.new_empty(B, H, N, cdiv(W, BV))
     _dstates_kernel[(cdiv(W, BV), B * H)](  # dht None: dh0 as the (unread) pointer
-        x=x, do=do, g=g, dh=dh, dht=dh0 if dht is None else dht, dh0=dh0, sign=sign, T=T, H=H, K=K, W=W, C=C,
-        BK=block(K), BV=BV, HAS_DHT=dht is not None, TRANS=transpose, PREC=prec, UP=up, **_options("bscan"))
-    return dh, dh0
+        x=x, do=do, g=g, h=h, hT=hT, dh=dh, dht=dh0 if dht is None else dht, dh0=dh0, ends=ends, sign=sign, T=T,
+        H=H, K=K, W=W, C=C, BK=block(K), BV=BV, HAS_DHT=dht is not None, TRANS=transpose, PREC=prec, UP=up,
+        **_options("bscan"))
+    return dh, dh0, ends
 
 
 def mesa_cg_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -413,7 +444,7 @@ def mesa_cg_backward(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     prec, up = dot_precision(do.dtype), upcast_dots(do.dtype)
     hk, hv, GT, HT = _states(k, v, g, beta, G0, H0, C, prec, up)
     # o_t = H_t^T x_t: its gradients (dx_t = H_t do_t the solve's right-hand side)
-    dhv, dH0 = _dstates(x, do, g, dHT, 1.0, False, C, prec, up)
+    dhv, dH0, ends_h = _dstates(x, do, g, hv, HT, dHT, 1.0, False, C, prec, up)
     dx, dk1 = torch.empty_like(x), torch.empty_like(x)
     dv = torch.empty_like(v)
     dbeta1 = x.new_empty(B, T, H)
@@ -431,19 +462,17 @@ def mesa_cg_backward(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
         BK=block(K), TRANS=True, NAN_B=False, UP=up, **launch)
     del dx
     # the solve's gradient to G_t is -u_t x_t^T: y_t = G_t x_t read with the cotangent -u_t
-    dhk, dS0 = _dstates(x, u, g, dGT, -1.0, True, C, prec, up)
+    dhk, dS0, ends_g = _dstates(x, u, g, hk, GT, dGT, -1.0, True, C, prec, up)
     dq = x.new_empty(B, T, H, K, dtype=do.dtype)
     dk, dbeta = torch.empty_like(k), torch.empty_like(beta)
     dlamb = x.new_empty(B, H, N, K)
+    dg = torch.empty_like(g)
+    NE_H, NE_G = ends_h.shape[-1], ends_g.shape[-1]
     _solve_grads_kernel[(N, B * H)](
-        x=x, k=k, beta=beta, g=g, h=hk, dh=dhk, u=u, dk1=dk1, dbeta1=dbeta1, dG=dG, dq=dq, dk=dk, dbeta=dbeta,
-        dlamb=dlamb, scale=scale, T=T, H=H, K=K, C=C, BK=block(K), BJ=min(LAUNCH["kk_BV"], block(K)), PREC=prec,
-        UP=up, **_options("kk"))
-    # the final states' gate terms <dS_T, S_T>, at the last token (G's: <dG_T^T, G_T^T>)
-    for d_final, final in ((dHT, HT), (dGT, GT)):
-        if d_final is not None:
-            dG[:, -1] += (d_final.float() * final).sum((-2, -1))
-    dg = _reverse_cumsum(dG).to(g.dtype)
+        x=x, k=k, beta=beta, g=g, h=hk, dh=dhk, u=u, dk1=dk1, dbeta1=dbeta1, dG=dG, ends_h=ends_h, ends_g=ends_g,
+        dq=dq, dk=dk, dbeta=dbeta, dlamb=dlamb, dg=dg, scale=scale, T=T, H=H, K=K, C=C, BK=block(K),
+        BJ=min(LAUNCH["kk_BV"], block(K)), NE_H=NE_H, NE_G=NE_G, BE=max(2, next_power_of_2(max(NE_H, NE_G))),
+        PREC=prec, UP=up, **_options("kk"))
     none = x.new_empty(0)
     return (dq, dk, dv, dg, dbeta, dlamb.sum((0, 2)).to(lamb.dtype),
             none if G0 is None else dS0.to(G0.dtype), none if H0 is None else dH0.to(H0.dtype))
