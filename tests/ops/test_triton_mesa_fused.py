@@ -9,6 +9,7 @@ Runs on CUDA when present, else on the CPU through Triton's interpreter (tests/c
 
 import pytest
 import torch
+from gate_precision import assert_gates_gradient_like_the_others
 from test_mesa_net import NAMES, make
 
 from linattn import settings
@@ -90,11 +91,7 @@ def test_the_gates_gradient_keeps_its_precision_over_a_long_sequence(gpu_dot_rou
     the other gradients are (within 1.5x the largest of their errors). As one reverse sum over the whole sequence of
     x . dq - k . dk, whose terms cancel, it was 9.4e-3 off here against 2.5e-3 for the others (3.2e-2 on an H200 at
     T = 16384); summed within chunks, with the chunk ends' state terms, it is 2.6e-3."""
-    from linattn.bench.accuracy import measure
-
-    errors = measure("mesa_net", ["triton"], B=1, T=1024, H=1, K=32, V=32, dtype=torch.bfloat16,
-                     device="cuda" if torch.cuda.is_available() else "cpu")["rows"][0]["errors"]
-    assert errors["g"] <= 1.5 * max(e for name, e in errors.items() if name != "g"), errors
+    assert_gates_gradient_like_the_others("mesa_net")
 
 
 def test_fewer_steps_and_strong_decay():

@@ -15,15 +15,19 @@ Backward (dH_n: gradient of the state leaving chunk n; q~ = scale q):
     dk_s  = sum_{t>=s} e^{b_t - b_s} (do_t . v_s) q~_t + e^{b_C - b_s} dH_n v_s
     dv_s  = sum_{t>=s} e^{b_t - b_s} (q~_t . k_s) do_t + e^{b_C - b_s} dH_n^T k_s
 
-Every term depends on G = cumsum(g) only through differences G_t - G_s (and G_t alone for the
-initial state), so the gradient of the cumulative gate is dG_t = q_t . dq_t - k_t . dk_t, plus
-<dS_T, S_T> at the last token, and dg is the reverse cumulative sum of dG.
+Within a chunk every term depends on b only through differences b_t - b_s, e^{b_t} on the state entering
+it and e^{b_C} on the state leaving it (S_{n+1} is linear in e^{b_C}), so the gradient of the chunk's
+cumulative gate is dB_t = q_t . dq_t - k_t . dk_t, plus <dH_n, S_{n+1}> at the chunk's last token, and
+dg is the reverse cumulative sum of dB within the chunk. (One reverse sum of dB over the whole sequence,
+ending at <dS_T, S_T>, is the same number in exact arithmetic; its terms cancel over the sequence and
+with tf32 products it drifted to 1e-2 from the float32 reference where the other gradients were 3e-3.)
 
 Four kernels: the state scan (a program per value block and batch-head, looping over chunks), the
-output (a program per value block, chunk and batch-head), the reverse scan of state gradients, and
-the per-chunk input gradients. The states entering the chunks are recomputed in the backward pass
-instead of being kept. Block shapes depend on the head dims and the chunk size only, never on T, so
-a new sequence length reuses the compiled kernels (T is not specialised on). Packed sequences (B = 1) are read
+output (a program per value block, chunk and batch-head), the reverse scan of state gradients (with
+the chunk ends' gate terms), and the per-chunk input gradients (with dg). The states entering the
+chunks are recomputed in the backward pass instead of being kept. Block shapes depend on the head dims
+and the chunk size only, never on T, so a new sequence length reuses the compiled kernels (T is not
+specialised on). Packed sequences (B = 1) are read
 where they lie: every kernel takes its chunk's first token and token count from the chunks' rows
 (common/triton_chunk_output.py's chunk_span) and the state scans run each sequence's own chunks.
 """
@@ -46,6 +50,7 @@ from ..common.triton_utils import (
     launch_options,
     launch_overrides,
     mm,
+    next_power_of_2,
     upcast_dots,
 )
 
@@ -91,11 +96,13 @@ def _state_fwd_kernel(k, v, g, h, h0, ht, cu, rows, T, NC, H: tl.constexpr, K: t
 
 @fast_launch
 @triton.jit(do_not_specialize=["T", "NC"])
-def _state_bwd_kernel(q, g, do, dh, dht, dh0, cu, rows, scale, T, NC, H: tl.constexpr, K: tl.constexpr,
+def _state_bwd_kernel(q, g, do, h, ht, dh, dht, dh0, ends, cu, rows, scale, T, NC, H: tl.constexpr, K: tl.constexpr,
                       V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
                       PACKED: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
     """Grid (cdiv(V, BV), B*H; packed: S*H): dh[b, h, n] = gradient of the state leaving chunk n; dh0 = of the
-    initial one (PACKED: program s*H + h runs sequence s's chunks in reverse, from dht[s, h] to dh0[s, h])."""
+    initial one (PACKED: program s*H + h runs sequence s's chunks in reverse, from dht[s, h] to dh0[s, h]). And each
+    chunk end's gate term over this program's columns, <dS, S> of the state leaving the chunk (h[b, h, n + 1], or
+    the final state ht for a sequence's last chunk), into ends[b, h, n, pid(0)] (float32)."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_h = i_bh % H
     N = NC
@@ -112,9 +119,15 @@ def _state_bwd_kernel(q, g, do, dh, dht, dh0, cu, rows, scale, T, NC, H: tl.cons
     dS = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_DHT:
         dS += tl.load(dht + i_bh * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
+    NB = tl.num_programs(0)
     for i in range(c1 - c0):
         n = c1 - 1 - i
         tl.store(dh + (i_hb * N + n) * K * V + kv, dS.to(dh.dtype.element_ty), mask=m_kv)
+        if i == 0:
+            S_end = tl.load(ht + i_bh * K * V + kv, mask=m_kv, other=0.0)
+        else:
+            S_end = tl.load(h + (i_hb * N + n + 1) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
+        tl.store(ends + (i_hb * N + n) * NB + i_v, tl.sum(tl.sum(dS * S_end, axis=1), axis=0))
         first, count = chunk_span(rows, n, i_b, T, C, PACKED)
         m_t = o_c < count
         row = (first + o_c) * H + i_h
@@ -129,11 +142,12 @@ def _state_bwd_kernel(q, g, do, dh, dht, dh0, cu, rows, scale, T, NC, H: tl.cons
 
 @fast_launch
 @triton.jit(do_not_specialize=["T", "NC"])
-def _grads_bwd_kernel(q, k, v, g, h, do, dh, dq, dk, dv, dG, rows, scale, T, NC, H: tl.constexpr, K: tl.constexpr,
-                      V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-                      UP: tl.constexpr, PACKED: tl.constexpr):
-    """Grid (NC, B*H): dq, dk, dv of one chunk (looping over value blocks) and dG_t = q_t.dq_t - k_t.dk_t
-    (PACKED: the chunk's tokens from ``rows``)."""
+def _grads_bwd_kernel(q, k, v, g, h, do, dh, ends, dq, dk, dv, dg, rows, scale, T, NC, H: tl.constexpr,
+                      K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                      NE: tl.constexpr, BE: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, PACKED: tl.constexpr):
+    """Grid (NC, B*H): dq, dk, dv of one chunk (looping over value blocks) and dg, in g's dtype (PACKED: the chunk's
+    tokens from ``rows``): the reverse cumulative sum within the chunk of dG_t = q_t.dq_t - k_t.dk_t plus, at its
+    last token, the chunk end's gate term (the sum of ends[b, h, n, :NE], BE a power of two >= NE)."""
     n, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     N = NC
@@ -175,7 +189,13 @@ def _grads_bwd_kernel(q, k, v, g, h, do, dh, dq, dk, dv, dG, rows, scale, T, NC,
     tl.store(dq + row[:, None] * K + o_k[None, :], dq_acc.to(dq.dtype.element_ty), mask=m_ck)
     tl.store(dk + row[:, None] * K + o_k[None, :], dk_acc.to(dk.dtype.element_ty), mask=m_ck)
     dG_t = tl.sum(qc.to(tl.float32) * dq_acc - kc.to(tl.float32) * dk_acc, axis=1)
-    tl.store(dG + row, dG_t, mask=m_t)
+    # b_t cumulates the gates within the chunk, so g_t reaches the later b_s of its chunk and, through b_C, the
+    # whole state leaving it (the chunk end's term). One reverse sum of dG over the sequence is the same in exact
+    # arithmetic, but its terms cancel over the whole sequence: with tf32 products it was 1e-2 off (T = 1024).
+    o_e = tl.arange(0, BE)
+    end = tl.sum(tl.load(ends + (i_bh * N + n) * NE + o_e, mask=o_e < NE, other=0.0), axis=0)
+    dG_t += tl.where(o_c == count - 1, end, 0.0)
+    tl.store(dg + row, tl.cumsum(dG_t, axis=0, reverse=True).to(dg.dtype.element_ty), mask=m_t)
 
 
 # Launch settings: fixed per head size (never tuned per sequence length); `python -m linattn.bench.triton_tune
@@ -299,30 +319,6 @@ def simple_gla_triton_forward(q, k, v, g, scale, initial_state, C, keep=False, c
     return simple_gla_triton_read(q, k, v, g, scale, states), states.final
 
 
-def _sequence_ends(cu_chunks, chunk_rows):
-    """Each packed sequence's end (one past its last token), from its last chunk's first token and count."""
-    last = chunk_rows[cu_chunks[1:].long() - 1]
-    return last[:, 0] + last[:, 1]
-
-
-def _reverse_cumsum(dG, cu_chunks=None, chunk_rows=None):
-    """dg from dG [B, T, H] float32: the reverse cumulative sum over time, restarted at every packed sequence's end
-    when ``cu_chunks`` and ``chunk_rows`` are given (B = 1, the sequences where they lie)."""
-    if cu_chunks is None:
-        # run along the innermost dimension ([B, H, T]): torch's scan over an outer dimension took 2.8 ms at B=4,
-        # T=16384, H=16 on an H100 (40% of the backward pass), this well under 0.1 ms
-        return dG.transpose(1, 2).contiguous().flip(-1).cumsum(-1).flip(-1).transpose(1, 2).contiguous()
-    # one reverse scan over all tokens, less its value past each token's sequence end: in float64, so that the
-    # difference of two long sums keeps the float32 sums' precision
-    B, T, H = dG.shape
-    after = dG[0].to(torch.float64).transpose(0, 1).flip(-1).cumsum(-1).flip(-1)  # [H, T]: sum over tokens >= t
-    after = torch.cat([after, after.new_zeros(H, 1)], dim=1)
-    ends = _sequence_ends(cu_chunks, chunk_rows)
-    lengths = torch.diff(ends, prepend=ends.new_zeros(1))
-    end_of = torch.repeat_interleave(ends, lengths, output_size=T)  # each token's sequence end
-    return (after[:, :T] - after[:, end_of]).float().transpose(0, 1).reshape(B, T, H)
-
-
 def simple_gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, saved=(None, None), cu_chunks=None,
                                precision=None, chunk_rows=None):
     """Backward pass: (dq, dk, dv, dg, d_initial_state); the chunk states are recomputed (nothing is kept)."""
@@ -338,25 +334,20 @@ def simple_gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, sav
     h, ht = _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks, precision, chunk_rows)
     dh = torch.empty_like(h)
     dh0 = torch.empty(rows, H, K, V, device=q.device, dtype=torch.float32)
-    _state_bwd_kernel[(cdiv(V, BV), rows * H)](
-        q=q, g=g, do=do, dh=dh, dht=dht if dht is not None else dh0, dh0=dh0,
+    NE = cdiv(V, BV)
+    ends = torch.empty(B, H, N, NE, device=q.device, dtype=torch.float32)
+    _state_bwd_kernel[(NE, rows * H)](
+        q=q, g=g, do=do, h=h, ht=ht, dh=dh, dht=dht if dht is not None else dh0, dh0=dh0, ends=ends,
         cu=dh0 if cu_chunks is None else cu_chunks, rows=rp, scale=scale, T=T, NC=N, H=H, K=K, V=V, C=C, BK=BK,
         BV=BV, HAS_DHT=dht is not None, PACKED=chunk_rows is not None, PREC=precision or dot_precision(q.dtype),
         UP=upcast_dots(q.dtype), **_options(launch, "bscan", q.dtype, f32_stages))
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    dG = torch.empty(B, T, H, device=q.device, dtype=torch.float32)
+    dq, dk, dv, dg = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g)
     _grads_bwd_kernel[(N, B * H)](
-        q=q, k=k, v=v, g=g, h=h, do=do, dh=dh, dq=dq, dk=dk, dv=dv, dG=dG, rows=rp, scale=scale, T=T, NC=N, H=H, K=K,
-        V=V, C=C, BK=BK, BV=min(launch["grads_BV"], _block(V)), PREC=precision or dot_precision(q.dtype),
-        UP=upcast_dots(q.dtype), PACKED=chunk_rows is not None, **_options(launch, "grads", q.dtype, f32_stages))
-    if dht is not None:  # the final state's gate term, at the last position (of each packed sequence)
-        term = (dht.float() * ht).sum((-2, -1))
-        if cu_chunks is None:
-            dG[:, -1] += term
-        else:
-            dG[0].index_add_(0, _sequence_ends(cu_chunks, chunk_rows) - 1, term)
-    dg = _reverse_cumsum(dG, cu_chunks, chunk_rows)
-    return dq, dk, dv, dg.to(g.dtype), dh0
+        q=q, k=k, v=v, g=g, h=h, do=do, dh=dh, ends=ends, dq=dq, dk=dk, dv=dv, dg=dg, rows=rp, scale=scale, T=T, NC=N,
+        H=H, K=K, V=V, C=C, BK=BK, BV=min(launch["grads_BV"], _block(V)), NE=NE, BE=max(2, next_power_of_2(NE)),
+        PREC=precision or dot_precision(q.dtype), UP=upcast_dots(q.dtype), PACKED=chunk_rows is not None,
+        **_options(launch, "grads", q.dtype, f32_stages))
+    return dq, dk, dv, dg, dh0
 
 
 simple_gla_triton = gated_rnn_backend("simple_gla_triton", simple_gla_triton_forward, simple_gla_triton_backward)
