@@ -80,8 +80,11 @@ def default_grid(family: str) -> dict[str, list[dict]]:
                                    "grads": ("grads_BV", (32, 64))},
               "gla": {"scan": ("scan_BK", (32, 64)), "inter": ("inter_BV", (32, 64)), "intra": ("intra_BK", (32, 64))},
               "simple_gla": {"grads": ("grads_BV", (32, 64))}}[family]
-    return {g: _candidates(g, warps=(2, 4, 8) if g in ("scan", "bscan") else (4, 8), blocks=blocks.get(g))
+    grid = {g: _candidates(g, warps=(2, 4, 8) if g in ("scan", "bscan") else (4, 8), blocks=blocks.get(g))
             for g in groups}
+    if family == "gla":  # float32 operands in the intra-chunk gradient products: what do they cost?
+        grid["intra"] += [{"intra_dots": "tf32"}, {"intra_dots": "tf32", "intra_warps": 8}]
+    return grid
 
 
 def _mesa_grid() -> dict[str, list[dict]]:
@@ -89,7 +92,7 @@ def _mesa_grid() -> dict[str, list[dict]]:
     with bench/triton_resources.py). The CG kernel has no stages (no loads in its loop); "chunk" changes every
     kernel at once and is left to whole-op runs (``LINATTN_TRITON_LAUNCH='{"mesa_net": {"chunk": 32}}'``)."""
     cg = [{}, {"cg_warps": 8}, {"cg_rows": 16}, {"cg_rows": 16, "cg_warps": 8}, {"cg_rows": 64, "cg_warps": 8},
-          {"cg_dots": "input"}, {"cg_dots": "input", "cg_rows": 64}, {"cg_dots": "input", "cg_rows": 64, "cg_warps": 8}]
+          {"cg_dots": "tf32"}, {"cg_dots": "input", "cg_rows": 64}, {"cg_dots": "input", "cg_rows": 64, "cg_warps": 8}]
     return {"cg": cg,
             "scan": _candidates("scan", warps=(2, 4, 8), blocks=("scan_BV", (32, 64))),
             "out": _candidates("out", warps=(4, 8), blocks=("out_BV", (64, 128))),

@@ -328,10 +328,11 @@ def _inter_bwd_kernel(q, k, v, g, h, A, do, dh, dv, dA, dq, dk, dL, rows, scale,
 @triton.jit(do_not_specialize=["T", "NC"])
 def _intra_bwd_kernel(q, k, g, dA, dq_in, dk_in, dL, dq, dk, dg, rows, scale, T, NC, H: tl.constexpr,
                       K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, SUBC: tl.constexpr, LIMIT: tl.constexpr,
-                      PREC: tl.constexpr, UP: tl.constexpr, PACKED: tl.constexpr):
+                      LOW: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, PACKED: tl.constexpr):
     """Grid (cdiv(K, BK), N, B*H): dq, dk (inter parts from dq_in, dk_in plus the intra sums) and dg of one key
     block, sub-chunk by sub-chunk from the chunk's end (dg is the reverse cumulative sum of db, carried across
-    sub-chunks). Given dA every quantity here is per key channel, so key blocks are independent programs."""
+    sub-chunks). Given dA every quantity here is per key channel, so key blocks are independent programs. LOW: the
+    products' operands (dA and the decayed keys and queries) rounded to q's dtype (LAUNCH["intra_dots"])."""
     i_k, n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     first, count = chunk_span(rows, n, i_b, T, C, PACKED)
@@ -339,6 +340,7 @@ def _intra_bwd_kernel(q, k, g, dA, dq_in, dk_in, dL, dq, dk, dg, rows, scale, T,
     M: tl.constexpr = C // SUBC
     o_k, o_c = i_k * BK + tl.arange(0, BK), tl.arange(0, SUBC)
     m_k = o_k < K
+    DT: tl.constexpr = q.dtype.element_ty if LOW else tl.float32
     carry = tl.load(dL + (i_bh * N + n) * K + o_k, mask=m_k, other=0.0)
     for ii in tl.static_range(M):
         i = M - 1 - ii
@@ -353,7 +355,7 @@ def _intra_bwd_kernel(q, k, g, dA, dq_in, dk_in, dL, dq, dk, dg, rows, scale, T,
         # dq_t = e^{b_t - b_r} sum_s dA_ts k_s e^{b_r - b_s}: the diagonal block when factored, then the
         # keys of earlier sub-chunks, nearest first
         kd = tl.where(explicit, 0.0, ki * tl.exp(tl.where(explicit, 0.0, -ci)))
-        dqs = mm(dA_ii.to(q.dtype.element_ty), kd.to(q.dtype.element_ty), PREC, UP)
+        dqs = mm(dA_ii.to(DT), kd.to(DT), PREC, UP)
         to_r = tl.zeros([BK], dtype=tl.float32)
         for jj in range(i):
             j = i - 1 - jj
@@ -361,20 +363,20 @@ def _intra_bwd_kernel(q, k, g, dA, dq_in, dk_in, dL, dq, dk, dg, rows, scale, T,
             gj = _load_rows(g, row_j, m_j, o_k, K)
             kf = _load_rows(k, row_j, m_j, o_k, K) * tl.exp(_suffix(gj) + to_r[None, :])
             dA_ij = tl.load(dA + row_i[:, None] * C + j * SUBC + o_c[None, :], mask=m_i[:, None], other=0.0)
-            dqs += mm(dA_ij.to(q.dtype.element_ty), kf.to(q.dtype.element_ty), PREC, UP)
+            dqs += mm(dA_ij.to(DT), kf.to(DT), PREC, UP)
             to_r += tl.sum(gj, axis=0)
         dqi = dqs * tl.exp(ci)
         # dk_s = e^{b_e - b_s} sum_t dA_ts q_t e^{b_t - b_e}: the diagonal block when factored, then the
         # queries of later sub-chunks, nearest first
         qd = tl.where(explicit, 0.0, qi * tl.exp(tl.where(explicit, 0.0, -si)))
-        dks = mm(tl.trans(dA_ii).to(q.dtype.element_ty), qd.to(q.dtype.element_ty), PREC, UP)
+        dks = mm(tl.trans(dA_ii).to(DT), qd.to(DT), PREC, UP)
         from_e = tl.zeros([BK], dtype=tl.float32)
         for j in range(i + 1, M):
             row_j, m_j = _rows(first, count, i_h, j * SUBC + o_c, H)
             gj = _load_rows(g, row_j, m_j, o_k, K)
             qf = _load_rows(q, row_j, m_j, o_k, K) * tl.exp(tl.cumsum(gj, axis=0) + from_e[None, :])
             dA_ji = tl.load(dA + row_j[None, :] * C + i * SUBC + o_c[:, None], mask=m_j[None, :], other=0.0)  # [s, t]
-            dks += mm(dA_ji.to(q.dtype.element_ty), qf.to(q.dtype.element_ty), PREC, UP)
+            dks += mm(dA_ji.to(DT), qf.to(DT), PREC, UP)
             from_e += tl.sum(gj, axis=0)
         dki = dks * tl.exp(si)
         if explicit:  # diagonal block: token SUBC-1-jj as a key (for dq), token jj as a query (for dk)
@@ -405,9 +407,17 @@ def _intra_bwd_kernel(q, k, g, dA, dq_in, dk_in, dL, dq, dk, dg, rows, scale, T,
 # Launch settings: fixed per head size (never tuned per sequence length).
 # "BV" is the value block of the state scans and the output; "<kernel>_stages" the software-pipelining depth of
 # bf16/fp16 inputs (float32 keeps Triton's default); "scan" is the forward state scan, "bscan" the reverse one.
+# "intra_dots": the intra-chunk gradient products' operands: "input" rounds them to the inputs' dtype (bf16/fp16
+# tensor-core products, as FLA's chunk_gla multiplies), "tf32" keeps them float32 (tf32 products: half the
+# tensor-core rate). The gates' gradient is a per-channel reverse sum of q dq - k dk whose terms cancel: with
+# bf16 operands it is 1.1e-2 from the float32 reference where the other gradients are 3.3e-3 (bf16, K = 32,
+# T = 1024, CPU emulation of the GPU's rounding), with tf32 ones 2.5e-3-3e-3. Not yet timed on a GPU; the
+# default stays "input" until it is.
+INTRA_DOTS = ("input", "tf32")
 LAUNCH = {"BV": 64, "scan_BK": 64, "scan_warps": 4, "scan_stages": 3, "bscan_BK": 64, "bscan_warps": 4,
           "bscan_stages": 3, "scores_warps": 4, "scores_stages": 2, "out_warps": 4, "out_stages": 3, "inter_BV": 64,
-          "inter_warps": 8, "inter_stages": 3, "intra_BK": 32, "intra_warps": 4, "intra_stages": 3}
+          "inter_warps": 8, "inter_stages": 3, "intra_BK": 32, "intra_warps": 4, "intra_stages": 3,
+          "intra_dots": "input"}
 launch_overrides("gla", LAUNCH)
 
 
@@ -499,10 +509,13 @@ def gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, saved=(Non
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     dg = torch.empty_like(g)  # in g's dtype; computed in float32
     BKI = min(LAUNCH["intra_BK"], _block(K))
+    if LAUNCH["intra_dots"] not in INTRA_DOTS:
+        raise ValueError(f"gla launch setting intra_dots must be one of {', '.join(map(repr, INTRA_DOTS))}, "
+                         f"got {LAUNCH['intra_dots']!r}")
     _intra_bwd_kernel[(cdiv(K, BKI), N, B * H)](
         q=q, k=k, g=g, dA=dA, dq_in=dq_inter, dk_in=dk_inter, dL=dL, dq=dq, dk=dk, dg=dg, rows=rp, scale=scale, T=T,
-        NC=N, H=H, K=K, C=C, BK=BKI, SUBC=SUB, LIMIT=_factor_limit(q), PACKED=packed, **_prec(q),
-        **_options(q, "intra"))
+        NC=N, H=H, K=K, C=C, BK=BKI, SUBC=SUB, LIMIT=_factor_limit(q), LOW=LAUNCH["intra_dots"] == "input",
+        PACKED=packed, **_prec(q), **_options(q, "intra"))
     return dq, dk, dv, dg, dh0
 
 
