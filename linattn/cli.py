@@ -1,4 +1,5 @@
-"""Command line: ``linattn list | run | train | bench ops | bench decode | bench model | data | convert-fla``.
+"""Command line: ``linattn list | run | train | bench ops | bench decode | bench model | bench accuracy | data |
+convert-fla``.
 
 A user error (:class:`linattn.errors.UserError`: a bad config, flag or file) prints one line
 ``linattn: error: <message>`` and exits with code 2; any other exception is a bug and keeps its traceback.
@@ -124,6 +125,13 @@ def _cmd_bench_model(args: argparse.Namespace) -> int:
     return cli_bench_model(args)
 
 
+def _cmd_bench_accuracy(args: argparse.Namespace) -> int:
+    from linattn.bench.accuracy import run_from_args
+
+    run_from_args(args, args.parser)
+    return 0
+
+
 def _cmd_data(args: argparse.Namespace) -> int:
     from linattn.data.lra.__main__ import main as lra_main
 
@@ -179,6 +187,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--out", help="also write the rows as JSON to this file")
     p.set_defaults(func=_cmd_bench_ops)
+    p = bench.add_parser("accuracy", parents=[debug], help="an op's backends (and FLA) in bf16/fp16 against a float32 "
+                         "reference: output and every gradient")
+    from linattn.bench import accuracy
+
+    accuracy.add_arguments(p)
+    p.set_defaults(func=_cmd_bench_accuracy, parser=p)
     p = bench.add_parser("decode", parents=[debug], help="time per generated token at a long vs a short context")
     p.add_argument("--mixers", help="comma-separated mixer names (default: every mixer)")
     p.add_argument("--short", type=int_arg(1), default=512)

@@ -105,30 +105,40 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of this tool (also `linattn bench accuracy`'s)."""
     p.add_argument("--op", required=True, choices=list_ops())
     p.add_argument("--impls", default="triton", help="comma-separated: our backends by name, and fla")
     p.add_argument("--reference", default="chunk", help="our backend run in float32 as the reference")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
-    p.add_argument("--device", default="cuda")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
     p.add_argument("--launch", action="append", default=[], help="a triton_launch JSON object: one more triton row")
     p.add_argument("--seed", type=int, default=0)
     add_shape_arguments(p, B=2, T=2048, H=4)
     p.add_argument("--out", default=None, help="write the result as JSON")
-    a = p.parse_args(argv)
+
+
+def run_from_args(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
+    """Measure what the parsed options ask for, print the table, write --out."""
     launches = []
     for text in a.launch:
         try:
             launches.append(json.loads(text))
         except json.JSONDecodeError as err:
             p.error(f"--launch must be a JSON object, got {text!r} ({err})")
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     result = measure(a.op, [i for i in a.impls.split(",") if i], B=a.B, T=a.T, H=a.H, K=a.K, V=a.V,
-                     dtype=DTYPES[a.dtype], device=a.device, reference=a.reference, launches=launches, seed=a.seed)
+                     dtype=DTYPES[a.dtype], device=device, reference=a.reference, launches=launches, seed=a.seed)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(result, f, indent=1)
     print(table(result))
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(p)
+    run_from_args(p.parse_args(argv), p)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 
 from linattn.bench.memprobe import probe
@@ -39,6 +40,17 @@ def test_cli_list_and_bench(tmp_path, capsys):
     assert main(["bench", "ops", "--ops", "simple_gla", "--lengths", "16", "--impls", "parallel",
                  "--K", "8", "--V", "8", "--repeats", "1", "--no-memory", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["rows"][0]["impl"] == "parallel"
+
+
+def test_cli_bench_accuracy(tmp_path, capsys):
+    out = tmp_path / "acc.json"
+    assert main(["bench", "accuracy", "--op", "simple_gla", "--impls", "parallel", "--device", "cpu", "--B", "1",
+                 "--T", "16", "--H", "1", "--K", "8", "--V", "8", "--out", str(out)]) == 0
+    assert "| parallel |" in capsys.readouterr().out
+    assert json.loads(out.read_text())["rows"][0]["impl"] == "parallel"
+    with pytest.raises(SystemExit):
+        main(["bench", "accuracy", "--op", "simple_gla", "--launch", "{not json"])
+    assert "--launch must be a JSON object" in capsys.readouterr().err
 
 
 def test_auto_backend_choice():
