@@ -18,13 +18,17 @@ Backward (dH_n: gradient of the state leaving chunk n; q~ = scale q):
 Within a chunk every term depends on b only through differences b_t - b_s, e^{b_t} on the state entering
 it and e^{b_C} on the state leaving it (S_{n+1} is linear in e^{b_C}), so the gradient of the chunk's
 cumulative gate is dB_t = q_t . dq_t - k_t . dk_t, plus <dH_n, S_{n+1}> at the chunk's last token, and
-dg is the reverse cumulative sum of dB within the chunk. (One reverse sum of dB over the whole sequence,
-ending at <dS_T, S_T>, is the same number in exact arithmetic; its terms cancel over the sequence and
-with tf32 products it drifted to 1e-2 from the float32 reference where the other gradients were 3e-3.)
+dg is the reverse cumulative sum of dB within the chunk. The chunk end's term needs no S_{n+1}:
+
+    <dH_n, S_{n+1}> = e^{b_C} <dH_n, S_n> + sum_s k_s . dk_s^inter,   dk_s^inter = e^{b_C - b_s} dH_n v_s
+
+(One reverse sum of dB over the whole sequence, ending at <dS_T, S_T>, is the same number in exact
+arithmetic; its terms cancel over the sequence and with tf32 products it drifted to 1e-2 from the float32
+reference where the other gradients were 3e-3.)
 
 Four kernels: the state scan (a program per value block and batch-head, looping over chunks), the
-output (a program per value block, chunk and batch-head), the reverse scan of state gradients (with
-the chunk ends' gate terms), and the per-chunk input gradients (with dg). The states entering the
+output (a program per value block, chunk and batch-head), the reverse scan of state gradients, and
+the per-chunk input gradients (with dg). The states entering the
 chunks are recomputed in the backward pass instead of being kept. Block shapes depend on the head dims
 and the chunk size only, never on T, so a new sequence length reuses the compiled kernels (T is not
 specialised on). Packed sequences (B = 1) are read
@@ -50,7 +54,6 @@ from ..common.triton_utils import (
     launch_options,
     launch_overrides,
     mm,
-    next_power_of_2,
     upcast_dots,
 )
 
@@ -96,13 +99,11 @@ def _state_fwd_kernel(k, v, g, h, h0, ht, cu, rows, T, NC, H: tl.constexpr, K: t
 
 @fast_launch
 @triton.jit(do_not_specialize=["T", "NC"])
-def _state_bwd_kernel(q, g, do, h, ht, dh, dht, dh0, ends, cu, rows, scale, T, NC, H: tl.constexpr, K: tl.constexpr,
+def _state_bwd_kernel(q, g, do, dh, dht, dh0, cu, rows, scale, T, NC, H: tl.constexpr, K: tl.constexpr,
                       V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
                       PACKED: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
     """Grid (cdiv(V, BV), B*H; packed: S*H): dh[b, h, n] = gradient of the state leaving chunk n; dh0 = of the
-    initial one (PACKED: program s*H + h runs sequence s's chunks in reverse, from dht[s, h] to dh0[s, h]). And each
-    chunk end's gate term over this program's columns, <dS, S> of the state leaving the chunk (h[b, h, n + 1], or
-    the final state ht for a sequence's last chunk), into ends[b, h, n, pid(0)] (float32)."""
+    initial one (PACKED: program s*H + h runs sequence s's chunks in reverse, from dht[s, h] to dh0[s, h])."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_h = i_bh % H
     N = NC
@@ -119,15 +120,9 @@ def _state_bwd_kernel(q, g, do, h, ht, dh, dht, dh0, ends, cu, rows, scale, T, N
     dS = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_DHT:
         dS += tl.load(dht + i_bh * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
-    NB = tl.num_programs(0)
     for i in range(c1 - c0):
         n = c1 - 1 - i
         tl.store(dh + (i_hb * N + n) * K * V + kv, dS.to(dh.dtype.element_ty), mask=m_kv)
-        if i == 0:
-            S_end = tl.load(ht + i_bh * K * V + kv, mask=m_kv, other=0.0)
-        else:
-            S_end = tl.load(h + (i_hb * N + n + 1) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
-        tl.store(ends + (i_hb * N + n) * NB + i_v, tl.sum(tl.sum(dS * S_end, axis=1), axis=0))
         first, count = chunk_span(rows, n, i_b, T, C, PACKED)
         m_t = o_c < count
         row = (first + o_c) * H + i_h
@@ -142,12 +137,13 @@ def _state_bwd_kernel(q, g, do, h, ht, dh, dht, dh0, ends, cu, rows, scale, T, N
 
 @fast_launch
 @triton.jit(do_not_specialize=["T", "NC"])
-def _grads_bwd_kernel(q, k, v, g, h, do, dh, ends, dq, dk, dv, dg, rows, scale, T, NC, H: tl.constexpr,
-                      K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                      NE: tl.constexpr, BE: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, PACKED: tl.constexpr):
+def _grads_bwd_kernel(q, k, v, g, h, do, dh, dq, dk, dv, dg, rows, scale, T, NC, H: tl.constexpr, K: tl.constexpr,
+                      V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+                      UP: tl.constexpr, PACKED: tl.constexpr):
     """Grid (NC, B*H): dq, dk, dv of one chunk (looping over value blocks) and dg, in g's dtype (PACKED: the chunk's
-    tokens from ``rows``): the reverse cumulative sum within the chunk of dG_t = q_t.dq_t - k_t.dk_t plus, at its
-    last token, the chunk end's gate term (the sum of ends[b, h, n, :NE], BE a power of two >= NE)."""
+    tokens from ``rows``): the reverse cumulative sum within the chunk of dB_t = q_t.dq_t - k_t.dk_t plus, at its
+    last token, the chunk end's term <dH_n, S_{n+1}> = e^{b_C} <dH_n, S_n> + sum_s k_s . dk_s^inter (module
+    docstring), from the tiles the value loop reads anyway."""
     n, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     N = NC
@@ -167,6 +163,7 @@ def _grads_bwd_kernel(q, k, v, g, h, do, dh, ends, dq, dk, dv, dg, rows, scale, 
     dq_acc = tl.zeros([C, BK], dtype=tl.float32)
     dk_acc = tl.zeros([C, BK], dtype=tl.float32)
     dA = tl.zeros([C, C], dtype=tl.float32)
+    sdh = 0.0  # <S_n, dH_n>
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_cv = m_t[:, None] & (o_v[None, :] < V)
@@ -178,13 +175,15 @@ def _grads_bwd_kernel(q, k, v, g, h, do, dh, ends, dq, dk, dv, dg, rows, scale, 
         dA += mm(doc, tl.trans(vc), PREC, UP)
         dq_acc += mm(doc.to(S.dtype), tl.trans(S), PREC, UP)
         dk_acc += mm(vc.to(dS.dtype), tl.trans(dS), PREC, UP)
+        sdh += tl.sum(tl.sum(S.to(tl.float32) * dS.to(tl.float32), axis=1), axis=0)
         dv_blk = mm(tl.trans(A).to(doc.dtype), doc, PREC, UP)
         dv_blk += mm(k_tail.to(dS.dtype), dS, PREC, UP)
         tl.store(dv + row[:, None] * V + o_v[None, :], dv_blk.to(dv.dtype.element_ty), mask=m_cv)
     dA = dA * D  # (do_t . v_s) e^{b_t - b_s} for s <= t
     dq_acc = dq_acc * tl.exp(b)[:, None] + mm(dA.to(kc.dtype), kc, PREC, UP)
-    dk_acc = dk_acc * tl.exp(b_last - b)[:, None] + mm(tl.trans(dA).to(qc.dtype), qc,
-                                                            PREC, UP) * scale
+    dk_acc = dk_acc * tl.exp(b_last - b)[:, None]  # the inter-chunk part, dk^inter
+    end = tl.exp(b_last) * sdh + tl.sum(tl.sum(kc.to(tl.float32) * dk_acc, axis=1), axis=0)
+    dk_acc += mm(tl.trans(dA).to(qc.dtype), qc, PREC, UP) * scale
     dq_acc = dq_acc * scale
     tl.store(dq + row[:, None] * K + o_k[None, :], dq_acc.to(dq.dtype.element_ty), mask=m_ck)
     tl.store(dk + row[:, None] * K + o_k[None, :], dk_acc.to(dk.dtype.element_ty), mask=m_ck)
@@ -192,8 +191,6 @@ def _grads_bwd_kernel(q, k, v, g, h, do, dh, ends, dq, dk, dv, dg, rows, scale, 
     # b_t cumulates the gates within the chunk, so g_t reaches the later b_s of its chunk and, through b_C, the
     # whole state leaving it (the chunk end's term). One reverse sum of dG over the sequence is the same in exact
     # arithmetic, but its terms cancel over the whole sequence: with tf32 products it was 1e-2 off (T = 1024).
-    o_e = tl.arange(0, BE)
-    end = tl.sum(tl.load(ends + (i_bh * N + n) * NE + o_e, mask=o_e < NE, other=0.0), axis=0)
     dG_t += tl.where(o_c == count - 1, end, 0.0)
     tl.store(dg + row, tl.cumsum(dG_t, axis=0, reverse=True).to(dg.dtype.element_ty), mask=m_t)
 
@@ -334,19 +331,16 @@ def simple_gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, sav
     h, ht = _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks, precision, chunk_rows)
     dh = torch.empty_like(h)
     dh0 = torch.empty(rows, H, K, V, device=q.device, dtype=torch.float32)
-    NE = cdiv(V, BV)
-    ends = torch.empty(B, H, N, NE, device=q.device, dtype=torch.float32)
-    _state_bwd_kernel[(NE, rows * H)](
-        q=q, g=g, do=do, h=h, ht=ht, dh=dh, dht=dht if dht is not None else dh0, dh0=dh0, ends=ends,
+    _state_bwd_kernel[(cdiv(V, BV), rows * H)](
+        q=q, g=g, do=do, dh=dh, dht=dht if dht is not None else dh0, dh0=dh0,
         cu=dh0 if cu_chunks is None else cu_chunks, rows=rp, scale=scale, T=T, NC=N, H=H, K=K, V=V, C=C, BK=BK,
         BV=BV, HAS_DHT=dht is not None, PACKED=chunk_rows is not None, PREC=precision or dot_precision(q.dtype),
         UP=upcast_dots(q.dtype), **_options(launch, "bscan", q.dtype, f32_stages))
     dq, dk, dv, dg = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g)
     _grads_bwd_kernel[(N, B * H)](
-        q=q, k=k, v=v, g=g, h=h, do=do, dh=dh, ends=ends, dq=dq, dk=dk, dv=dv, dg=dg, rows=rp, scale=scale, T=T, NC=N,
-        H=H, K=K, V=V, C=C, BK=BK, BV=min(launch["grads_BV"], _block(V)), NE=NE, BE=max(2, next_power_of_2(NE)),
-        PREC=precision or dot_precision(q.dtype), UP=upcast_dots(q.dtype), PACKED=chunk_rows is not None,
-        **_options(launch, "grads", q.dtype, f32_stages))
+        q=q, k=k, v=v, g=g, h=h, do=do, dh=dh, dq=dq, dk=dk, dv=dv, dg=dg, rows=rp, scale=scale, T=T, NC=N, H=H, K=K,
+        V=V, C=C, BK=BK, BV=min(launch["grads_BV"], _block(V)), PREC=precision or dot_precision(q.dtype),
+        UP=upcast_dots(q.dtype), PACKED=chunk_rows is not None, **_options(launch, "grads", q.dtype, f32_stages))
     return dq, dk, dv, dg, dh0
 
 
