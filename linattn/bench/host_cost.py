@@ -49,12 +49,23 @@ def cuda_guards():
 
 
 def _top_level_ops(call) -> int:
-    """The PyTorch operations ``call()`` dispatches that no other operation called (each a kernel launch on a GPU)."""
+    """The PyTorch operations ``call()`` dispatches that no other operation called (each a kernel launch on a GPU).
+    The backward pass's run under the autograd engine's events (not operations), so an operation counts when none
+    of its enclosing events is an operation."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         call()
-    return sum(1 for e in prof.events() if e.name.startswith("aten::") and e.cpu_parent is None)
+
+    def top_level(event) -> bool:
+        parent = event.cpu_parent
+        while parent is not None:
+            if parent.name.startswith("aten::"):
+                return False
+            parent = parent.cpu_parent
+        return True
+
+    return sum(1 for e in prof.events() if e.name.startswith("aten::") and top_level(e))
 
 
 def host_cost(op: str, B: int = 1, T: int = 64, H: int = 2, K: int = 16, V: int = 16, repeats: int = 30,
