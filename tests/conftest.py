@@ -33,8 +33,9 @@ def one_thread():
 
 @pytest.fixture
 def gpu_dot_rounding(monkeypatch):
-    """The interpreter's dots with a GPU's rounding: float32 operands rounded to tf32 (10 mantissa bits) before the
-    product. On the CPU the kernels upcast bf16 blocks and multiply in IEEE float32 (``upcast_dots``), which hides
+    """The interpreter's dots with a GPU's rounding: float32 operands rounded to tf32 (10 mantissa bits, to nearest;
+    depending on how the compiler converts them a GPU may round differently, the size of the error is the same) before
+    the product. On the CPU the kernels upcast bf16 blocks and multiply in IEEE float32 (``upcast_dots``), which hides
     what tf32 tensor-core products do to 16-bit inputs on a GPU; bf16 operands are exact in tf32, so rounding every
     float32 operand is what a GPU does for 16-bit inputs. Float32 inputs (IEEE dots on a GPU too) must not use it.
     On CUDA the kernels round for real and this does nothing."""

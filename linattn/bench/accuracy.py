@@ -66,8 +66,8 @@ def _call(op: str, impl: str):
 def measure(op: str, impls: list[str], *, B: int, T: int, H: int, K: int, V: int, dtype: torch.dtype,
             device: str | torch.device = "cuda", reference: str = "chunk", launches: list[dict] | None = None,
             seed: int = 0) -> dict:
-    """{"op", "shape", "dtype", "reference", "rows": [{"impl", "errors": {name: rel RMS}} or {"impl", "note"}]}:
-    see the module docstring. The reference row (float32) is included to show the float32 floor."""
+    """{"op", "shape", "dtype", "reference", "keywords", "rows": [{"impl", "errors": {name: rel RMS}} or {"impl",
+    "note"}]}: see the module docstring ("keywords": the op's keywords in every row, the reference's too)."""
     if reference == "fla":
         raise ValueError("reference: one of our backends (FLA has no float32 reference form here)")
     device = torch.device(device)
@@ -90,7 +90,8 @@ def measure(op: str, impls: list[str], *, B: int, T: int, H: int, K: int, V: int
         rows.append({"impl": label, "errors": {k: (rel_rmse(a, e) if a is not None and e is not None else None)
                                                for k, a, e in zip(keys, got, want)}})
     return {"op": op, "shape": dict(B=B, T=T, H=H, K=K, V=V), "dtype": str(dtype).removeprefix("torch."),
-            "reference": f"{reference}, float32", "rows": rows}
+            "reference": f"{reference}, float32", "keywords": {**OP_KWARGS.get(op, {}), **FLA_SEMANTICS.get(op, {})},
+            "rows": rows}
 
 
 def table(result: dict) -> str:
@@ -102,6 +103,8 @@ def table(result: dict) -> str:
         cells = ([f"{r['errors'][k]:.2e}" if r["errors"][k] is not None else "-" for k in keys] if "errors" in r
                  else [r["note"]] + [""] * (len(keys) - 1))
         lines.append(f"| {r['impl']} | " + " | ".join(cells) + " |")
+    lines.append(f"\nrelative RMS error against {result['reference']}; the op's keywords in every row: "
+                 f"{result['keywords'] or 'none'}")
     return "\n".join(lines)
 
 

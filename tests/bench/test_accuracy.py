@@ -14,6 +14,7 @@ SMALL = dict(B=1, T=37, H=2, K=8, V=8, device="cpu")
 
 def test_the_reference_backend_in_float32_scores_zero_and_bf16_scores_its_rounding():
     result = accuracy.measure("gla", ["chunk", "recurrent"], dtype=torch.float32, **SMALL)
+    assert [r["impl"] for r in result["rows"]] == ["chunk", "recurrent"]  # the rows asked for, no others
     rows = {r["impl"]: r["errors"] for r in result["rows"]}
     assert list(rows["chunk"]) == ["o", "q", "k", "v", "g"]
     assert all(e == 0.0 for e in rows["chunk"].values())
@@ -58,6 +59,8 @@ def test_fla_rows_use_fla_semantics(monkeypatch):
     monkeypatch.setattr(spec, "fn", recording)
     accuracy.measure("mesa_net", ["chunk"], dtype=torch.float32, **{**SMALL, "T": 9})
     assert seen == [1.0, 1.0]
+    assert "the op's keywords in every row: {'solver': 'cg', 'cg_steps': 30, 'scale': 1.0}" in accuracy.table(
+        accuracy.measure("mesa_net", [], dtype=torch.float32, **{**SMALL, "T": 9}))
 
 
 @pytest.mark.triton

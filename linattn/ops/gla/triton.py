@@ -421,6 +421,12 @@ LAUNCH = {"BV": 64, "scan_BK": 64, "scan_warps": 4, "scan_stages": 3, "bscan_BK"
 launch_overrides("gla", LAUNCH)
 
 
+def _check_intra_dots() -> None:
+    if LAUNCH["intra_dots"] not in INTRA_DOTS:
+        raise ValueError(f"gla launch setting intra_dots must be one of {', '.join(map(repr, INTRA_DOTS))}, "
+                         f"got {LAUNCH['intra_dots']!r}")
+
+
 def _options(x: torch.Tensor, kernel: str) -> dict[str, int]:
     return launch_options(LAUNCH, kernel, x.dtype)
 
@@ -469,6 +475,7 @@ def gla_triton_forward(q, k, v, g, scale, initial_state, C, keep=False, cu_chunk
     B, T, H, K = q.shape
     V = v.shape[-1]
     N = chunk_count(T, C, chunk_rows)
+    _check_intra_dots()  # read by the backward pass: a bad setting is named before any compute
     h, ht = _states(k, v, g, initial_state, C, cu_chunks, chunk_rows)
     A = _scores(q, k, g, scale, C, chunk_rows)
     o = torch.empty_like(v)
@@ -509,9 +516,7 @@ def gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, saved=(Non
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     dg = torch.empty_like(g)  # in g's dtype; computed in float32
     BKI = min(LAUNCH["intra_BK"], _block(K))
-    if LAUNCH["intra_dots"] not in INTRA_DOTS:
-        raise ValueError(f"gla launch setting intra_dots must be one of {', '.join(map(repr, INTRA_DOTS))}, "
-                         f"got {LAUNCH['intra_dots']!r}")
+    _check_intra_dots()
     _intra_bwd_kernel[(cdiv(K, BKI), N, B * H)](
         q=q, k=k, g=g, dA=dA, dq_in=dq_inter, dk_in=dk_inter, dL=dL, dq=dq, dk=dk, dg=dg, rows=rp, scale=scale, T=T,
         NC=N, H=H, K=K, C=C, BK=BKI, SUBC=SUB, LIMIT=_factor_limit(q), LOW=LAUNCH["intra_dots"] == "input",

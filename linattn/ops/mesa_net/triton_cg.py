@@ -128,9 +128,10 @@ def fused_cg_solve(product: Callable[[torch.Tensor], torch.Tensor], lamb: torch.
 # error 1.5e-5 (tf32) and 1.2e-4 ("input") with lamb = 1 and decays in [-0.5, 0); 1.7e-4 and 1.35e-3 with
 # lamb = 0.25 and g = -0.01; bf16's unit roundoff is 3.9e-3. On an H200 (bf16, K = V = 128, 30 CG steps, against
 # the float32 chunk backend with the same solve) the op's output and every gradient are as far from the reference
-# either way (relative RMS 1.8e-3 with tf32, 2.0e-3 with "input", FLA 2.6e-3; at T = 16384 the gates' gradient
-# 3.2e-2 and 2.8e-2, FLA's 2.2e-3), and the solve takes 17.2 ms instead of 43.3 (B 4, T 16384, H 16), the op's
-# forward and backward 31.4 ms instead of 57.8 (FLA 43.9).
+# either way (relative RMS 1.8e-3 with tf32, 2.0e-3 with "input", FLA 2.6e-3; the gates' gradient at T = 16384 was
+# 3.2e-2 and 2.8e-2 against FLA's 2.2e-3, when triton_fused.py still summed it over the whole sequence), and the
+# solve takes 17.2 ms instead of 43.3 (B 4, T 16384, H 16), the op's forward and backward 31.4 ms instead of 57.8
+# (FLA 43.9).
 # The values of triton_fused.py's kernels are the per-kernel best of ``python -m linattn.bench.triton_tune --family
 # mesa_net`` on an H200 (bf16, B 4, T 16384, H 16, K = V = 128): state scans 2.38 -> 2.15 ms, read-out 2.45 -> 1.59,
 # reverse scans 1.90 -> 1.48, read-out gradients 5.93 -> 3.74; the op's forward+backward 61.5 -> 57.9 ms (one process).

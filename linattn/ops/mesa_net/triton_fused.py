@@ -298,8 +298,8 @@ def _solve_grads_kernel(x, k, beta, g, h, dh, u, dk1, dbeta1, dG, ends_h, ends_g
                         UP: tl.constexpr):
     """Grid (N, B*H): the gradients through the solve in chunk n: of y_t = G_t x_t read with the cotangent -u_t
     (module docstring, q = x, w = beta k, c = -u; S = G^T's states h and state gradients dh [B, H, N, K, K]), added
-    to the read-out's (dk1, dbeta1 and dG, in place): dk = dk1 + dk + beta dw (k's dtype), dbeta = dbeta1 + dw . k
-    (beta's dtype), dB = dG + x . dq - k . dk; and dq = scale u (dq's dtype), dlamb[b, h, n] = -sum_{t in chunk n}
+    to the read-out's (dk1, dbeta1, dG): dk = dk1 + dk + beta dw (k's dtype), dbeta = dbeta1 + dw . k (beta's
+    dtype), dB = dG + x . dq - k . dk; and dq = scale u (dq's dtype), dlamb[b, h, n] = -sum_{t in chunk n}
     u_t * x_t (float32). k's columns in blocks of BJ: dk's and dw's columns j are both k's columns j, so a block's
     gradients are complete in its iteration (only [C, BJ] accumulators). Then the gates' gradient, chunk-local:
     dg_t = sum_{s >= t in the chunk} dB_s + <dS, S> at the chunk's end (both states' terms, from ends_h [N, NE_H]
