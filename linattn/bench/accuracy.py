@@ -27,25 +27,21 @@ from linattn.bench.ops import FLA_ARGUMENTS, OP_KWARGS, fla_function, fla_output
 from linattn.bench.shape_args import add_shape_arguments
 from linattn.ops import get_op, list_ops
 from linattn.switches import settings
-from linattn.testing import rel_rmse
+from linattn.testing import grads, rel_rmse
 
 # Our keywords that give FLA's function's mathematics, for every row of the op (FLA's mesa_net has no scale).
 FLA_SEMANTICS = {"mesa_net": {"scale": 1.0}}
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-def _outputs_and_grads(call, inputs: dict, dtype: torch.dtype, upstream_seed: int) -> tuple[list[str], list]:
-    """(names, [output, grad of each floating input]) of ``call`` on ``inputs`` cast to ``dtype``, differentiated
-    with a seeded standard normal upstream gradient (float32 products, so the reference and the low precision see
-    the same one)."""
-    leaves = {n: (x.detach().to(dtype).clone().requires_grad_(True) if x.is_floating_point() else x)
-              for n, x in inputs.items() if isinstance(x, torch.Tensor)}
-    out = call(leaves)
-    gen = torch.Generator(device=out.device).manual_seed(upstream_seed)
-    upstream = torch.randn(out.shape, generator=gen, device=out.device, dtype=torch.float32)
-    (out.float() * upstream).sum().backward()
-    names = [n for n, x in leaves.items() if x.is_floating_point()]
-    return names, [out.detach().float()] + [leaves[n].grad for n in names]
+def _outputs_and_grads(call, inputs: dict, dtype: torch.dtype, seed: int) -> tuple[list[str], list]:
+    """(names, [output, grad of each floating input]) of ``call`` on ``inputs``, the floating ones cast to
+    ``dtype``: :func:`linattn.testing.grads` (a seeded upstream gradient, the same for every row)."""
+    names = [n for n, x in inputs.items() if isinstance(x, torch.Tensor) and x.is_floating_point()]
+    fixed = {n: x for n, x in inputs.items() if n not in names}
+    outs, gradients = grads(lambda *leaves: [call({**fixed, **dict(zip(names, leaves))})],
+                            [inputs[n].to(dtype) for n in names], seed=seed)
+    return names, [outs[0].float(), *gradients]
 
 
 def _call(op: str, impl: str):

@@ -92,7 +92,7 @@ def _mesa_grid() -> dict[str, list[dict]]:
     with bench/triton_resources.py). The CG kernel has no stages (no loads in its loop); "chunk" changes every
     kernel at once and is left to whole-op runs (``LINATTN_TRITON_LAUNCH='{"mesa_net": {"chunk": 32}}'``)."""
     cg = [{}, {"cg_warps": 8}, {"cg_rows": 16}, {"cg_rows": 16, "cg_warps": 8}, {"cg_rows": 64, "cg_warps": 8},
-          {"cg_dots": "tf32"}, {"cg_dots": "input", "cg_rows": 64}, {"cg_dots": "input", "cg_rows": 64, "cg_warps": 8}]
+          {"cg_rows": 64}, {"cg_dots": "tf32"}, {"cg_dots": "tf32", "cg_rows": 64}]
     return {"cg": cg,
             "scan": _candidates("scan", warps=(2, 4, 8), blocks=("scan_BV", (32, 64))),
             "out": _candidates("out", warps=(4, 8), blocks=("out_BV", (64, 128))),

@@ -34,6 +34,15 @@ def upcast_dots(dtype: torch.dtype) -> bool:
     return interpreting() and dtype == torch.bfloat16
 
 
+def launch_choice(launch: dict, family: str, key: str, choices: tuple[str, ...]) -> str:
+    """``launch[key]``, which must be one of ``choices`` (a ValueError naming the family's setting otherwise)."""
+    value = launch[key]
+    if value not in choices:
+        raise ValueError(f"{family} launch setting {key} must be one of {', '.join(map(repr, choices))}, "
+                         f"got {value!r}")
+    return value
+
+
 def launch_overrides(family: str, launch: dict) -> dict:
     """``launch`` (a kernel module's ``LAUNCH`` dict) made to follow the setting ``triton_launch``
     (``{"<family>": {"<key>": value}}``; ``linattn.settings(triton_launch=...)`` or the environment variable

@@ -35,9 +35,9 @@ from .triton_kernels import (
 
 # "C": rows per chunk of the solve (16, 32 or 64: the in-kernel inverse); "BN" keys per step over the past;
 # "BV" value columns per program; "panel": chunks per panel of the blocked solve (triton_kernels.py; 0: one pass over
-# the whole sequence per program). 4 panels of 64 rows: on an H200 (bf16, B 4, H 16, K = V = 128) the op's forward
-# took 5.44 ms instead of 7.06 at T = 4096 and 55.8 instead of 82.2 at T = 16384, forward and backward 16.0 and 190.9
-# ms instead of 18.7 and 237.8 (one process each);
+# the whole sequence per program). Panels of 4 chunks of 64 rows: on an H200 (bf16, B 4, H 16, K = V = 128) the op's
+# forward took 5.44 ms instead of 7.06 at T = 4096 and 55.8 instead of 82.2 at T = 16384, forward and backward 16.0
+# and 190.9 ms instead of 18.7 and 237.8 (one process each; the model's step with it is not measured yet).
 # LINATTN_TRITON_LAUNCH='{"deltaformer": {...}}' overrides them.
 LAUNCH = {"C": 64, "BN": 64, "BV": 64, "panel": 4, "solve_warps": 4, "solve_stages": 2, "psi_warps": 4,
           "psi_stages": 2, "update_warps": 4, "update_stages": 2}

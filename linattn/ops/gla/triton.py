@@ -82,6 +82,7 @@ from ..common.triton_utils import block as _block
 from ..common.triton_utils import (
     cdiv,
     dot_precision,
+    launch_choice,
     launch_options,
     launch_overrides,
     mm,
@@ -421,10 +422,8 @@ LAUNCH = {"BV": 64, "scan_BK": 64, "scan_warps": 4, "scan_stages": 3, "bscan_BK"
 launch_overrides("gla", LAUNCH)
 
 
-def _check_intra_dots() -> None:
-    if LAUNCH["intra_dots"] not in INTRA_DOTS:
-        raise ValueError(f"gla launch setting intra_dots must be one of {', '.join(map(repr, INTRA_DOTS))}, "
-                         f"got {LAUNCH['intra_dots']!r}")
+def _intra_dots() -> str:
+    return launch_choice(LAUNCH, "gla", "intra_dots", INTRA_DOTS)
 
 
 def _options(x: torch.Tensor, kernel: str) -> dict[str, int]:
@@ -475,7 +474,7 @@ def gla_triton_forward(q, k, v, g, scale, initial_state, C, keep=False, cu_chunk
     B, T, H, K = q.shape
     V = v.shape[-1]
     N = chunk_count(T, C, chunk_rows)
-    _check_intra_dots()  # read by the backward pass: a bad setting is named before any compute
+    _intra_dots()  # read by the backward pass: a bad setting is named before any compute
     h, ht = _states(k, v, g, initial_state, C, cu_chunks, chunk_rows)
     A = _scores(q, k, g, scale, C, chunk_rows)
     o = torch.empty_like(v)
@@ -516,10 +515,9 @@ def gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, saved=(Non
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     dg = torch.empty_like(g)  # in g's dtype; computed in float32
     BKI = min(LAUNCH["intra_BK"], _block(K))
-    _check_intra_dots()
     _intra_bwd_kernel[(cdiv(K, BKI), N, B * H)](
         q=q, k=k, g=g, dA=dA, dq_in=dq_inter, dk_in=dk_inter, dL=dL, dq=dq, dk=dk, dg=dg, rows=rp, scale=scale, T=T,
-        NC=N, H=H, K=K, C=C, BK=BKI, SUBC=SUB, LIMIT=_factor_limit(q), LOW=LAUNCH["intra_dots"] == "input",
+        NC=N, H=H, K=K, C=C, BK=BKI, SUBC=SUB, LIMIT=_factor_limit(q), LOW=_intra_dots() == "input",
         PACKED=packed, **_prec(q), **_options(q, "intra"))
     return dq, dk, dv, dg, dh0
 

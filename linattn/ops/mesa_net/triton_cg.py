@@ -37,7 +37,7 @@ import triton.language as tl
 
 from ..common.triton_launch import fast_launch
 from ..common.triton_masking import finite_part, is_finite, nonfinite_rows, rows_seeing
-from ..common.triton_utils import block, cdiv, dot_precision, launch_overrides, mm
+from ..common.triton_utils import block, cdiv, dot_precision, launch_choice, launch_overrides, mm
 from .solve import cg_floor
 
 ROWS_PER_PROGRAM = 32  # tokens x heads per program: a [32, K] tile of each of x, r, p, y
@@ -131,7 +131,7 @@ def fused_cg_solve(product: Callable[[torch.Tensor], torch.Tensor], lamb: torch.
 # either way (relative RMS 1.8e-3 with tf32, 2.0e-3 with "input", FLA 2.6e-3; the gates' gradient at T = 16384 was
 # 3.2e-2 and 2.8e-2 against FLA's 2.2e-3, when triton_fused.py still summed it over the whole sequence), and the
 # solve takes 17.2 ms instead of 43.3 (B 4, T 16384, H 16), the op's forward and backward 31.4 ms instead of 57.8
-# (FLA 43.9).
+# (FLA 43.9 in the tf32 run's process; the "input" run was a second process on the same GPU).
 # The values of triton_fused.py's kernels are the per-kernel best of ``python -m linattn.bench.triton_tune --family
 # mesa_net`` on an H200 (bf16, B 4, T 16384, H 16, K = V = 128): state scans 2.38 -> 2.15 ms, read-out 2.45 -> 1.59,
 # reverse scans 1.90 -> 1.48, read-out gradients 5.93 -> 3.74; the op's forward+backward 61.5 -> 57.9 ms (one process).
@@ -236,9 +236,6 @@ def _chunk_cg_kernel(k, beta, g, h, lamb, b, x, scale, steps, T, H: tl.constexpr
 def cg_launch(dtype: torch.dtype, C: int, precision: str | None, keys: torch.dtype) -> dict:
     """The chunk solve's dtype-dependent constants and launch options (rows per program, warps, the products'
     operands: LOW for bf16 keys when ``cg_dots`` is "input"). ``dtype``: the CG vectors'."""
-    if LAUNCH["cg_dots"] not in CG_DOTS:
-        raise ValueError(f"mesa_net launch setting cg_dots must be one of {', '.join(map(repr, CG_DOTS))}, "
-                         f"got {LAUNCH['cg_dots']!r}")
-    low = LAUNCH["cg_dots"] == "input" and keys == torch.bfloat16
+    low = launch_choice(LAUNCH, "mesa_net", "cg_dots", CG_DOTS) == "input" and keys == torch.bfloat16
     return dict(BR=min(C, LAUNCH["cg_rows"]), FLOOR=(32 * torch.finfo(dtype).eps) ** 2, TINY=torch.finfo(dtype).tiny,
                 PREC=precision or dot_precision(dtype), LOW=low, num_warps=LAUNCH["cg_warps"])
