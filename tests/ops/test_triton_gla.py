@@ -83,7 +83,7 @@ def test_triton_bf16(low):
 
 @pytest.mark.parametrize("dots", ["input", "tf32"])
 def test_triton_bf16_intra_products_either_way(dots):
-    """The intra-chunk gradient products with operands in bf16 (the default) or float32, strong gates too (the
+    """The intra-chunk gradient products with operands in bf16 or float32 (the default), strong gates too (the
     explicit diagonal blocks), within the bf16 tolerances of the float32 recurrence."""
     from linattn import settings
 
@@ -100,8 +100,8 @@ def test_triton_bf16_intra_products_either_way(dots):
 
 
 def test_float32_intra_products_keep_the_gates_gradient_precise(gpu_dot_rounding):
-    """With a GPU's tf32 rounding and intra_dots "tf32", T = 1024: dg is as close to the float32 reference as the
-    other gradients (2.7e-3); with bf16 operands (the default, as FLA's kernel) it is 1.1e-2."""
+    """With a GPU's tf32 rounding and intra_dots "tf32" (the default), T = 1024: dg is as close to the float32
+    reference as the other gradients (2.7e-3); with bf16 operands ("input", as FLA's kernel) it is 1.1e-2."""
     assert_gates_gradient_like_the_others("gla", launch={"gla": {"intra_dots": "tf32"}})
 
 

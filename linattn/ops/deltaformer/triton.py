@@ -35,11 +35,12 @@ from .triton_kernels import (
 
 # "C": rows per chunk of the solve (16, 32 or 64: the in-kernel inverse); "BN" keys per step over the past;
 # "BV" value columns per program; "panel": chunks per panel of the blocked solve (triton_kernels.py; 0: one pass over
-# the whole sequence per program). Panels of 4 chunks of 64 rows: on an H200 (bf16, B 4, H 16, K = V = 128) the op's
-# forward took 5.44 ms instead of 7.06 at T = 4096 and 55.8 instead of 82.2 at T = 16384, forward and backward 16.0
-# and 190.9 ms instead of 18.7 and 237.8 (one process each; the model's step with it is not measured yet).
+# the whole sequence per program). On an H200 (bf16, B 4, H 16, K = V = 128; one process per panel size) the op's
+# forward and backward took 18.7 / 17.7 / 16.1 / 15.3 / 15.6 / 16.4 ms at T = 4096 with panels of 0 (one pass) /
+# 2 / 4 / 8 / 16 / 32 chunks of 64 rows, and 237.8 / 215.3 / 189.8 / 179.5 / 175.0 / 175.9 ms at T = 16384; the
+# model's step (8 x 2048) 0.77x the Transformer's with panels of 8 against 0.70x with 4 (separate runs).
 # LINATTN_TRITON_LAUNCH='{"deltaformer": {...}}' overrides them.
-LAUNCH = {"C": 64, "BN": 64, "BV": 64, "panel": 4, "solve_warps": 4, "solve_stages": 2, "psi_warps": 4,
+LAUNCH = {"C": 64, "BN": 64, "BV": 64, "panel": 8, "solve_warps": 4, "solve_stages": 2, "psi_warps": 4,
           "psi_stages": 2, "update_warps": 4, "update_stages": 2}
 launch_overrides("deltaformer", LAUNCH)
 
