@@ -122,20 +122,27 @@ def _two_process_worker(rank: int, world: int, init_file: str, out: str, paralle
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        torch.manual_seed(0)
-        trainer = Trainer(_lm(), FixedBatch("lm", 6), _config(3, 6, max_steps=2, parallel=parallel), out_dir=out)
-        calls = []
-        if parallel == "ddp":
-            def counting_allreduce(state, bucket):
-                calls.append(bucket.index())
-                return allreduce_hook(state, bucket)
-
-            trainer.ddp.register_comm_hook(None, counting_allreduce)
-        trainer.fit()
-        if rank == 0:
-            torch.save(calls, f"{out}/allreduce_calls.pt")
+        _train_two_process_rank(rank, out, parallel)
     finally:
         dist.destroy_process_group()
+
+
+def _train_two_process_rank(rank: int, out: str, parallel: str) -> None:
+    """One rank's run. A function of its own so that the trainer, whose DDP reducer holds the process group, is
+    freed before the group is destroyed: freed after, the group's destructor joins gloo threads that wait for the
+    GIL the freeing thread holds (a deadlock seen with torch 2.13)."""
+    torch.manual_seed(0)
+    trainer = Trainer(_lm(), FixedBatch("lm", 6), _config(3, 6, max_steps=2, parallel=parallel), out_dir=out)
+    calls = []
+    if parallel == "ddp":
+        def counting_allreduce(state, bucket):
+            calls.append(bucket.index())
+            return allreduce_hook(state, bucket)
+
+        trainer.ddp.register_comm_hook(None, counting_allreduce)
+    trainer.fit()
+    if rank == 0:
+        torch.save(calls, f"{out}/allreduce_calls.pt")
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
