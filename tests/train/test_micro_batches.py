@@ -5,6 +5,8 @@ once a step; bad settings are named."""
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -123,6 +125,7 @@ def _two_process_worker(rank: int, world: int, init_file: str, out: str, paralle
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         _train_two_process_rank(rank, out, parallel)
+        gc.collect()  # and whatever a reference cycle kept, while the group lives
     finally:
         dist.destroy_process_group()
 

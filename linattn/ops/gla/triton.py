@@ -414,8 +414,9 @@ def _intra_bwd_kernel(q, k, g, dA, dq_in, dk_in, dL, dq, dk, dg, rows, scale, T,
 # bf16 operands it is 1.1e-2 from the float32 reference where the other gradients are 3.3e-3 (bf16, K = 32,
 # T = 1024, CPU emulation of the GPU's rounding), with tf32 ones 2.5e-3-3e-3. On an H200 (bf16, B 1, H 4,
 # K = V = 128, T = 16384) dg was 1.02e-2 with "input" and 2.87e-3 with "tf32"; the op's forward and backward
-# (B 4, H 16) took 2.11 against 2.14 ms at T = 2048 and 15.00 against 14.74 at T = 16384, the model's step at
-# 8 x 2048 0.93x against 0.94x the Transformer's: noise-level cost, so "tf32" is the default.
+# (B 4, H 16) took, with "tf32" against "input", 2.11 against 2.14 ms at T = 2048 and 15.00 against 14.74 at
+# T = 16384, the model's step at 8 x 2048 0.93x against 0.94x the Transformer's: noise-level cost, so "tf32" is
+# the default.
 INTRA_DOTS = ("input", "tf32")
 LAUNCH = {"BV": 64, "scan_BK": 64, "scan_warps": 4, "scan_stages": 3, "bscan_BK": 64, "bscan_warps": 4,
           "bscan_stages": 3, "scores_warps": 4, "scores_stages": 2, "out_warps": 4, "out_stages": 3, "inter_BV": 64,
