@@ -82,8 +82,8 @@ def default_grid(family: str) -> dict[str, list[dict]]:
               "simple_gla": {"grads": ("grads_BV", (32, 64))}}[family]
     grid = {g: _candidates(g, warps=(2, 4, 8) if g in ("scan", "bscan") else (4, 8), blocks=blocks.get(g))
             for g in groups}
-    if family == "gla":  # float32 operands in the intra-chunk gradient products: what do they cost?
-        grid["intra"] += [{"intra_dots": "tf32"}, {"intra_dots": "tf32", "intra_warps": 8}]
+    if family == "gla":  # bf16/fp16 operands in the intra-chunk gradient products (FLA's way): what do they save?
+        grid["intra"] += [{"intra_dots": "input"}, {"intra_dots": "input", "intra_warps": 8}]
     return grid
 
 

@@ -328,7 +328,7 @@ def simple_gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, sav
     rows = B if cu_chunks is None else cu_chunks.shape[0] - 1
     rp = q if chunk_rows is None else chunk_rows  # pointer placeholder unpacked
     BK, BV = _block(K), min(launch["BV"], _block(V))
-    h, ht = _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks, precision, chunk_rows)
+    h, _ = _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks, precision, chunk_rows)
     dh = torch.empty_like(h)
     dh0 = torch.empty(rows, H, K, V, device=q.device, dtype=torch.float32)
     _state_bwd_kernel[(cdiv(V, BV), rows * H)](
