@@ -37,6 +37,7 @@ import os
 import shlex
 import statistics
 import sys
+import time
 from collections.abc import Callable, Container, Iterator
 from dataclasses import asdict, dataclass
 
@@ -48,7 +49,7 @@ from linattn.models import CausalLM, ModelConfig, list_mixers
 from linattn.models.decode_bench import time_per_token
 
 from .profile_op import kernel_times
-from .timing import environment, median_ms, write_rows
+from .timing import environment, median_ms, synchronize, write_rows
 
 REFERENCE = "softmax_attn"
 DEFAULT_MIXERS = "gated_delta_rule,delta_rule,gla,mamba2,retention,comba"
@@ -128,8 +129,9 @@ class TrainRow:
     kind: str = "train"
     layout: str = "fixed"  # "packed": documents packed along one row with cu_seqlens (``--packed``)
     documents: float | None = None  # packed: documents per step (mean over the timed steps' packings)
-    tokens_per_s: float | None = None
-    ms_per_step: float | None = None
+    tokens_per_s: float | None = None  # from ms_per_step
+    ms_per_step: float | None = None  # steps back to back (bench.model.pipelined_ms)
+    synced_ms_per_step: float | None = None  # each step synchronised on its own (median)
     peak_gib: float | None = None
     compile_s: float | None = None
     graph_breaks: int | None = None
@@ -375,21 +377,45 @@ def first_compiled_step(step: Callable[[], None], device: torch.device) -> tuple
     return seconds, None if after is None or before is None else after - before
 
 
-def time_steps(step: Callable[[], None], plan: ModelBenchPlan, graphs: bool = False) -> tuple[float, float | None]:
-    """(median ms of ``plan.steps`` steps after ``plan.warmup`` untimed ones, CUDA peak GiB over the timed
-    steps or None on the CPU). ``graphs``: the step replays CUDA graphs (compile mode reduce-overhead), whose
-    replays allocate nothing: the peak is then the memory reserved, which holds the graphs' memory pools."""
+PIPELINED_ROUNDS = 3  # runs of plan.steps back-to-back steps; the median run is kept
+
+
+def pipelined_ms(step: Callable[[], None], steps: int, device: torch.device, rounds: int = PIPELINED_ROUNDS
+                 ) -> float:
+    """Median over ``rounds`` of the mean ms per step of ``steps`` steps run back to back with one synchronisation
+    at the end: the host queues the next step's kernels while the GPU runs this one's, as in a training loop
+    that does not wait on each step (the Trainer on CUDA)."""
+    runs = []
+    for _ in range(rounds):
+        synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        synchronize(device)
+        runs.append((time.perf_counter() - t0) * 1e3 / steps)
+    return statistics.median(runs)
+
+
+def time_steps(step: Callable[[], None], plan: ModelBenchPlan, graphs: bool = False
+               ) -> tuple[float, float, float | None]:
+    """(ms per step of back-to-back steps (:func:`pipelined_ms`), median ms of a step synchronised on its own,
+    CUDA peak GiB over the timed steps or None on the CPU), after ``plan.warmup`` untimed steps. A step whose
+    host time (Python, launches) is near its device time runs much slower synchronised on its own than back to
+    back, where the two overlap across steps. ``graphs``: the step replays CUDA graphs (compile mode
+    reduce-overhead), whose replays allocate nothing: the peak is then the memory reserved, which holds the
+    graphs' memory pools."""
     for _ in range(plan.warmup):
         step()
     cuda = plan.device.type == "cuda"
     if cuda:  # after warm-up the optimizer state exists: the peak is that of steady training
         torch.cuda.synchronize(plan.device)
         torch.cuda.reset_peak_memory_stats(plan.device)
-    ms = median_ms(step, plan.device, repeats=plan.steps, warmup=0)
+    synced = median_ms(step, plan.device, repeats=plan.steps, warmup=0)
+    ms = pipelined_ms(step, plan.steps, plan.device)
     if not cuda:
-        return ms, None
+        return ms, synced, None
     peak = torch.cuda.max_memory_reserved if graphs else torch.cuda.max_memory_allocated
-    return ms, peak(plan.device) / GIB
+    return ms, synced, peak(plan.device) / GIB
 
 
 def alternated_ratio(first: Callable[[], None], second: Callable[[], None], pairs: int, device: torch.device
@@ -422,7 +448,7 @@ def _train_once(plan: ModelBenchPlan, row: TrainRow) -> None:
     if compiled:  # compile time apart, and out of the timing
         row.compile_s, row.graph_breaks = first_compiled_step(step, plan.device)
     graphs = compiled and plan.compile_mode == "reduce-overhead"
-    row.ms_per_step, row.peak_gib = time_steps(step, plan, graphs)
+    row.ms_per_step, row.synced_ms_per_step, row.peak_gib = time_steps(step, plan, graphs)
     row.tokens_per_s = row.batch * row.seq_len / (row.ms_per_step / 1e3)
     if row.layout == "packed":
         ids = torch.randint(0, plan.vocab_size, (row.batch, row.seq_len + 1), generator=gen).to(plan.device)
@@ -533,6 +559,8 @@ def attach_ratios(row: dict, rows: list[dict]) -> dict:
         row["speed_ratio"] = _ratio(row["tokens_per_s"], ref["tokens_per_s"])
         if row["kind"] == "train":
             row["memory_ratio"] = _ratio(row["peak_gib"], ref["peak_gib"])
+            # a step time ratio is the inverse of a speed ratio; rows of older runs have no synced time
+            row["synced_speed_ratio"] = _ratio(ref.get("synced_ms_per_step"), row.get("synced_ms_per_step"))
     if row["kind"] == "train" and row.get("layout", "fixed") == "packed":
         fixed_key = row_key({**row, "layout": "fixed"})
         fixed = [r for r in rows if row_key(r) == fixed_key and r.get("run", 0) == row.get("run", 0)]
@@ -626,6 +654,8 @@ TRAIN_COLUMNS: list[Column] = [
     ("tokens/s", True, lambda r: table_cell(r["tokens_per_s"], ",.0f")),
     (f"x {REFERENCE}", True, lambda r: table_cell(r["speed_ratio"])),
     ("ms/step", True, lambda r: table_cell(r["ms_per_step"], ".1f")),
+    ("ms/step synced", True, lambda r: table_cell(r.get("synced_ms_per_step"), ".1f")),
+    (f"synced x {REFERENCE}", True, lambda r: table_cell(r.get("synced_speed_ratio"))),
     ("peak GiB", True, lambda r: table_cell(r["peak_gib"])),
     (f"memory x {REFERENCE}", True, lambda r: table_cell(r["memory_ratio"])),
     ("x fixed", True, lambda r: table_cell(r.get("packed_ratio"))),

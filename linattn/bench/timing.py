@@ -18,7 +18,8 @@ from collections.abc import Callable
 import torch
 
 
-def _sync(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (CUDA; nothing on the CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -28,13 +29,13 @@ def median_ms(fn: Callable[[], object], device: torch.device, repeats: int = 5, 
     """Median wall time of ``fn()`` in milliseconds (stops early once ``budget_s`` is spent)."""
     for _ in range(warmup):
         fn()
-    _sync(device)
+    synchronize(device)
     times: list[float] = []
     start_all = time.perf_counter()
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
-        _sync(device)
+        synchronize(device)
         times.append((time.perf_counter() - t0) * 1e3)
         if budget_s is not None and time.perf_counter() - start_all > budget_s:
             break

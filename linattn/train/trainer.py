@@ -42,6 +42,7 @@ from linattn.train.metrics import MetricsLog, labelled, logits_of, sequence_corr
 from linattn.train.prefetch import Prefetcher
 from linattn.train.resume import format_changes, refuse_changes, resume_changes
 from linattn.train.schedule import make_scheduler
+from linattn.train.step_values import StepValues, step_values
 
 CHECKPOINT_NAME = "checkpoint.pt"
 METRICS_NAME = "metrics.jsonl"
@@ -49,6 +50,11 @@ METRICS_NAME = "metrics.jsonl"
 
 class BatchSource(Protocol):
     def batch(self, index: int, rank: int = 0, world: int = 1) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def fused_optimizer(device: torch.device, sharded: bool) -> bool:
+    """Whether the Trainer's AdamW is the fused one: on CUDA, unless FSDP shards the parameters."""
+    return device.type == "cuda" and not sharded
 
 
 class NonFiniteLossError(UserError, RuntimeError):
@@ -118,11 +124,16 @@ class Trainer:
             self.ddp, mode=torch_compile_mode(config.compile))
         decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() >= 2]
         no_decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() < 2]
+        # the fused AdamW (one kernel per step) can skip a non-finite step's update on the device, so a step's loss is
+        # read without waiting for it (_train_step); FSDP's sharded parameters keep the default implementation
+        self._fused = fused_optimizer(self.dist.device, self.sharded)
         self.optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=config.lr, betas=config.betas)
+            lr=config.lr, betas=config.betas, fused=self._fused)
         self.scheduler = self._make_scheduler()
         self.step, self.best, self.last_eval, self.elapsed = 0, None, {}, 0.0
+        # on the device: whether a step of this fit was non-finite (its update, and every later one, is skipped)
+        self._failed = torch.zeros((), dtype=torch.bool, device=self.dist.device)
         self._check_values = "strict"
         self._step_tokens = 0  # input tokens of the last step's global batch
         self._prefetcher: Prefetcher | None = None  # during fit() with config.prefetch
@@ -172,6 +183,9 @@ class Trainer:
             else:
                 self.model.load_state_dict(ckpt["model"])
                 self.optimizer.load_state_dict(ckpt["optimizer"])
+                for group in self.optimizer.param_groups:  # the saved groups name the implementation of the run
+                    group["fused"] = self._fused          # that wrote them (e.g. on another device): keep this one's
+                    group["foreach"] = None if self._fused else group.get("foreach")
         except (RuntimeError, ValueError, KeyError) as exc:
             raise CheckpointError(f"checkpoint {path} does not match this model/optimizer: {exc}") from exc
         self.step = self.checkpoint_step = int(ckpt["data_position"])
@@ -201,7 +215,15 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.dist.device.type, dtype=self.autocast_dtype)
 
-    def _train_step(self) -> tuple[float, float]:
+    def _checks_on_device(self) -> bool:
+        """Whether a non-finite step is caught on the device (the fused optimizer skips its update there) and its
+        values read later, instead of read before the update with a host synchronisation."""
+        return all(group.get("fused") for group in self.optimizer.param_groups)
+
+    def _train_step(self) -> StepValues:
+        """Queue one step; returns its loss and gradient norm, which may still be on their way to the host.
+        With checks on the device, read them with :meth:`_checked`, which raises for a non-finite step; otherwise
+        they were read and checked before the update."""
         if self._prefetcher is not None:
             x, y = self._prefetcher.get(self.step)
         else:
@@ -229,16 +251,33 @@ class Trainer:
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         if hasattr(grad_norm, "full_tensor"):  # FSDP: a replicated DTensor holding the global norm
             grad_norm = grad_norm.full_tensor()
-        # one host synchronisation per step reads both; a non-finite loss stops before the update
-        loss_value, grad_value = torch.stack([(ce / total_count).float(), grad_norm.float()]).tolist()
-        if not math.isfinite(loss_value):
-            self._non_finite("loss", loss_value)
-        if not math.isfinite(grad_value):
-            self._non_finite("gradient norm", grad_value)
+        stats = torch.stack([(ce / total_count).float(), grad_norm.float()])
+        on_device = self._checks_on_device()
+        values = step_values(self.step + 1, stats, wait=not on_device)
+        if on_device:
+            # a non-finite step updates nothing, nor does any later one until the host has read it and stopped
+            self._failed = self._failed | ~torch.isfinite(stats).all()
+            self.optimizer.found_inf = self._failed.float()
+        else:  # one host synchronisation: a non-finite step stops before its update
+            self.optimizer.found_inf = None
+            self._checked(values)
         self.optimizer.step()
         self.scheduler.step()
         self.step += 1
-        return loss_value, grad_value
+        return values
+
+    def _checked(self, values: StepValues) -> tuple[float, float]:
+        """``values`` read; a non-finite one raises :class:`NonFiniteLossError`, after putting the step counter and
+        schedule back to the last good step (checks on the device: the steps since updated nothing)."""
+        loss, grad_norm = values.read()
+        if math.isfinite(loss) and math.isfinite(grad_norm):
+            return loss, grad_norm
+        if self.step >= values.step:
+            self.step = values.step - 1
+            self.scheduler = self._make_scheduler(self.step)
+        if not math.isfinite(loss):
+            self._non_finite("loss", loss, values.step)
+        self._non_finite("gradient norm", grad_norm, values.step)
 
     def _forward_backward(self, x: torch.Tensor | PackedInputs, y: torch.Tensor, total_count: torch.Tensor
                           ) -> torch.Tensor:
@@ -256,17 +295,17 @@ class Trainer:
         if not loss.requires_grad:  # e.g. a forward that returned a constant: nothing to differentiate
             value = float(ce / total_count)
             if not math.isfinite(value):
-                self._non_finite("loss", value)
+                self._non_finite("loss", value, self.step + 1)
             raise RuntimeError("the loss does not depend on any trainable parameter (no grad_fn); "
                                "check the model's forward")
         loss.backward()
         return ce.detach()
 
-    def _non_finite(self, what: str, value: float) -> None:
+    def _non_finite(self, what: str, value: float, step: int) -> None:
         where = "no checkpoint was written"
         if self.checkpoint_step is not None and self.checkpoint_path is not None:
             where = f"the last good checkpoint ({self.checkpoint_path}, step {self.checkpoint_step}) is kept"
-        raise NonFiniteLossError(f"non-finite {what} ({value}) at step {self.step + 1}; training stopped and {where}. "
+        raise NonFiniteLossError(f"non-finite {what} ({value}) at step {step}; training stopped and {where}. "
                                  f"Lower the lr, raise warmup or clip harder.")
 
     @torch.no_grad()
@@ -340,6 +379,7 @@ class Trainer:
                    dynamic_ncols=True, leave=False)
         t0 = time.time() - self.elapsed
         self._check_values = "strict"
+        self._failed = torch.zeros((), dtype=torch.bool, device=self.dist.device)  # (an earlier fit may have failed)
         if cfg.prefetch and status == "running":
             self._prefetcher = Prefetcher(self.train_data, self.dist.rank, self.dist.world,
                                           pin=self.dist.device.type == "cuda")
@@ -356,22 +396,36 @@ class Trainer:
     def _loop(self, status: str, log: MetricsLog, bar: tqdm, deadline: float | None, t0: float) -> str:
         """Train until ``status`` is no longer "running"; returns the final status."""
         cfg = self.config
-        tokens, train_s = 0, 0.0  # since the last train record: its throughput counts training steps only
+        counts = {"tokens": 0, "train_s": 0.0}  # since the last train record: its throughput counts training steps only
+        pending: list[tuple[StepValues, float]] = []  # the last step's values and learning rate, not yet read
+
+        def read_pending() -> None:
+            """Check (raises for a non-finite step) and log the step whose values are pending."""
+            while pending:
+                values, lr = pending.pop()
+                loss, grad_norm = self._checked(values)
+                if values.step % cfg.log_every == 0 or values.step == cfg.max_steps:
+                    bar.set_postfix(loss=f"{loss:.4f}")
+                    log.write({"step": values.step, "split": "train", "loss": loss, "grad_norm": grad_norm, "lr": lr,
+                               "time": round(self.elapsed, 3),
+                               "tokens_per_s": round(counts["tokens"] / max(counts["train_s"], 1e-9), 1)})
+                    counts.update(tokens=0, train_s=0.0)
+
         while status == "running":
             t_step = time.perf_counter()
-            loss, grad_norm = self._train_step()  # ends in a host synchronisation: the step's work is done
-            train_s += time.perf_counter() - t_step
-            tokens += self._step_tokens
+            values = self._train_step()
+            lr = self.scheduler.get_last_lr()[0]
+            # the previous step's values: read once this step is queued, so the GPU is never left without work
+            read_pending()
+            pending.append((values, lr))
+            counts["train_s"] += time.perf_counter() - t_step
+            counts["tokens"] += self._step_tokens
             self.elapsed = time.time() - t0
             bar.update(1)
-            if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
-                bar.set_postfix(loss=f"{loss:.4f}")
-                log.write({"step": self.step, "split": "train", "loss": loss, "grad_norm": grad_norm,
-                           "lr": self.scheduler.get_last_lr()[0], "time": round(self.elapsed, 3),
-                           "tokens_per_s": round(tokens / max(train_s, 1e-9), 1)})
-                tokens, train_s = 0, 0.0
             done = self.step >= cfg.max_steps
-            if self.eval_data is not None and (self.step % cfg.eval_every == 0 or done):
+            evaluating = self.eval_data is not None and (self.step % cfg.eval_every == 0 or done)
+            if evaluating:
+                read_pending()  # what is evaluated (or saved, below) is known to be good first
                 self.last_eval = {"step": self.step, **self.evaluate()}
                 self._update_best(self.last_eval)
                 log.write({"split": "eval", **self.last_eval, "time": round(self.elapsed, 3)})
@@ -382,8 +436,10 @@ class Trainer:
             if done and status == "running":
                 status = "completed"
             if status != "running" or self.step % cfg.checkpoint_interval == 0:
+                read_pending()
                 self._save()
             if status == "running" and deadline is not None and time.time() >= deadline:
+                read_pending()
                 self._save()
                 status = "interrupted"
         return status

@@ -40,6 +40,9 @@ def test_two_mixers_with_the_reference(tmp_path, capsys):
         assert r["error"] is None and r["tokens_per_s"] > 0 and r["ms_per_step"] > 0 and r["params_m"] > 0
         ref = train[("softmax_attn", "eager")]
         assert r["speed_ratio"] == pytest.approx(r["tokens_per_s"] / ref["tokens_per_s"])
+        assert r["tokens_per_s"] == pytest.approx(2 * 32 / (r["ms_per_step"] / 1e3))  # the back-to-back time
+        assert r["synced_ms_per_step"] > 0
+        assert r["synced_speed_ratio"] == pytest.approx(ref["synced_ms_per_step"] / r["synced_ms_per_step"])
         assert r["peak_gib"] is None and r["memory_ratio"] is None  # no allocator peak on the CPU
         assert 1 <= len(r["profile"]["top"]) <= 3 and r["profile"]["wall_ms"] > 0
     for r in decode.values():
@@ -167,3 +170,17 @@ def test_packed_documents_fill_the_step_exactly():
 def test_bad_doc_lengths_exit_2(argv, capsys):
     assert main(["bench", "model", *TINY, "--packed", *argv]) == 2
     assert "--doc-lengths" in capsys.readouterr().err
+
+
+def test_pipelined_time_is_the_mean_of_back_to_back_steps_with_one_synchronisation(monkeypatch):
+    clock, calls, synced_at = [0.0], [], []
+    monkeypatch.setattr(bench_model.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(bench_model, "synchronize", lambda device: synced_at.append(len(calls)))
+
+    def step():  # 2 ms, then 4 ms, then 6 ms per step in the three rounds
+        calls.append(1)
+        clock[0] += 2e-3 * (1 + (len(calls) - 1) // 5)
+
+    ms = bench_model.pipelined_ms(step, steps=5, device=torch.device("cpu"), rounds=3)
+    assert ms == pytest.approx(4.0) and len(calls) == 15
+    assert synced_at == [0, 5, 5, 10, 10, 15]  # before and after each round, never between its steps

@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 
+import linattn.train.trainer as trainer_module
 from linattn.data import IGNORE_INDEX, TaskStream, eval_set, make_task
 from linattn.train import (
     CheckpointError,
@@ -336,3 +337,57 @@ def test_non_finite_gradient_with_a_finite_loss_stops_and_keeps_last_good_checkp
     assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
     train_rows = [r for r in read_metrics(tmp_path) if r["split"] == "train"]
     assert [r["step"] for r in train_rows] == [5, 10] and all(math.isfinite(r["loss"]) for r in train_rows)
+
+
+def _fused_checks_on_device(monkeypatch) -> None:
+    """The CUDA path, on the CPU: the fused AdamW, which skips a non-finite step's update on the device, and each
+    step's values read once the next step is queued."""
+    monkeypatch.setattr(trainer_module, "fused_optimizer", lambda device, sharded: True)
+
+
+def _nan_gradient_fit(out_dir, nan_at: int, max_steps: int = 40) -> tuple[Trainer, NaNGradientLM]:
+    torch.manual_seed(0)
+    model = NaNGradientLM(nan_at=nan_at)
+    data = ShiftSum()
+    trainer = Trainer(model, data, _config(max_steps=max_steps),
+                      eval_data=data.make(64, torch.Generator().manual_seed(99)), out_dir=out_dir)
+    return trainer, model
+
+
+def test_checks_on_device_read_a_step_late_and_stop_with_the_last_good_parameters(tmp_path, monkeypatch):
+    _fused_checks_on_device(monkeypatch)
+    trainer, model = _nan_gradient_fit(tmp_path, nan_at=12)
+    after_12 = []  # the parameters step 13's forward sees: those after step 12
+
+    def snapshot(module, args):
+        if module.training and module.train_calls == 12:
+            after_12.extend(p.detach().clone() for p in module.parameters())
+
+    model.register_forward_pre_hook(snapshot)
+    assert trainer._checks_on_device()
+    with pytest.raises(NonFiniteLossError, match=r"non-finite gradient norm \(nan\) at step 13.*step 10\) is kept"):
+        trainer.fit()
+    assert model.train_calls == 14, "step 13's values were read after step 14 was queued"
+    assert trainer.step == 12 and trainer.scheduler.last_epoch == 12, "neither step 13 nor 14 counted"
+    for p, q in zip(model.parameters(), after_12, strict=True):
+        assert torch.equal(p, q), "an update after step 12 was applied"
+    assert load_checkpoint(tmp_path / "checkpoint.pt")["step"] == 10
+    train_rows = [r for r in read_metrics(tmp_path) if r["split"] == "train"]
+    assert [r["step"] for r in train_rows] == [5, 10]
+
+
+def test_checks_on_device_log_what_checks_at_once_log(tmp_path, monkeypatch):
+    rows = {}
+    for name in ("at once", "on device"):
+        if name == "on device":
+            _fused_checks_on_device(monkeypatch)
+        trainer, _ = _nan_gradient_fit(tmp_path / name.replace(" ", "_"), nan_at=-1, max_steps=23)
+        assert trainer._checks_on_device() == (name == "on device")
+        trainer.fit()
+        rows[name] = read_metrics(tmp_path / name.replace(" ", "_"))
+    assert [(r["split"], r.get("step")) for r in rows["at once"]] == \
+        [(r["split"], r.get("step")) for r in rows["on device"]]
+    for a, b in zip(rows["at once"], rows["on device"], strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)  # fused and per-tensor AdamW round alike to 1e-4
+        if a["split"] == "train":
+            assert a["lr"] == b["lr"]
