@@ -345,18 +345,22 @@ def _fused_checks_on_device(monkeypatch) -> None:
     monkeypatch.setattr(trainer_module, "fused_optimizer", lambda device, sharded: True)
 
 
-def _nan_gradient_fit(out_dir, nan_at: int, max_steps: int = 40) -> tuple[Trainer, NaNGradientLM]:
+def _nan_gradient_fit(out_dir, nan_at: int, max_steps: int = 40, device: str = "cpu"
+                      ) -> tuple[Trainer, NaNGradientLM]:
     torch.manual_seed(0)
     model = NaNGradientLM(nan_at=nan_at)
     data = ShiftSum()
-    trainer = Trainer(model, data, _config(max_steps=max_steps),
+    trainer = Trainer(model, data, _config(max_steps=max_steps, device=device),
                       eval_data=data.make(64, torch.Generator().manual_seed(99)), out_dir=out_dir)
     return trainer, model
 
 
-def test_checks_on_device_read_a_step_late_and_stop_with_the_last_good_parameters(tmp_path, monkeypatch):
-    _fused_checks_on_device(monkeypatch)
-    trainer, model = _nan_gradient_fit(tmp_path, nan_at=12)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_checks_on_device_read_a_step_late_and_stop_with_the_last_good_parameters(tmp_path, monkeypatch, device):
+    if device == "cpu":
+        _fused_checks_on_device(monkeypatch)
+    trainer, model = _nan_gradient_fit(tmp_path, nan_at=12, device=device)
     after_12 = []  # the parameters step 13's forward sees: those after step 12
 
     def snapshot(module, args):
