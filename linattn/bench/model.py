@@ -3,7 +3,10 @@
 Training: one full step of a :class:`~linattn.models.CausalLM` (forward, next-token cross-entropy,
 backward, AdamW step, zero_grad) per mixer, batch shape and mode ("eager", or "compiled":
 ``torch.compile(model)``, its compile time reported apart and kept out of the timing). Tokens/s is
-``B * T`` over the median step time after warm-up; peak memory is the CUDA allocator's peak over the
+``B * T`` over the step time of steps run back to back after warm-up (:func:`pipelined_ms`: the host queues the
+next step while the GPU runs this one, as in the Trainer); the median time of a step synchronised on its own is
+kept beside it (``synced_ms_per_step``), and the two differ most where a step's host time is near its device time.
+Peak memory is the CUDA allocator's peak over the
 timed steps (weights, gradients, optimizer state and activations; none on the CPU). On CUDA the step
 runs under bf16 autocast with fused AdamW, as a user would train.
 
