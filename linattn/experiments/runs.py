@@ -25,6 +25,7 @@ from linattn.errors import ConfigError, located
 from linattn.experiments.lm_run import check_lm_config, train_lm_from_config
 from linattn.experiments.lra_run import check_lra_config, train_lra_from_config
 from linattn.train.build import SYNTHETIC, check_run_config, train_from_config
+from linattn.train.distributed import process_group_scope
 from linattn.train.trainer import TrainResult
 from linattn.validation import check_device
 
@@ -75,9 +76,11 @@ def cli_train(path: str | Path, device: str | None = None, out_dir: str | Path |
     metrics as JSON; returns the exit code. Errors in the config name the file and the field."""
     if device is not None:
         check_device("--device", device)
-    with located(source=path):
-        config = read_yaml(path, "run config")
-        result = train_run(config, out_dir, device=device, override_config=override_config)
-    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+    with process_group_scope():  # under torchrun: the group the Trainer starts ends with the command
+        with located(source=path):
+            config = read_yaml(path, "run config")
+            result = train_run(config, out_dir, device=device, override_config=override_config)
+        main_rank = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+    if main_rank:
         print(json.dumps({"status": result.status, "step": result.step, **result.metrics}))
     return 0

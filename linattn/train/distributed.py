@@ -9,7 +9,10 @@ does not need it: NCCL falls back to its ring and tree algorithms.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -60,6 +63,21 @@ def init_distributed(device: str = "auto") -> DistInfo:
         dev = torch.device("cuda", local)
         torch.cuda.set_device(dev)
     return DistInfo(rank, world, dev)
+
+
+@contextlib.contextmanager
+def process_group_scope() -> Iterator[None]:
+    """A process group started inside the block (``init_distributed`` under torchrun) is destroyed on leaving it;
+    one that existed before is left alone. Reference cycles are collected first, so that the trainers and DDP
+    reducers of the block that hold the group are freed before it: freed after it, a reducer's teardown can
+    deadlock (gloo)."""
+    existed = dist.is_available() and dist.is_initialized()
+    try:
+        yield
+    finally:
+        if not existed and dist.is_available() and dist.is_initialized():
+            gc.collect()
+            dist.destroy_process_group()
 
 
 def keep_multicast_off(environ: dict | None = None) -> dict:
