@@ -1,9 +1,9 @@
 """A training step's loss and gradient norm, read on the host without stalling the GPU's queue.
 
 Reading a CUDA value on the host waits for every kernel queued before it. A trainer that reads each step's loss
-right after its backward pass leaves the GPU idle while the host then queues the next step's work: for a model
-whose host time (Python, launches) is near its device time, that costs about a third of the step (an H200,
-Gated DeltaNet of 1024 x 12 layers at 8 x 2048 tokens: 110 ms per step read at once, 75 ms back to back).
+right after its backward pass leaves the GPU idle while the host then queues the next step's work. On an H200,
+models of 1024 x 12 layers at 8 x 2048 tokens trained 1.07-1.78x faster in the Trainer once the values were read
+a step late (docs/benchmarks.md, sixteenth round).
 :func:`step_values` starts the copy to pinned host memory and returns at once; :meth:`StepValues.read` waits
 for that copy only, by which time the host has usually queued the next step.
 """
