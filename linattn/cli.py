@@ -214,7 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = bench.add_parser("model", parents=[debug],
                          help="whole-model training step and decoding per mixer, next to softmax_attn",
                          description="A CausalLM per mixer (softmax_attn always included, same config and process): "
-                         "tokens/s and peak memory of a full training step (eager and torch.compile), ms per "
+                         "tokens/s and peak memory of a full training step (eager and torch.compile; steps run "
+                         "back to back, and the median step synchronised on its own beside them), ms per "
                          "generated token. Options left out take the device's defaults: on cuda the reference "
                          "config (d_model 1024, 12 layers, 8 heads, vocab 32000; shapes 8x2048,2x8192,1x32768; "
                          "eager,compiled; decoding B 1,16 at contexts 512,8192), on cpu a tiny one.")
@@ -230,7 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heads", type=int)
     p.add_argument("--vocab", type=int)
     p.add_argument("--mixer-kwargs", help='JSON: mixer -> layer arguments, e.g. \'{"gla": {"chunk_size": 64}}\'')
-    p.add_argument("--steps", type=int, help="timed training steps per median (cuda default 10)")
+    p.add_argument("--steps", type=int, help="timed training steps: the synchronised median's, and each of the "
+                   "three back-to-back runs' (cuda default 10)")
     p.add_argument("--warmup", type=int, help="untimed training steps first (cuda default 3; compiled mode also "
                    "makes one compiling step before them)")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the compiled mode")
