@@ -1,13 +1,13 @@
 """The Trainer's own throughput: ``python -m linattn.bench.trainer_speed [--mixers M,...] [--shape BxT]``.
 
-Each mixer's :class:`~linattn.models.CausalLM` (the reference size of ``linattn bench model`` on CUDA: d_model 1024,
-12 layers, 8 heads, vocab 32000) trains on random tokens through :class:`~linattn.train.Trainer` (bf16 autocast on
-CUDA, prefetching batches), and the tokens/s of its metrics log are read back: the median of its train records
-after the first two. ``--checks`` picks how the Trainer reads each step's loss and gradient norm: "late" (the fused
-AdamW, the Trainer's default on CUDA: it skips a non-finite step's update on the device, and the values are read
-once the next step is queued) or "at-once" (the per-tensor AdamW, the default on the CPU and under FSDP: values read
-before the update, so on CUDA the GPU's queue drains every step). Both are measured by default, one Trainer each,
-in this order.
+Each mixer's :class:`~linattn.models.CausalLM` (the sizes of ``linattn bench model``: on CUDA the reference
+config, d_model 1024, 12 layers, 8 heads, vocab 32000) trains on random tokens through
+:class:`~linattn.train.Trainer` (bf16 autocast on CUDA, prefetching batches), and the tokens/s of its metrics log
+are read back: the median of its train records after the first two. ``--checks`` picks how the Trainer reads each
+step's loss and gradient norm: "late" (the fused AdamW, the Trainer's default on CUDA: it skips a non-finite
+step's update on the device, and the values are read once the next step is queued) or "at-once" (the per-tensor
+AdamW, the default on the CPU and under FSDP: values read before the update, so on CUDA the GPU's queue drains
+every step). Both are measured by default, one Trainer each, in this order.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from linattn.bench.model import DEFAULTS as MODEL_DEFAULTS
+from linattn.bench.model import parse_shapes
 from linattn.models import CausalLM, ModelConfig
 from linattn.train import TrainConfig, Trainer, read_metrics
 
@@ -64,16 +66,18 @@ def trainer_tokens_per_s(config: ModelConfig, batch: int, seq_len: int, steps: i
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m linattn.bench.trainer_speed", description=__doc__.splitlines()[0])
     p.add_argument("--mixers", default="softmax_attn,gated_delta_rule", help="comma-separated mixer names")
-    p.add_argument("--shape", default=None, help="BxT of a training batch (cuda default 8x2048; cpu 2x64)")
+    p.add_argument("--shape", default=None, help="BxT of a training batch (default: the first shape of "
+                   "linattn bench model's, cuda 8x2048, cpu 2x128)")
     p.add_argument("--steps", type=int, default=None, help="training steps per Trainer (cuda default 35; cpu 15)")
     p.add_argument("--checks", default=",".join(CHECKS), help="comma-separated: late,at-once")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", default=None, help="write the results as JSON to this file")
     a = p.parse_args(argv)
     cuda = a.device.startswith("cuda")
-    batch, seq_len = (int(x) for x in (a.shape or ("8x2048" if cuda else "2x64")).lower().split("x"))
-    size = dict(d_model=1024, n_layers=12, n_heads=8, vocab_size=32000) if cuda else \
-        dict(d_model=64, n_layers=2, n_heads=2, vocab_size=256)
+    defaults = MODEL_DEFAULTS["cuda" if cuda else "cpu"]  # linattn bench model's sizes
+    batch, seq_len = parse_shapes(a.shape or defaults["shapes"].split(",")[0])[0]
+    size = dict(d_model=defaults["d_model"], n_layers=defaults["layers"], n_heads=defaults["heads"],
+                vocab_size=defaults["vocab"])
     steps = a.steps or (35 if cuda else 15)
     results = []
     for mixer in a.mixers.split(","):
