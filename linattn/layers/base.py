@@ -226,7 +226,7 @@ class MixerLayer(nn.Module):
 
         convs = [self.convs[name] for name in names[:len(self.convs)]]
         widths = [pre.streams[name].shape[-1] for name in names]
-        weight = torch.cat([c.weight[:, 0] for c in convs]) if len(convs) > 1 else convs[0].weight[:, 0]
+        weights = [c.weight for c in convs]  # joined inside the op (no autograd nodes for the slicing)
         bias = None if convs[0].bias is None else torch.cat([c.bias for c in convs])
         W, conv_names = convs[0].kernel_size, names[:len(convs)]
         new_caches = {}
@@ -240,7 +240,7 @@ class MixerLayer(nn.Module):
             if caches:
                 new_caches = {name: packed_last_inputs(pre.streams[name], offsets, cu_seqlens, W)
                               for name in conv_names}
-        streams = conv_streams(pre.joint, weight, bias, widths[:len(convs)], widths[len(convs):],
+        streams = conv_streams(pre.joint, weights, bias, widths[:len(convs)], widths[len(convs):],
                                convs[0].activation == "silu", pos)
         out = dict(pre.streams)
         out.update(zip(names, streams))

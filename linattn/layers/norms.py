@@ -39,7 +39,7 @@ def _norm_gate(o: torch.Tensor, weight: torch.Tensor, eps: float | None, gate: t
     if use_fused_kernels(o):
         from .norms_triton import rms_norm_gated_triton
 
-        return rms_norm_gated_triton(o, weight, gate, eps if eps is not None else torch.finfo(torch.float32).eps)
+        return rms_norm_gated_triton(o, weight, gate, _eps(eps))
     y = F.rms_norm(o, (o.shape[-1],), weight, eps)  # what nn.RMSNorm.forward computes
     return y if gate is None else y * F.silu(gate)
 
@@ -60,12 +60,23 @@ class NormGateProject(torch.autograd.Function):
         dev = o.device.type
         ctx.autocast = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
         ctx.eps, ctx.flat_shape = eps, flat_shape
-        ctx.save_for_backward(o, weight, gate, proj_weight)
-        y = _norm_gate(o, weight, eps, gate).reshape(flat_shape)
-        return F.linear(y, proj_weight)  # autocast casts y and the weight as for the layer's nn.Linear
+        ctx.fused = use_fused_kernels(o)
+        if ctx.fused:  # the kernels directly: the backward pass then needs no autograd graph of its own
+            from .norms_triton import rms_norm_gated_forward
+
+            o = o.contiguous()
+            gate = None if gate is None else gate.contiguous()
+            y, rstd = rms_norm_gated_forward(o, weight.contiguous(), gate, _eps(eps))
+            ctx.save_for_backward(o, weight, gate, proj_weight, rstd)
+        else:
+            ctx.save_for_backward(o, weight, gate, proj_weight)
+            y = _norm_gate(o, weight, eps, gate)
+        return F.linear(y.reshape(flat_shape), proj_weight)  # autocast casts y and the weight as nn.Linear would
 
     @staticmethod
     def backward(ctx, dout):
+        if ctx.fused:
+            return NormGateProject.fused_backward(ctx, dout)
         o, weight, gate, proj_weight = ctx.saved_tensors
         needs = ctx.needs_input_grad
         with torch.enable_grad():
@@ -84,6 +95,30 @@ class NormGateProject(torch.autograd.Function):
         do, dweight = (next(grads) if x.requires_grad else None for x in ins)
         dgate = next(grads) if gate_in is not None and gate_in.requires_grad else None
         return do, dweight, dgate, dproj, None, None
+
+    @staticmethod
+    def fused_backward(ctx, dout):
+        """The backward pass on the Triton kernels, which :meth:`backward` would reach through autograd: dy from
+        the projection, then one kernel for the norm's gradients and y again (for the projection's weight
+        gradient), with the forward's per-row rstd."""
+        from .norms_triton import rms_norm_gated_backward
+
+        o, weight, gate, proj_weight, rstd = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        y_dtype = o.dtype if gate is None else gate.dtype
+        # the projection's operands as autocast cast them in the forward pass
+        lin_dtype = ctx.autocast if ctx.autocast is not None else y_dtype
+        d2 = dout.reshape(-1, dout.shape[-1])
+        dy = (d2 @ proj_weight.to(lin_dtype)).view(o.shape).to(y_dtype)
+        do, dweight, dgate, y = rms_norm_gated_backward(o, weight.contiguous(), gate, rstd, dy, output=needs[3])
+        dproj = (d2.t() @ y.reshape(-1, ctx.flat_shape[-1]).to(lin_dtype)).to(proj_weight.dtype) if needs[3] else None
+        return (do if needs[0] else None, dweight if needs[1] else None,
+                dgate if gate is not None and needs[2] else None, dproj, None, None)
+
+
+def _eps(eps: float | None) -> float:
+    """The norm's eps as RMSNorm takes it: None means float32's machine epsilon."""
+    return eps if eps is not None else torch.finfo(torch.float32).eps
 
 
 def norm_gate_project(o: torch.Tensor, norm: nn.RMSNorm, gate: torch.Tensor | None, proj: nn.Linear,

@@ -80,9 +80,11 @@ def _rms_gate_fwd_kernel(o, w, gate, y, rstd, R, D: tl.constexpr, eps, HAS_GATE:
 
 @fast_launch
 @triton.jit(do_not_specialize=["R"])
-def _rms_gate_bwd_kernel(o, w, gate, rstd, dy, do, dgate, dw_part, R, D: tl.constexpr, HAS_GATE: tl.constexpr,
-                         BR: tl.constexpr, BD: tl.constexpr, NB: tl.constexpr):
-    """Grid (cdiv(R, BR * NB),): do, dgate for NB blocks of BR rows, and this program's partial sum of dw."""
+def _rms_gate_bwd_kernel(o, w, gate, rstd, dy, do, dgate, dw_part, y, R, D: tl.constexpr, HAS_GATE: tl.constexpr,
+                         BR: tl.constexpr, BD: tl.constexpr, NB: tl.constexpr, WRITE_Y: tl.constexpr):
+    """Grid (cdiv(R, BR * NB),): do, dgate for NB blocks of BR rows, and this program's partial sum of dw;
+    WRITE_Y: also the forward's output y, computed as the forward kernel computes it (the same float32 operations
+    in the same order, so the same values), for a caller that needs y again and kept only o, gate and rstd."""
     pid = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BD)
     m_c = cols < D
@@ -96,9 +98,13 @@ def _rms_gate_bwd_kernel(o, w, gate, rstd, dy, do, dgate, dw_part, R, D: tl.cons
         inv = tl.load(rstd + rows, mask=rows < R, other=0.0)
         oh = ov * inv[:, None]
         dn = tl.load(dy + offs, mask=m, other=0.0).to(tl.float32)
+        if WRITE_Y:
+            yv = oh * wv[None, :]
         if HAS_GATE:
             gv = tl.load(gate + offs, mask=m, other=0.0).to(tl.float32)
             sig = tl.sigmoid(gv)
+            if WRITE_Y:
+                yv = yv * gv * sig
             tl.store(dgate + offs, (dn * oh * wv[None, :] * sig * (1.0 + gv * (1.0 - sig))).to(
                 dgate.dtype.element_ty), mask=m)
             dn = dn * gv * sig
@@ -106,6 +112,8 @@ def _rms_gate_bwd_kernel(o, w, gate, rstd, dy, do, dgate, dw_part, R, D: tl.cons
         dnw = dn * wv[None, :]
         mean = tl.sum(dnw * oh, axis=1) / D
         tl.store(do + offs, (inv[:, None] * (dnw - oh * mean[:, None])).to(do.dtype.element_ty), mask=m)
+        if WRITE_Y:
+            tl.store(y + offs, yv.to(y.dtype.element_ty), mask=m)
     tl.store(dw_part + pid * D + cols, dw_acc, mask=m_c)
 
 
@@ -166,8 +174,9 @@ def l2norm_triton(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return _l2norm_differentiable(x, float(eps))[0]
 
 
-def _rms_gate_fwd(o: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None, eps: float
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+def rms_norm_gated_forward(o: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None, eps: float
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, rstd [rows] float32) of :func:`rms_norm_gated_triton` for contiguous o and gate, without autograd."""
     R, D = _rows(o)
     y = torch.empty(o.shape, device=o.device, dtype=o.dtype if gate is None else gate.dtype)
     rstd = torch.empty(o.shape[:-1], device=o.device, dtype=torch.float32)
@@ -180,6 +189,15 @@ def _rms_gate_fwd(o: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | No
 def _rms_gate_bwd(o: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None, rstd: torch.Tensor,
                   dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(do, dweight, dgate (empty without a gate))."""
+    return rms_norm_gated_backward(o, weight, gate, rstd, dy)[:3]
+
+
+def rms_norm_gated_backward(o: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None, rstd: torch.Tensor,
+                            dy: torch.Tensor, output: bool = False
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(do, dweight, dgate (empty without a gate), the forward's output y or None) of :func:`rms_norm_gated_triton`
+    from o, gate (contiguous), the forward's per-row ``rstd`` and dy (contiguous, o's shape); y (``output``) in one
+    launch with the gradients, equal to the forward kernel's y."""
     R, D = _rows(o)
     blocks = cdiv(R, ROWS_PER_PROGRAM)
     NB = max(1, min(64, blocks // 1024))  # about a thousand programs; few float32 partial rows of dw
@@ -187,11 +205,12 @@ def _rms_gate_bwd(o: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | No
     do = torch.empty_like(o)
     dgate = torch.empty_like(gate) if gate is not None else o.new_empty(0)
     dw_part = torch.empty(programs, D, device=o.device, dtype=torch.float32)
+    y = torch.empty(o.shape, device=o.device, dtype=o.dtype if gate is None else gate.dtype) if output else None
     _rms_gate_bwd_kernel[(programs,)](
         o=o, w=weight, gate=o if gate is None else gate, rstd=rstd, dy=dy, do=do, dgate=o if gate is None else dgate,
-        dw_part=dw_part, R=R, D=D, HAS_GATE=gate is not None, BR=ROWS_PER_PROGRAM, BD=next_power_of_2(D),
-        NB=NB)
-    return do, dw_part.sum(0).to(weight.dtype), dgate
+        dw_part=dw_part, y=do if y is None else y, R=R, D=D, HAS_GATE=gate is not None, BR=ROWS_PER_PROGRAM,
+        BD=next_power_of_2(D), NB=NB, WRITE_Y=output)
+    return do, dw_part.sum(0).to(weight.dtype), dgate, y
 
 
 def _rms_fwd_fake(o, weight, gate, eps):
@@ -199,7 +218,7 @@ def _rms_fwd_fake(o, weight, gate, eps):
     return y, o.new_empty(o.shape[:-1], dtype=torch.float32)
 
 
-_rms_fwd_op = define_op("rms_norm_gated_fwd", _rms_gate_fwd, _rms_fwd_fake)
+_rms_fwd_op = define_op("rms_norm_gated_fwd", rms_norm_gated_forward, _rms_fwd_fake)
 
 
 def _rms_bwd_fake(o, weight, gate, rstd, dy):
@@ -222,7 +241,7 @@ def _rms_backward(ctx, dy, drstd):
     return do, dw, (dgate if gate is not None else None), None
 
 
-_rms_gate_differentiable = op_function("RMSNormGatedTriton", _rms_gate_fwd, _rms_fwd_op, _rms_setup, _rms_backward,
+_rms_gate_differentiable = op_function("RMSNormGatedTriton", rms_norm_gated_forward, _rms_fwd_op, _rms_setup, _rms_backward,
                                        non_differentiable=(1,))
 
 

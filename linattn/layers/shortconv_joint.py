@@ -18,6 +18,8 @@ row's position inside its own sequence: every sequence is convolved alone (short
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from ..ops.common.registered_ops import define_op
@@ -72,29 +74,52 @@ def _bwd_fake(y, weight, bias, conv_widths, pass_widths, silu, grads, pos=None):
 _bwd_op = define_op("short_conv_streams_bwd", _bwd, _bwd_fake)
 
 
+def _joint_weight(weights: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """The streams' depthwise kernels as one [sum D_i, W] tensor (each weight [D_i, W] or a Conv1d's [D_i, 1, W])."""
+    rows = [w.reshape(w.shape[0], w.shape[-1]) for w in weights]
+    return rows[0].contiguous() if len(rows) == 1 else torch.cat(rows)
+
+
+def _forward(y, bias, pos, conv_widths, pass_widths, silu, *weights):
+    return tuple(_fwd(y, _joint_weight(weights), bias, conv_widths, pass_widths, silu, pos))
+
+
+def _forward_op(y, bias, pos, conv_widths, pass_widths, silu, *weights):
+    return tuple(_fwd_op(y, _joint_weight(weights), bias, conv_widths, pass_widths, silu, pos))
+
+
 def _setup_context(ctx, inputs, output):
-    y, weight, bias, conv_widths, pass_widths, silu, pos = inputs
-    ctx.save_for_backward(y, weight, bias, pos)
+    y, bias, pos, conv_widths, pass_widths, silu, *weights = inputs
+    ctx.save_for_backward(y, bias, pos, *weights)
     ctx.widths, ctx.silu = (conv_widths, pass_widths), silu
 
 
 def _backward(ctx, *grads):
-    y, weight, bias, pos = ctx.saved_tensors
+    y, bias, pos, *weights = ctx.saved_tensors
     run_bwd = _bwd if eager_backward(ctx) else _bwd_op
-    dy, dw, db = run_bwd(y, weight, bias, *ctx.widths, ctx.silu, list(grads), pos)
-    return dy, dw, (db if bias is not None else None), None, None, None, None
+    dy, dw, db = run_bwd(y, _joint_weight(weights), bias, *ctx.widths, ctx.silu, list(grads), pos)
+    # each stream's kernel gets its rows of the joint gradient, shaped like its weight (no copies)
+    dws = [d.view(w.shape) for d, w in zip(dw.split(ctx.widths[0]), weights)] if len(weights) > 1 else \
+        [dw.view(weights[0].shape)]
+    return (dy, (db if bias is not None else None), None, None, None, None, *dws)
 
 
-_differentiable = op_function("ShortConvStreams", lambda *args: tuple(_fwd(*args)),
-                              lambda *args: tuple(_fwd_op(*args)), _setup_context, _backward)
+_differentiable = op_function("ShortConvStreams", _forward, _forward_op, _setup_context, _backward)
 
 
-def conv_streams(y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv_widths: list[int],
-                 pass_widths: list[int], silu: bool, pos: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+def conv_streams(y: torch.Tensor, weight: torch.Tensor | Sequence[torch.Tensor], bias: torch.Tensor | None,
+                 conv_widths: list[int], pass_widths: list[int], silu: bool, pos: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, ...]:
     """The streams of a joint projection y [B, T, sum(conv_widths) + sum(pass_widths)] (contiguous): one
-    ShortConv output per conv stream (``weight`` [sum(conv_widths), W], ``bias`` the same rows or None; SiLU when
-    ``silu``), then a copy of each other stream; each [B, T, width]. Differentiable in y, weight and bias (module
-    docstring). ``pos``: packed sequences (y [1, T, ...]), each row's position inside its own sequence. CUDA
-    tensors, or the CPU under TRITON_INTERPRET=1; checked by the layer."""
-    return _differentiable(y.contiguous(), weight.contiguous(), bias, list(conv_widths), list(pass_widths),
-                           bool(silu), None if pos is None else pos.contiguous())
+    ShortConv output per conv stream (``weight`` [sum(conv_widths), W], or one weight per conv stream, [D_i, W] or
+    a Conv1d's [D_i, 1, W], e.g. the ShortConvs' own parameters: joined inside the op, which saves the autograd
+    nodes of their slicing and concatenation; ``bias`` the same rows or None; SiLU when ``silu``), then a copy of
+    each other stream; each [B, T, width]. Differentiable in y, the weights and bias (module docstring). ``pos``:
+    packed sequences (y [1, T, ...]), each row's position inside its own sequence. CUDA tensors, or the CPU under
+    TRITON_INTERPRET=1; checked by the layer."""
+    weights = (weight,) if isinstance(weight, torch.Tensor) else tuple(weight)
+    if len(weights) != 1 and [w.shape[0] for w in weights] != list(conv_widths):
+        raise ValueError(f"weight: one [D_i, W] tensor per conv stream of widths {list(conv_widths)}, got shapes "
+                         f"{[tuple(w.shape) for w in weights]}")
+    return _differentiable(y.contiguous(), bias, None if pos is None else pos.contiguous(), list(conv_widths),
+                           list(pass_widths), bool(silu), *weights)

@@ -183,3 +183,22 @@ def test_norm_gate_project_equals_the_composition(fused_backend, dtype, with_gat
         # bit for bit in PyTorch; the Triton norm's weight gradient sums its partials in another order
         assert torch.equal(a, b) or rel_rmse(b, a) < 1e-5
     assert n_fused < n_plain
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_gate", [True, False])
+def test_rms_norm_gated_backward_gives_the_forward_output(dtype, with_gate):
+    """The backward kernel's copy of y (what norm_gate_project reads for the projection's weight gradient) is the
+    forward kernel's y bit for bit, and asking for it changes no gradient."""
+    from linattn.layers.norms_triton import rms_norm_gated_backward, rms_norm_gated_forward
+
+    gen = torch.Generator().manual_seed(0)
+    o, dy = (torch.randn(3, 37, 2, 24, generator=gen).to(DEVICE, dtype) for _ in range(2))
+    gate = torch.randn(3, 37, 2, 24, generator=gen).to(DEVICE, dtype) if with_gate else None
+    weight = torch.rand(24, generator=gen).add(0.5).to(DEVICE)
+    y, rstd = rms_norm_gated_forward(o, weight, gate, 1e-5)
+    with_y = rms_norm_gated_backward(o, weight, gate, rstd, dy, output=True)
+    without_y = rms_norm_gated_backward(o, weight, gate, rstd, dy)
+    assert without_y[3] is None and torch.equal(with_y[3], y)
+    for a, b in zip(with_y[:3], without_y[:3]):
+        assert torch.equal(a, b)
