@@ -38,6 +38,7 @@ from linattn.ops.common.varlen import check_cu_seqlens, check_packed_batch, sequ
 
 from .cache import LayerCache
 from .checks import check_conv_cache, check_layer_input, check_short_conv, check_static_step_input, head_dims
+from .fused import use_fused_kernels
 from .norms import norm_gate_project
 from .shortconv import CONV_MODES, ShortConv, last_inputs, packed_last_inputs
 from .static_cache import StaticLayerCache, copy_rows_, copy_state_, state_dtype
@@ -382,7 +383,10 @@ class MixerLayer(nn.Module):
     def finish(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Output norm per head, SiLU gate, output projection: o [B, T, H, V] -> [B, T, d_model]."""
         B, T = o.shape[:2]
-        o = o.to(x.dtype)
+        if self.o_norm is None or not use_fused_kernels(o):
+            # the fused norm reads any float dtype and computes in float32: the same values without a cast, which
+            # would cost a kernel each way and keep o in float32 (under autocast x is float32, o bf16)
+            o = o.to(x.dtype)
         gate = None if self.g_proj is None else self.g_proj(x)
         if self.o_norm is not None:  # one fused kernel on CUDA; the norm's output is not kept (norms.py)
             return norm_gate_project(o, self.o_norm, None if gate is None else gate.view(o.shape), self.o_proj,

@@ -241,8 +241,8 @@ def _rms_backward(ctx, dy, drstd):
     return do, dw, (dgate if gate is not None else None), None
 
 
-_rms_gate_differentiable = op_function("RMSNormGatedTriton", rms_norm_gated_forward, _rms_fwd_op, _rms_setup, _rms_backward,
-                                       non_differentiable=(1,))
+_rms_gate_differentiable = op_function("RMSNormGatedTriton", rms_norm_gated_forward, _rms_fwd_op, _rms_setup,
+                                       _rms_backward, non_differentiable=(1,))
 
 
 def rms_norm_gated_triton(o: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None, eps: float
