@@ -74,8 +74,8 @@ class GatedDeltaNetLayer(_BetaLayer):
         return {**super().x_projections(), "a": self.decay.a_proj}
 
     def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
-        g, _ = self.decay.from_projection(streams["a"])
-        args = {"g": g.to(q.dtype), "beta": self.beta(streams).to(q.dtype)}
+        g, beta = self.decay.with_beta(streams["a"], streams["b"], q.dtype)
+        args = {"g": g, "beta": 2 * beta if self.allow_neg_eigval else beta}
         return l2norm(q), l2norm(k), v, args, {"allow_neg_eigval": self.allow_neg_eigval}
 
 

@@ -37,6 +37,16 @@ class MambaDecay(nn.Module):
         dt = F.softplus(a.float() + self.dt_bias.float())
         return -torch.exp(self.A_log.float()) * dt, dt
 
+    def with_beta(self, a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(g, sigmoid(b)) in ``dtype`` from a = W_a x and b = W_b x: the decay and a delta rule's strength, one
+        fused kernel each way on CUDA (gates_triton.py)."""
+        if use_fused_kernels(a):
+            from .gates_triton import mamba_gate_beta_triton
+
+            return mamba_gate_beta_triton(a, self.A_log, self.dt_bias, b, dtype)
+        g, _ = self.from_projection(a)
+        return g.to(dtype), torch.sigmoid(b).to(dtype)
+
 
 class LowRankLogSigmoidGate(nn.Module):
     """GLA's gate: g = logsigmoid(W_2 W_1 x + b) / normaliser, [B, T, H, K] (rank 16, normaliser 16)."""

@@ -8,6 +8,10 @@ Backward, with dg and ddt the gradients of g and dt:
 
     dz = (ddt - exp(A_log) dg) sigmoid(z),   da = dz,   d dt_bias = sum dz,   d A_log = sum dg g
 
+Gated DeltaNet's layer also takes beta = sigmoid(b) per token and head, and reads g and beta in the activation
+dtype: :func:`mamba_gate_beta_triton` makes both in one launch (db = dbeta s (1 - s), s = sigmoid(b) in float32), so
+the sigmoid and the casts add no kernels and no autograd nodes.
+
 In PyTorch this is a chain of about six elementwise kernels forward and as many autograd nodes backward over a
 small [B, T, H] tensor: host time, not device time, on a GPU. Here it is one launch each way (the per-head sums
 as per-program partial rows added by PyTorch). Custom ops under torch.compile, an autograd Function eagerly.
@@ -37,8 +41,10 @@ def _softplus(z):
 
 @fast_launch
 @triton.jit(do_not_specialize=["N"])
-def _gate_fwd_kernel(a, a_log, dt_bias, g, dt, N, H: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr):
-    """Grid (cdiv(N, BR),): g and dt of BR tokens (rows of H heads)."""
+def _gate_fwd_kernel(a, a_log, dt_bias, g, dt, b, beta, N, H: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
+                     WRITE_DT: tl.constexpr, HAS_B: tl.constexpr):
+    """Grid (cdiv(N, BR),): g (in g's dtype) and, WRITE_DT, dt (float32) of BR tokens (rows of H heads); HAS_B:
+    beta = sigmoid(b) too (in beta's dtype)."""
     rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     heads = tl.arange(0, BH)
     m = (rows < N)[:, None] & (heads < H)[None, :]
@@ -47,15 +53,20 @@ def _gate_fwd_kernel(a, a_log, dt_bias, g, dt, N, H: tl.constexpr, BR: tl.conste
                                                                        other=0.0).to(tl.float32)[None, :]
     d = _softplus(z)
     A = tl.exp(tl.load(a_log + heads, mask=heads < H, other=0.0).to(tl.float32))
-    tl.store(dt + offs, d, mask=m)
-    tl.store(g + offs, -A[None, :] * d, mask=m)
+    if WRITE_DT:
+        tl.store(dt + offs, d, mask=m)
+    tl.store(g + offs, (-A[None, :] * d).to(g.dtype.element_ty), mask=m)
+    if HAS_B:
+        bv = tl.load(b + offs, mask=m, other=0.0).to(tl.float32)
+        tl.store(beta + offs, tl.sigmoid(bv).to(beta.dtype.element_ty), mask=m)
 
 
 @fast_launch
 @triton.jit(do_not_specialize=["N"])
-def _gate_bwd_kernel(a, a_log, dt_bias, dg, ddt, da, part, N, H: tl.constexpr, HAS_DDT: tl.constexpr,
-                     BR: tl.constexpr, BH: tl.constexpr):
-    """Grid (cdiv(N, BR),): da for BR tokens; part[pid] = (sum dz, sum dg g) over them, per head."""
+def _gate_bwd_kernel(a, a_log, dt_bias, dg, ddt, da, part, b, dbeta, db, N, H: tl.constexpr, HAS_DDT: tl.constexpr,
+                     HAS_B: tl.constexpr, HAS_DBETA: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr):
+    """Grid (cdiv(N, BR),): da for BR tokens; part[pid] = (sum dz, sum dg g) over them, per head; HAS_B: db from
+    dbeta (zero without it: HAS_DBETA False)."""
     pid = tl.program_id(0).to(tl.int64)
     rows = pid * BR + tl.arange(0, BR)
     heads = tl.arange(0, BH)
@@ -74,56 +85,74 @@ def _gate_bwd_kernel(a, a_log, dt_bias, dg, ddt, da, part, N, H: tl.constexpr, H
     tl.store(part + (pid * 2) * H + heads, tl.sum(dz, axis=0), mask=m_h)
     tl.store(part + (pid * 2 + 1) * H + heads, tl.sum(tl.where(m, gd * (-A[None, :] * _softplus(z)), 0.0), axis=0),
              mask=m_h)
+    if HAS_B:
+        s = tl.sigmoid(tl.load(b + offs, mask=m, other=0.0).to(tl.float32))
+        dbv = tl.zeros([BR, BH], dtype=tl.float32)
+        if HAS_DBETA:
+            dbv = tl.load(dbeta + offs, mask=m, other=0.0).to(tl.float32) * s * (1.0 - s)
+        tl.store(db + offs, dbv.to(db.dtype.element_ty), mask=m)
 
 
-def _gate_fwd(a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _gate_fwd(a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, b: torch.Tensor | None,
+              dtype: torch.dtype, with_dt: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(g in ``dtype``, dt float32 (empty unless ``with_dt``), sigmoid(b) in ``dtype`` (empty without b))."""
     H = a.shape[-1]
     N = a.numel() // H
-    g = torch.empty(a.shape, device=a.device, dtype=torch.float32)
-    dt = torch.empty_like(g)
-    _gate_fwd_kernel[(cdiv(N, ROWS),)](a=a, a_log=a_log, dt_bias=dt_bias, g=g, dt=dt, N=N, H=H, BR=ROWS,
-                                              BH=next_power_of_2(H))
-    return g, dt
+    g = torch.empty(a.shape, device=a.device, dtype=dtype)
+    dt = torch.empty(a.shape if with_dt else (0,), device=a.device, dtype=torch.float32)
+    beta = torch.empty(a.shape if b is not None else (0,), device=a.device, dtype=dtype)
+    _gate_fwd_kernel[(cdiv(N, ROWS),)](a=a, a_log=a_log, dt_bias=dt_bias, g=g, dt=dt if with_dt else g,
+                                       b=a if b is None else b, beta=g if b is None else beta, N=N, H=H, BR=ROWS,
+                                       BH=next_power_of_2(H), WRITE_DT=with_dt, HAS_B=b is not None)
+    return g, dt, beta
 
 
-def _gate_bwd(a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, dg: torch.Tensor,
-              ddt: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(da, d A_log, d dt_bias)."""
+def _gate_bwd(a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, b: torch.Tensor | None, dg: torch.Tensor,
+              ddt: torch.Tensor | None, dbeta: torch.Tensor | None
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(da, d A_log, d dt_bias, db (empty without b))."""
     H = a.shape[-1]
     N = a.numel() // H
     programs = cdiv(N, ROWS)
     da = torch.empty_like(a)
+    db = torch.empty_like(b) if b is not None else a.new_empty(0)
     part = torch.empty(programs, 2, H, device=a.device, dtype=torch.float32)
     _gate_bwd_kernel[(programs,)](a=a, a_log=a_log, dt_bias=dt_bias, dg=dg, ddt=dg if ddt is None else ddt, da=da,
-                                  part=part, N=N, H=H, HAS_DDT=ddt is not None, BR=ROWS, BH=next_power_of_2(H))
+                                  part=part, b=a if b is None else b, dbeta=dg if dbeta is None else dbeta,
+                                  db=da if b is None else db, N=N, H=H, HAS_DDT=ddt is not None, HAS_B=b is not None,
+                                  HAS_DBETA=dbeta is not None, BR=ROWS, BH=next_power_of_2(H))
     # two separate reductions: a custom op's outputs must not alias one another (as two rows of one sum would)
-    return da, part[:, 1].sum(0).to(a_log.dtype), part[:, 0].sum(0).to(dt_bias.dtype)
+    return da, part[:, 1].sum(0).to(a_log.dtype), part[:, 0].sum(0).to(dt_bias.dtype), db
 
 
-def _fwd_fake(a, a_log, dt_bias):
-    g = a.new_empty(a.shape, dtype=torch.float32)
-    return g, torch.empty_like(g)
+def _fwd_fake(a, a_log, dt_bias, b, dtype, with_dt):
+    return (a.new_empty(a.shape, dtype=dtype), a.new_empty(a.shape if with_dt else (0,), dtype=torch.float32),
+            a.new_empty(a.shape if b is not None else (0,), dtype=dtype))
 
 
 _fwd_op = define_op("mamba_gate_fwd", _gate_fwd, _fwd_fake)
 
 
-def _bwd_fake(a, a_log, dt_bias, dg, ddt):
-    return torch.empty_like(a), torch.empty_like(a_log), torch.empty_like(dt_bias)
+def _bwd_fake(a, a_log, dt_bias, b, dg, ddt, dbeta):
+    return (torch.empty_like(a), torch.empty_like(a_log), torch.empty_like(dt_bias),
+            torch.empty_like(b) if b is not None else a.new_empty(0))
 
 
 _bwd_op = define_op("mamba_gate_bwd", _gate_bwd, _bwd_fake)
 
 
 def _setup(ctx, inputs, output):
-    ctx.save_for_backward(*inputs)
+    a, a_log, dt_bias, b, dtype, with_dt = inputs
+    ctx.save_for_backward(a, a_log, dt_bias, b)
 
 
-def _backward(ctx, dg, ddt):
-    a, a_log, dt_bias = ctx.saved_tensors
+def _backward(ctx, dg, ddt, dbeta):
+    a, a_log, dt_bias, b = ctx.saved_tensors
     run = _gate_bwd if eager_backward(ctx) else _bwd_op
     dg = torch.zeros(a.shape, device=a.device, dtype=torch.float32) if dg is None else dg.contiguous()
-    return run(a, a_log, dt_bias, dg, None if ddt is None else ddt.contiguous())
+    da, da_log, ddt_bias, db = run(a, a_log, dt_bias, b, dg, None if ddt is None else ddt.contiguous(),
+                                   None if dbeta is None else dbeta.contiguous())
+    return da, da_log, ddt_bias, (db if b is not None else None), None, None
 
 
 _differentiable = op_function("MambaGateTriton", _gate_fwd, _fwd_op, _setup, _backward)
@@ -132,5 +161,14 @@ _differentiable = op_function("MambaGateTriton", _gate_fwd, _fwd_op, _setup, _ba
 def mamba_gate_triton(a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """(g, dt) float32 shaped like a [..., H]: dt = softplus(a + dt_bias), g = -exp(A_log) dt (module docstring)."""
-    a = a.contiguous()
-    return _differentiable(a, a_log.contiguous(), dt_bias.contiguous())
+    g, dt, _ = _differentiable(a.contiguous(), a_log.contiguous(), dt_bias.contiguous(), None, torch.float32, True)
+    return g, dt
+
+
+def mamba_gate_beta_triton(a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, b: torch.Tensor,
+                           dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(g, beta) in ``dtype`` from one launch (one each way): g = -exp(A_log) softplus(a + dt_bias) and
+    beta = sigmoid(b), both [..., H] like a and b, computed in float32 (Gated DeltaNet's per-token gates)."""
+    g, _, beta = _differentiable(a.contiguous(), a_log.contiguous(), dt_bias.contiguous(), b.contiguous(), dtype,
+                                 False)
+    return g, beta

@@ -121,6 +121,38 @@ def test_compiled_equals_eager():
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mamba_gate_with_beta_equals_reference(dtype):
+    """g and beta = sigmoid(b) from one launch, in the activation dtype: as PyTorch's decay cast to that dtype and
+    its sigmoid, values and every gradient (A_log and dt_bias summed over tokens)."""
+    from linattn.layers.gates_triton import mamba_gate_beta_triton
+
+    gen = torch.Generator().manual_seed(0)
+    a, b = 4 * torch.randn(3, 29, 5, generator=gen), 3 * torch.randn(3, 29, 5, generator=gen)
+    a[0, 0] = 30.0  # past softplus's linear threshold
+    a_log, dt_bias = torch.randn(5, generator=gen), torch.randn(5, generator=gen)
+
+    def reference(a, b, a_log, dt_bias):
+        g = -torch.exp(a_log.float()) * F.softplus(a.float() + dt_bias.float())
+        return g.to(dtype), torch.sigmoid(b).to(dtype)
+
+    def loss_of(fn):
+        def run(*ts):
+            g, beta = fn(*ts)
+            assert g.dtype == beta.dtype == dtype
+            return (g.float().square().sum() + (beta.float() * torch.arange(5.0, device=beta.device)).sum()).reshape(1)
+        return run
+
+    ts = [a.to(DEVICE, dtype), b.to(DEVICE, dtype), a_log.to(DEVICE), dt_bias.to(DEVICE)]
+    out, grads = _grads(loss_of(lambda a, b, a_log, dt_bias: mamba_gate_beta_triton(a, a_log, dt_bias, b, dtype)),
+                        *ts)
+    ref, ref_grads = _grads(loss_of(reference), *ts)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert rel_rmse(out, ref) <= tol
+    for name, x, y in zip(["a", "b", "A_log", "dt_bias"], grads, ref_grads):
+        assert rel_rmse(x.float(), y.float()) <= tol, name
+
+
 @pytest.mark.parametrize("with_dt_grad", [False, True])
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
 def test_mamba_gate_equals_reference(with_dt_grad, dtype, tol):

@@ -75,10 +75,15 @@ def distinct_tensors(inputs: tuple | list) -> list:
 
 def traced(*inputs: object) -> bool:
     """Whether a call on ``inputs`` goes through the registered op: under torch.compile, and when a tensor among
-    them is a subclass (fake tensors of other tracers, functional tensors); plain eager tensors call the
-    implementation."""
+    them is a subclass other than nn.Parameter (fake tensors of other tracers, functional tensors, DTensors);
+    plain eager tensors and parameters call the implementation."""
     return torch.compiler.is_compiling() or any(
-        isinstance(x, torch.Tensor) and type(x) is not torch.Tensor for x in inputs)
+        isinstance(x, torch.Tensor) and type(x) not in _PLAIN_TENSORS for x in inputs)
+
+
+# a layer's parameters (e.g. a gate's A_log, a norm's weight) are handed to the ops as they are: nn.Parameter is a
+# subclass that dispatches as a plain tensor, so it takes the eager path (not the registered op's dispatcher)
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 def eager_backward(ctx) -> bool:
