@@ -384,8 +384,9 @@ class MixerLayer(nn.Module):
         """Output norm per head, SiLU gate, output projection: o [B, T, H, V] -> [B, T, d_model]."""
         B, T = o.shape[:2]
         if self.o_norm is None or not use_fused_kernels(o):
-            # the fused norm reads any float dtype and computes in float32: the same values without a cast, which
-            # would cost a kernel each way and keep o in float32 (under autocast x is float32, o bf16)
+            # the fused norm reads any float dtype and computes in float32: the same values without the cast, which
+            # for a float32 x under autocast (a layer called outside the model's blocks, which hand it bf16) would
+            # cost a kernel each way and keep o in float32
             o = o.to(x.dtype)
         gate = None if self.g_proj is None else self.g_proj(x)
         if self.o_norm is not None:  # one fused kernel on CUDA; the norm's output is not kept (norms.py)
