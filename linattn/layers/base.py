@@ -415,11 +415,12 @@ class ConvOutputs:
     rebuilt from the first in the backward pass: the ShortConvs and :meth:`MixerLayer.op_inputs` (feature maps,
     norms, gates) run again once per layer, under the forward's grad mode and autocast state. They are
     elementwise and per-channel kernels, cheap beside the op's backward; the values are the forward's, bit for bit
-    (the same kernels on the same inputs). Gradients are enabled, as in the forward, and the results detached: the
-    backends' choices depend on the grad mode (ShortConv's "auto" takes conv1d for small CUDA inputs that need
-    gradients, the joint Triton conv otherwise), and another choice lays the same values out in other storage,
-    where the saved views would read the wrong elements. Each recomputed tensor's layout is checked against the
-    forward's before any view is taken of it.
+    (the same kernels on the same inputs). The backends' choices depend on the grad mode (ShortConv's "auto" takes
+    conv1d for small CUDA inputs that need gradients, the joint Triton conv otherwise), and another choice lays the
+    same values out in other storage, where the saved views would read the wrong elements: where the forward
+    convolved jointly (which gradients do not change: every conv on Triton) the recomputation runs without
+    gradients (no autograd nodes to build and drop), otherwise with them as the forward did, and the results are
+    detached. Each recomputed tensor's layout is checked against the forward's before any view is taken of it.
 
     ``pack`` wraps every tensor saved while the hooks are on; ``seal`` (after the op) drops the wrapped tensor of
     each one that is a conv output or q, k, v (same storage), keeping where it lies in that tensor; ``unpack``
@@ -469,7 +470,9 @@ class ConvOutputs:
     def recompute(self) -> list[torch.Tensor]:
         layer = self.layer
         dev, enabled, dtype = self.autocast
-        with torch.enable_grad(), torch.autocast(dev, dtype=dtype, enabled=enabled):
+        with torch.enable_grad():  # the forward's choice, made under its grad mode
+            joint = bool(layer.joint_conv_streams(self.pre, None))
+        with torch.set_grad_enabled(not joint), torch.autocast(dev, dtype=dtype, enabled=enabled):
             s, _ = layer.convolve(self.pre, None, self.cu_seqlens, caches=False)
             q, k, v, _, _ = layer.op_inputs(self.x, s, self.offset, self.cu_seqlens)
         tensors = [t.detach() for t in (*(s[name] for name in layer.convs), q, k, v)]

@@ -13,7 +13,7 @@ from linattn.ops.mesa_net import mesa_net, mesa_net_step
 
 from .base import MixerLayer, MixOut, Streams
 from .gates import MambaDecay
-from .norms import l2norm
+from .norms import l2norm_pair
 
 
 class _BetaLayer(MixerLayer):
@@ -50,7 +50,7 @@ class DeltaNetLayer(_BetaLayer):
 
     def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
         beta = self.beta(streams).to(q.dtype)
-        return l2norm(q), l2norm(k), v, {"beta": beta}, {"allow_neg_eigval": self.allow_neg_eigval}
+        return *l2norm_pair(q, k), v, {"beta": beta}, {"allow_neg_eigval": self.allow_neg_eigval}
 
 
 class GatedDeltaNetLayer(_BetaLayer):
@@ -76,7 +76,7 @@ class GatedDeltaNetLayer(_BetaLayer):
     def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
         g, beta = self.decay.with_beta(streams["a"], streams["b"], q.dtype)
         args = {"g": g, "beta": 2 * beta if self.allow_neg_eigval else beta}
-        return l2norm(q), l2norm(k), v, args, {"allow_neg_eigval": self.allow_neg_eigval}
+        return *l2norm_pair(q, k), v, args, {"allow_neg_eigval": self.allow_neg_eigval}
 
 
 class CombaLayer(GatedDeltaNetLayer):
@@ -136,7 +136,7 @@ class MesaNetLayer(MixerLayer):
         beta = torch.sigmoid(streams["b"]).to(q.dtype)
         lamb = (F.softplus(self.lamb_raw) + 0.25).to(q.dtype)
         kw = {"lamb": lamb, "solver": self.solver, "cg_steps": self.cg_steps}  # lamb: one [H, K] for every token
-        return l2norm(q), l2norm(k), v, {"g": g, "beta": beta}, kw
+        return *l2norm_pair(q, k), v, {"g": g, "beta": beta}, kw
 
     def x_projections(self) -> dict[str, nn.Linear]:
         return {**super().x_projections(), "b": self.b_proj}

@@ -27,6 +27,16 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
     return F.normalize(x.float(), p=2.0, dim=-1, eps=L2_EPS).to(x.dtype)
 
 
+def l2norm_pair(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(:func:`l2norm` of q, of k); one fused kernel each way for both where the fused kernels run and the two
+    have one shape and dtype."""
+    if use_fused_kernels(q) and q.shape == k.shape and q.dtype == k.dtype:
+        from .norms_triton import l2norm_pair_triton
+
+        return l2norm_pair_triton(q, k, L2_EPS)
+    return l2norm(q), l2norm(k)
+
+
 def rms_norm_gated(o: torch.Tensor, norm: nn.RMSNorm, gate: torch.Tensor | None) -> torch.Tensor:
     """``norm(o)`` over the last dim (a head's channels), times SiLU(gate) (``gate`` shaped like o) when given.
     Returns the gate's dtype (o's without a gate) on the Triton path; PyTorch's follows autocast."""

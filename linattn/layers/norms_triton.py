@@ -2,7 +2,8 @@
 
 Row-wise over the last dim (a head's K or V channels), arithmetic in float32 for every input dtype:
 
-- L2 normalisation of q and k (delta rules):  y = x / max(||x||, eps)   (``F.normalize``).
+- L2 normalisation of q and k (delta rules):  y = x / max(||x||, eps)   (``F.normalize``); q and k together in
+  one launch each way (:func:`l2norm_pair_triton`).
   Backward, r = 1 / max(||x||, eps):  dx = r dy - [||x|| > eps] r y (dy . y), from y and r alone, so the
   backward keeps the output (which the op after the norm keeps anyway) rather than a second tensor.
 - Output RMSNorm with an optional SiLU gate:  n = o rsqrt(mean(o^2) + eps) ⊙ w,  y = n ⊙ SiLU(gate).
@@ -58,6 +59,44 @@ def _l2norm_bwd_kernel(y, r, dy, dx, R, D: tl.constexpr, eps, BR: tl.constexpr, 
     through_norm = tl.where(inv < 1.0 / eps, tl.sum(g * yv, axis=1), 0.0)  # the norm is clamped below eps
     tl.store(dx + rows[:, None] * D + cols[None, :], (inv[:, None] * (g - yv * through_norm[:, None])).to(
         dx.dtype.element_ty), mask=m)
+
+
+@fast_launch
+@triton.jit(do_not_specialize=["R"])
+def _l2norm_pair_fwd_kernel(x1, x2, y1, y2, r1, r2, R, D: tl.constexpr, eps, BR: tl.constexpr, BD: tl.constexpr):
+    """Grid (cdiv(R, BR), 2): :func:`_l2norm_fwd_kernel` of x1 (program_id(1) == 0) or x2, same shapes."""
+    rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    cols = tl.arange(0, BD)
+    m = (rows < R)[:, None] & (cols < D)[None, :]
+    offs = rows[:, None] * D + cols[None, :]
+    if tl.program_id(1) == 0:
+        x, y, r = x1, y1, r1
+    else:
+        x, y, r = x2, y2, r2
+    xv = tl.load(x + offs, mask=m, other=0.0).to(tl.float32)
+    inv = 1.0 / tl.maximum(tl.sqrt(tl.sum(xv * xv, axis=1)), eps)
+    tl.store(y + offs, (xv * inv[:, None]).to(y.dtype.element_ty), mask=m)
+    tl.store(r + rows, inv, mask=rows < R)
+
+
+@fast_launch
+@triton.jit(do_not_specialize=["R"])
+def _l2norm_pair_bwd_kernel(y1, y2, r1, r2, dy1, dy2, dx1, dx2, R, D: tl.constexpr, eps, BR: tl.constexpr,
+                            BD: tl.constexpr):
+    """Grid (cdiv(R, BR), 2): :func:`_l2norm_bwd_kernel` of the first pair (program_id(1) == 0) or the second."""
+    rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    cols = tl.arange(0, BD)
+    m = (rows < R)[:, None] & (cols < D)[None, :]
+    offs = rows[:, None] * D + cols[None, :]
+    if tl.program_id(1) == 0:
+        y, r, dy, dx = y1, r1, dy1, dx1
+    else:
+        y, r, dy, dx = y2, r2, dy2, dx2
+    yv = tl.load(y + offs, mask=m, other=0.0).to(tl.float32)
+    g = tl.load(dy + offs, mask=m, other=0.0).to(tl.float32)
+    inv = tl.load(r + rows, mask=rows < R, other=1.0)
+    through_norm = tl.where(inv < 1.0 / eps, tl.sum(g * yv, axis=1), 0.0)  # the norm is clamped below eps
+    tl.store(dx + offs, (inv[:, None] * (g - yv * through_norm[:, None])).to(dx.dtype.element_ty), mask=m)
 
 
 @fast_launch
@@ -172,6 +211,64 @@ def l2norm_triton(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """x / max(||x||, eps) over the last dim (at most 1024 wide), in x's dtype, computed in float32."""
     x = x.contiguous()
     return _l2norm_differentiable(x, float(eps))[0]
+
+
+def _l2norm_pair_fwd(x1: torch.Tensor, x2: torch.Tensor, eps: float
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    R, D = _rows(x1)
+    y1, y2 = torch.empty_like(x1), torch.empty_like(x2)
+    r1 = torch.empty(x1.shape[:-1], device=x1.device, dtype=torch.float32)
+    r2 = torch.empty_like(r1)
+    _l2norm_pair_fwd_kernel[(cdiv(R, ROWS_PER_PROGRAM), 2)](
+        x1=x1, x2=x2, y1=y1, y2=y2, r1=r1, r2=r2, R=R, D=D, eps=eps, BR=ROWS_PER_PROGRAM, BD=next_power_of_2(D))
+    return y1, y2, r1, r2
+
+
+def _l2norm_pair_bwd(y1: torch.Tensor, y2: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor, dy1: torch.Tensor,
+                     dy2: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    R, D = _rows(y1)
+    dx1, dx2 = torch.empty_like(y1), torch.empty_like(y2)
+    _l2norm_pair_bwd_kernel[(cdiv(R, ROWS_PER_PROGRAM), 2)](
+        y1=y1, y2=y2, r1=r1, r2=r2, dy1=dy1, dy2=dy2, dx1=dx1, dx2=dx2, R=R, D=D, eps=eps, BR=ROWS_PER_PROGRAM,
+        BD=next_power_of_2(D))
+    return dx1, dx2
+
+
+def _l2norm_pair_fwd_fake(x1, x2, eps):
+    r = x1.new_empty(x1.shape[:-1], dtype=torch.float32)
+    return torch.empty_like(x1), torch.empty_like(x2), r, torch.empty_like(r)
+
+
+def _l2norm_pair_bwd_fake(y1, y2, r1, r2, dy1, dy2, eps):
+    return torch.empty_like(y1), torch.empty_like(y2)
+
+
+_l2norm_pair_fwd_op = define_op("l2norm_pair_fwd", _l2norm_pair_fwd, _l2norm_pair_fwd_fake)
+_l2norm_pair_bwd_op = define_op("l2norm_pair_bwd", _l2norm_pair_bwd, _l2norm_pair_bwd_fake)
+
+
+def _l2norm_pair_setup(ctx, inputs, output):
+    ctx.save_for_backward(*output)  # the outputs (which the op keeps too) and the reciprocal norms, as l2norm's
+    ctx.eps = inputs[2]
+
+
+def _l2norm_pair_backward(ctx, dy1, dy2, dr1, dr2):
+    y1, y2, r1, r2 = ctx.saved_tensors
+    run = _l2norm_pair_bwd if eager_backward(ctx) else _l2norm_pair_bwd_op
+    dy1 = torch.zeros_like(y1) if dy1 is None else dy1.contiguous()
+    dy2 = torch.zeros_like(y2) if dy2 is None else dy2.contiguous()
+    return (*run(y1, y2, r1, r2, dy1, dy2, ctx.eps), None)
+
+
+_l2norm_pair_differentiable = op_function("L2NormPairTriton", _l2norm_pair_fwd, _l2norm_pair_fwd_op,
+                                          _l2norm_pair_setup, _l2norm_pair_backward, non_differentiable=(2, 3))
+
+
+def l2norm_pair_triton(x1: torch.Tensor, x2: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """(:func:`l2norm_triton` of x1, of x2) for two tensors of one shape and dtype (q and k), in one launch each
+    way: the same values and gradients as two calls."""
+    y1, y2, _, _ = _l2norm_pair_differentiable(x1.contiguous(), x2.contiguous(), float(eps))
+    return y1, y2
 
 
 def rms_norm_gated_forward(o: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None, eps: float

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from linattn.ops.ttt import MiniBatchState, titans, titans_step, ttt_linear, ttt_linear_step
 
 from .base import MixerLayer, MixOut, Streams, TokenArgs
-from .norms import l2norm
+from .norms import l2norm_pair
 from .static_cache import StaticLayerCache, StaticMiniBatch, copy_rows_
 
 
@@ -146,5 +146,5 @@ class TitansLayer(_MiniBatchLayer):
     def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
         theta, alpha, eta = torch.sigmoid(self.gate_proj(x)).to(q.dtype).chunk(3, dim=-1)
         args = {"theta": theta, "alpha": alpha, "eta": eta}
-        return l2norm(q), l2norm(k), v, args, {"mini_batch_size": self.mini_batch_size}
+        return *l2norm_pair(q, k), v, args, {"mini_batch_size": self.mini_batch_size}
 

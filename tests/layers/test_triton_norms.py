@@ -101,7 +101,7 @@ def test_backend_switch_checks_its_argument():
 def test_compiled_equals_eager():
     """Custom ops under torch.compile, autograd Functions eagerly: same numbers."""
     from linattn.layers.gates_triton import mamba_gate_triton
-    from linattn.layers.norms_triton import l2norm_triton, rms_norm_gated_triton
+    from linattn.layers.norms_triton import l2norm_pair_triton, l2norm_triton, rms_norm_gated_triton
 
     gen = torch.Generator().manual_seed(0)
     x, w, g = (torch.randn(*s, generator=gen).to(DEVICE) for s in ((2, 9, 2, 16), (16,), (2, 9, 2, 16)))
@@ -113,7 +113,9 @@ def test_compiled_equals_eager():
 
     def loss(x, w, g, a, a_log, dt_bias):
         gate, dt = mamba_gate_triton(a, a_log, dt_bias)
-        return rms_norm_gated_triton(l2norm_triton(x, 1e-6), w, g, 1e-5).square().sum() + (gate * dt).sum()
+        qn, kn = l2norm_pair_triton(x, g, 1e-6)
+        return (rms_norm_gated_triton(l2norm_triton(x, 1e-6), w, g, 1e-5).square().sum() + (gate * dt).sum()
+                + (qn * kn.square()).sum())
 
     eager = loss(*leaves)
     eager_grads = torch.autograd.grad(eager, leaves)
@@ -234,4 +236,22 @@ def test_rms_norm_gated_backward_gives_the_forward_output(dtype, with_gate):
     without_y = rms_norm_gated_backward(o, weight, gate, rstd, dy)
     assert without_y[3] is None and torch.equal(with_y[3], y)
     for a, b in zip(with_y[:3], without_y[:3]):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_l2norm_pair_equals_two_calls(dtype):
+    """q and k normalised in one launch each way: bit for bit what two l2norm calls give, values and gradients
+    (a zero row and a tiny one included, where the norm is clamped)."""
+    from linattn.layers.norms_triton import l2norm_pair_triton, l2norm_triton
+
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(2, 21, 3, 24, generator=gen) for _ in range(2))
+    q[0, 0, 0], k[1, 2, 1] = 0.0, 1e-9
+    q, k = q.to(DEVICE, dtype), k.to(DEVICE, dtype)
+    pair, pair_grads = _grads(lambda a, b: torch.stack(l2norm_pair_triton(a, b, norms.L2_EPS)), q, k)
+    two, two_grads = _grads(lambda a, b: torch.stack([l2norm_triton(a, norms.L2_EPS), l2norm_triton(b, norms.L2_EPS)]),
+                            q, k)
+    assert torch.equal(pair, two)
+    for a, b in zip(pair_grads, two_grads):
         assert torch.equal(a, b)

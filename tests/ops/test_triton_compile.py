@@ -58,7 +58,7 @@ def test_registered_ops_have_no_autograd_kernel_to_run():
     import linattn.layers.shortconv_triton  # noqa: F401
 
     for name in ("gated_delta_rule_triton_fwd", "gated_delta_rule_triton_bwd", "gla_triton_fwd", "short_conv_fwd",
-                 "rms_norm_gated_bwd", "l2norm_fwd", "short_conv_streams_fwd"):
+                 "rms_norm_gated_bwd", "l2norm_fwd", "l2norm_pair_fwd", "short_conv_streams_fwd"):
         assert torch._C._dispatch_kernel_for_dispatch_key_is_fallthrough(f"linattn::{name}",
                                                                           torch._C.DispatchKey.Autograd), name
 
