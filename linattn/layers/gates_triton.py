@@ -110,7 +110,11 @@ def _gate_fwd(a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, b: to
 def _gate_bwd(a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, b: torch.Tensor | None, dg: torch.Tensor,
               ddt: torch.Tensor | None, dbeta: torch.Tensor | None
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(da, d A_log, d dt_bias, db (empty without b))."""
+    """(da, d A_log, d dt_bias, db (empty without b)); ddt and dbeta None or shaped like a (the kernel reads them
+    where it reads a)."""
+    for name, grad in (("dg", dg), ("ddt", ddt), ("dbeta", dbeta)):
+        if grad is not None and grad.shape != a.shape:
+            raise ValueError(f"{name} must be shaped like a {tuple(a.shape)}, got {tuple(grad.shape)}")
     H = a.shape[-1]
     N = a.numel() // H
     programs = cdiv(N, ROWS)
@@ -144,11 +148,16 @@ _bwd_op = define_op("mamba_gate_bwd", _gate_bwd, _bwd_fake)
 def _setup(ctx, inputs, output):
     a, a_log, dt_bias, b, dtype, with_dt = inputs
     ctx.save_for_backward(a, a_log, dt_bias, b)
+    ctx.with_dt = with_dt
 
 
 def _backward(ctx, dg, ddt, dbeta):
     a, a_log, dt_bias, b = ctx.saved_tensors
     run = _gate_bwd if eager_backward(ctx) else _bwd_op
+    # an output the forward left empty (dt without with_dt, beta without b) has no gradient to read; compiled
+    # autograd hands it one anyway, as zeros of the empty shape
+    ddt = ddt if ctx.with_dt else None
+    dbeta = dbeta if b is not None else None
     dg = torch.zeros(a.shape, device=a.device, dtype=torch.float32) if dg is None else dg.contiguous()
     da, da_log, ddt_bias, db = run(a, a_log, dt_bias, b, dg, None if ddt is None else ddt.contiguous(),
                                    None if dbeta is None else dbeta.contiguous())
