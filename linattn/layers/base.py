@@ -25,12 +25,14 @@ the state buffers, or a subclass's :meth:`MixerLayer.static_op_step`).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
+from linattn import switches
 from linattn.ops.common.checks import check_choice, check_chunk_size
 from linattn.ops.common.registry import BACKENDS
 from linattn.ops.common.values import value_checks
@@ -420,7 +422,9 @@ class ConvOutputs:
     same values out in other storage, where the saved views would read the wrong elements: where the forward
     convolved jointly (which gradients do not change: every conv on Triton) the recomputation runs without
     gradients (no autograd nodes to build and drop), otherwise with them as the forward did, and the results are
-    detached. Each recomputed tensor's layout is checked against the forward's before any view is taken of it.
+    detached. The settings that choose backends (``shortconv_backend``, ``fused_backend``) are the forward's, also
+    when the backward pass runs after the forward's ``linattn.settings`` block. Each recomputed tensor's layout is
+    checked against the forward's before any view is taken of it.
 
     ``pack`` wraps every tensor saved while the hooks are on; ``seal`` (after the op) drops the wrapped tensor of
     each one that is a conv output or q, k, v (same storage), keeping where it lies in that tensor; ``unpack``
@@ -431,6 +435,7 @@ class ConvOutputs:
         self.layer, self.x, self.pre, self.offset, self.cu_seqlens = layer, x, pre, offset, cu_seqlens
         dev = x.device.type
         self.autocast = (dev, torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev))
+        self.settings = switches.current()  # the backends the forward chose by
         self.targets: dict[int, int] = {}  # storage address -> index in the recomputed list
         self.layouts: list[tuple] = []  # the forward's layout of each added tensor, in order
         self.held: list[list] = []
@@ -468,6 +473,19 @@ class ConvOutputs:
         return self.cache[i].as_strided(shape, stride, offset)
 
     def recompute(self) -> list[torch.Tensor]:
+        with self.forward_settings():
+            return self.rebuild()
+
+    def forward_settings(self):
+        """A context with the backend settings the forward ran under, where they have changed since (a backward
+        pass run after the ``linattn.settings`` block of its forward): the rebuild must make the forward's
+        choices."""
+        now, then = switches.current(), self.settings
+        if now is then or (now.shortconv_backend, now.fused_backend) == (then.shortconv_backend, then.fused_backend):
+            return contextlib.nullcontext()
+        return switches.settings(shortconv_backend=then.shortconv_backend, fused_backend=then.fused_backend)
+
+    def rebuild(self) -> list[torch.Tensor]:
         layer = self.layer
         dev, enabled, dtype = self.autocast
         with torch.enable_grad():  # the forward's choice, made under its grad mode

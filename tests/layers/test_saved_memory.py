@@ -99,6 +99,33 @@ def test_recomputed_on_the_triton_backends_under_autocast(mixer, packed, monkeyp
 
 @pytest.mark.triton
 @pytest.mark.skipif(not triton_available(), reason="triton not installed")
+def test_backward_after_the_settings_block_rebuilds_as_the_forward_did():
+    """A backward pass run after the ``linattn.settings`` block of its forward, under other ShortConv and fused
+    kernel settings: the rebuild makes the forward's choices (Triton's joint conv, whose outputs conv1d would lay out
+    otherwise) and the gradients are those of a backward inside the block, bit for bit; the settings in force are
+    left as they were."""
+    torch.manual_seed(0)
+    layer = mixer_class("gated_delta_rule")(32, 2, head_dim=16).to(DEVICE)
+    x = torch.randn(2, 37, 32, device=DEVICE)
+    grads = []
+    for inside in (True, False):
+        layer.zero_grad()
+        xi = x.clone().requires_grad_(True)
+        with linattn.settings(shortconv_backend="triton", fused_backend="triton"):
+            y, _ = layer(xi, use_cache=False)
+            if inside:
+                y.square().sum().backward()
+        if not inside:
+            with linattn.settings(shortconv_backend="conv1d", fused_backend="torch"):
+                y.square().sum().backward()
+                assert linattn.current().shortconv_backend == "conv1d"
+        grads.append([xi.grad, *[p.grad for p in layer.parameters()]])
+    for a, b in zip(*grads):
+        assert (a is None and b is None) or torch.equal(a, b)
+
+
+@pytest.mark.triton
+@pytest.mark.skipif(not triton_available(), reason="triton not installed")
 def test_what_a_conv_layer_keeps():
     """gated_delta_rule keeps its input, the joint projection (the ShortConvs' input), the output norm's input and
     gate, and the op's small tensors: no conv output, no q, k, v."""

@@ -80,7 +80,6 @@ def test_layer_is_the_same_with_either_norm_backend(mixer, monkeypatch):
     for backend in ("torch", "triton"):
         layer.zero_grad()
         # ShortConvs on the multiply-adds: "auto" picks conv1d on CUDA, whose float32 runs in TF32 there
-        # the backward pass under the same settings: it recomputes the ShortConvs' outputs with them
         with linattn.settings(fused_backend=backend, shortconv_backend="muladd"):
             y, _ = layer(x, use_cache=False)
             y.square().mean().backward()
