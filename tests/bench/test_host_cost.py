@@ -14,14 +14,34 @@ from linattn.ops.common.triton_utils import interpreting
 pytestmark = [pytest.mark.triton, pytest.mark.skipif(not triton_available(), reason="triton not installed")]
 
 
-def _rows(*ops: str) -> dict[str, list[str]]:
+def _run(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # real kernels, launches intercepted
-    out = subprocess.run([sys.executable, "-m", "linattn.bench.host_cost", *ops, "--repeats", "2"], env=env,
-                         capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "linattn.bench.host_cost", *args, "--repeats", "2"], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _rows(*ops: str, first: str = "op") -> dict[str, list[str]]:
+    out = _run(*ops)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
-    assert lines[0].split() == ["op", "host", "ms", "launches", "torch", "ops"]
+    assert lines[0].split() == [first, "host", "ms", "launches", "torch", "ops"]
     return {line.split()[0]: line.split()[1:] for line in lines[1:]}
+
+
+def test_a_layers_launches_per_training_step():
+    """--layers: one layer's share of a CausalLM training step on CUDA's choices. The delta-rule layers launch 18
+    (delta_rule) and 21 (gated_delta_rule) Triton kernels a step, forward, the backward's rebuild of the conv
+    outputs and backward (q and k normalised together, the decay and beta from one kernel). Either count changing
+    is a change of the layers' fused path: more means a fused step came apart."""
+    rows = _rows("--layers", "gated_delta_rule,delta_rule,softmax_attn", first="layer")
+    assert list(rows) == ["gated_delta_rule", "delta_rule", "softmax_attn"]
+    assert int(rows["gated_delta_rule"][1]) == 21 and int(rows["delta_rule"][1]) == 18, rows
+    assert int(rows["softmax_attn"][1]) == 0 and all(float(r[0]) > 0 and int(r[2]) > 0 for r in rows.values())
+
+
+def test_layers_needs_a_mixer():
+    out = _run("--layers", ",")
+    assert out.returncode == 2 and "--layers: give at least one mixer name" in out.stderr
 
 
 def test_titans_triton_path_makes_few_torch_operations():
