@@ -476,7 +476,7 @@ class ConvOutputs:
         with self.forward_settings():
             return self.rebuild()
 
-    def forward_settings(self):
+    def forward_settings(self) -> contextlib.AbstractContextManager:
         """A context with the backend settings the forward ran under, where they have changed since (a backward
         pass run after the ``linattn.settings`` block of its forward): the rebuild must make the forward's
         choices."""
