@@ -41,7 +41,7 @@ from linattn.ops.common.varlen import check_cu_seqlens, check_packed_batch, sequ
 from .cache import LayerCache
 from .checks import check_conv_cache, check_layer_input, check_short_conv, check_static_step_input, head_dims
 from .fused import use_fused_kernels
-from .norms import norm_gate_project
+from .norms import l2norm_pair, norm_gate_project
 from .shortconv import CONV_MODES, ShortConv, last_inputs, packed_last_inputs
 from .static_cache import StaticLayerCache, copy_rows_, copy_state_, state_dtype
 
@@ -83,6 +83,10 @@ class MixerLayer(nn.Module):
     scale: float | None = None
     conv_letters: str = "qkv"
     step_inplace: bool = False  # op_step takes inplace=True (writes the new state into the state it is given)
+    # what mix_inputs does to q and k when that does not depend on the token arguments: "l2" (L2-normalised, v as
+    # it is) or "identity" (all three as they are); None: only mix_inputs knows. The backward's rebuild of q, k, v
+    # (ConvOutputs) reads it to skip the arguments it would drop (tests check it against mix_inputs).
+    qk_feature_map: str | None = None
 
     def __init__(self, d_model: int, n_heads: int, *, head_dim: int | None = None, head_dim_v: int | None = None,
                  short_conv: str | None = None, conv_mode: str = "learned", conv_kernel: int = 4,
@@ -253,17 +257,35 @@ class MixerLayer(nn.Module):
                   cu_seqlens: torch.Tensor | None) -> MixOut:
         """The streams after their ShortConvs -> what the op takes: (q, k, v, args, kwargs), as :meth:`forward`
         passes them (q and k in v's dtype)."""
-        B, T, _ = x.shape
-        q = s["q"].view(B, T, -1, self.head_dim)
-        k = s["k"].view(B, T, -1, self.head_dim)
-        v = s["v"].view(B, T, -1, self.head_dim_v)
-        q, k, v, args, kwargs = self.mix_inputs(x, q, k, v, offset, s)
-        v = k if self.exact_kv else v
+        q, k, v, args, kwargs = self.mix_inputs(x, *self.head_views(x, s), offset, s)
         if cu_seqlens is not None:  # the op runs each packed sequence alone (step calls never see it)
             kwargs = {**kwargs, "cu_seqlens": cu_seqlens}
-        # the op runs in the value stream's dtype (bf16 under autocast): feature maps or norms that came
-        # out in float32 would otherwise put the kernels on their exact-float32 (slow) path
-        return q.to(v.dtype), k.to(v.dtype), v, args, kwargs
+        return *self.op_dtypes(q, k, v), args, kwargs
+
+    def head_views(self, x: torch.Tensor, s: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """q, k, v streams [B, T, H*D] viewed per head, [B, T, H, D]."""
+        B, T, _ = x.shape
+        return (s["q"].view(B, T, -1, self.head_dim), s["k"].view(B, T, -1, self.head_dim),
+                s["v"].view(B, T, -1, self.head_dim_v))
+
+    def op_dtypes(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """q, k, v as the op takes them after the feature maps: v = k where keys are values (``exact_kv``), and q
+        and k in v's dtype (bf16 under autocast: feature maps or norms that came out in float32 would otherwise put
+        the kernels on their exact-float32, slow, path)."""
+        v = k if self.exact_kv else v
+        return q.to(v.dtype), k.to(v.dtype), v
+
+    def rebuilt_qkv(self, x: torch.Tensor, s: dict[str, torch.Tensor], offset: int | torch.Tensor,
+                    cu_seqlens: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        """q, k, v of :meth:`op_inputs`, for the backward pass's rebuild (:class:`ConvOutputs`), which keeps
+        nothing else: where ``qk_feature_map`` says what q and k go through, the token arguments (a gate's
+        kernel, a projection's matmul) are not computed again only to be dropped."""
+        if self.qk_feature_map is None:
+            return self.op_inputs(x, s, offset, cu_seqlens)[:3]
+        q, k, v = self.head_views(x, s)
+        if self.qk_feature_map == "l2":
+            q, k = l2norm_pair(q, k)
+        return self.op_dtypes(q, k, v)
 
     def recomputes_conv_outputs(self, cache: object) -> bool:
         """Whether this call keeps the ShortConvs' outputs and what is made of them (q, k, v: conv outputs after
@@ -359,14 +381,9 @@ class MixerLayer(nn.Module):
         """One token x [B, 1, d_model] continuing the static buffers, which are overwritten in place; returns
         y [B, 1, d_model]. No host synchronisation, no shape that changes between steps."""
         check_static_step_input(x, self.d_model, cache)
-        B = x.shape[0]
         s, _ = self.streams(x, cache)  # the ShortConv caches are shifted in place
-        q = s["q"].view(B, 1, -1, self.head_dim)
-        k = s["k"].view(B, 1, -1, self.head_dim)
-        v = s["v"].view(B, 1, -1, self.head_dim_v)
-        q, k, v, args, kwargs = self.mix_inputs(x, q, k, v, cache.pos, s)
-        v = k if self.exact_kv else v
-        q, k = q.to(v.dtype), k.to(v.dtype)
+        q, k, v, args, kwargs = self.mix_inputs(x, *self.head_views(x, s), cache.pos, s)
+        q, k, v = self.op_dtypes(q, k, v)
         o = unchecked(self.static_op_step, q, k, v, args, kwargs, cache)
         return self.finish(self.skip(o, v), x)
 
@@ -414,8 +431,9 @@ class ConvOutputs:
     Kept as autograd would keep them, a layer with ShortConvs holds both each conv's input (the projection, which
     the conv's backward reads) and what the op and the feature maps save of its output (q, k, v, and e.g. Mamba2's
     k beside k dt): two copies of every stream, where a Transformer layer holds one. Here the second copy is
-    rebuilt from the first in the backward pass: the ShortConvs and :meth:`MixerLayer.op_inputs` (feature maps,
-    norms, gates) run again once per layer, under the forward's grad mode and autocast state. They are
+    rebuilt from the first in the backward pass: the ShortConvs and :meth:`MixerLayer.rebuilt_qkv` (the feature
+    maps and norms of q, k, v; the token arguments too where the layer does not declare its feature maps) run again
+    once per layer, under the forward's autocast state. They are
     elementwise and per-channel kernels, cheap beside the op's backward; the values are the forward's, bit for bit
     (the same kernels on the same inputs). The backends' choices depend on the grad mode (ShortConv's "auto" takes
     conv1d for small CUDA inputs that need gradients, the joint Triton conv otherwise), and another choice lays the
@@ -492,7 +510,7 @@ class ConvOutputs:
             joint = bool(layer.joint_conv_streams(self.pre, None))
         with torch.set_grad_enabled(not joint), torch.autocast(dev, dtype=dtype, enabled=enabled):
             s, _ = layer.convolve(self.pre, None, self.cu_seqlens, caches=False)
-            q, k, v, _, _ = layer.op_inputs(self.x, s, self.offset, self.cu_seqlens)
+            q, k, v = layer.rebuilt_qkv(self.x, s, self.offset, self.cu_seqlens)
         tensors = [t.detach() for t in (*(s[name] for name in layer.convs), q, k, v)]
         for i, (t, layout) in enumerate(zip(tensors, self.layouts)):
             if storage_layout(t) != layout:

@@ -21,6 +21,7 @@ class _BetaLayer(MixerLayer):
     ``allow_neg_eigval``, so beta in (0, 2) and the transition may have negative eigenvalues)."""
 
     default_short_conv = "qkv"
+    qk_feature_map = "l2"
 
     def __init__(self, d_model: int, n_heads: int, *, allow_neg_eigval: bool = False, **kwargs) -> None:
         super().__init__(d_model, n_heads, **kwargs)
@@ -111,6 +112,7 @@ class MesaNetLayer(MixerLayer):
     op = staticmethod(mesa_net)
     op_step = staticmethod(mesa_net_step)
     default_short_conv = "qkv"
+    qk_feature_map = "l2"
     default_output_gate = True
 
     def __init__(self, d_model: int, n_heads: int, *, solver: str = "exact", cg_steps: int | None = None,

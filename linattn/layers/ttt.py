@@ -100,6 +100,7 @@ class TTTLinearLayer(_MiniBatchLayer):
     op_step = staticmethod(ttt_linear_step)
     default_short_conv = "qk"
     default_output_gate = True
+    qk_feature_map = "identity"
 
     def __init__(self, d_model: int, n_heads: int, *, inner_norm: bool = True, base_lr: float = 1.0,
                  **kwargs) -> None:
@@ -134,6 +135,7 @@ class TitansLayer(_MiniBatchLayer):
     op = staticmethod(titans)
     op_step = staticmethod(titans_step)
     default_short_conv = "qkv"
+    qk_feature_map = "l2"
     default_output_gate = True
     n_weights = 2
 

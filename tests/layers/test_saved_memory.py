@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import linattn
-from linattn.layers.base import MixerLayer
+from linattn.layers.base import MixerLayer, storage_layout
 from linattn.layers.registry import list_mixers, mixer_class
 from linattn.ops.common.triton_compat import triton_available
 
@@ -95,6 +95,25 @@ def test_recomputed_on_the_triton_backends_under_autocast(mixer, packed, monkeyp
         kept, recomputed = (_grads(layer, x, r, monkeypatch, **kw) for r in (False, True))
     for a, b in zip(kept, recomputed):
         assert (a is None and b is None) or torch.equal(a, b)
+
+
+@pytest.mark.parametrize("mixer", CONV_MIXERS)
+def test_rebuilt_qkv_are_the_op_inputs(mixer):
+    """What a layer declares of its q and k feature maps (``qk_feature_map``, read by the backward's rebuild to skip
+    the token arguments) is what its mix_inputs does: the same q, k, v bit for bit, with tied keys and values too."""
+    torch.manual_seed(0)
+    cls = mixer_class(mixer)
+    for kw in ({}, {"tie_kv": "exact", "short_conv": cls.default_short_conv.replace("v", "")}):
+        try:
+            layer = cls(32, 2, head_dim=16, **kw).to(DEVICE)
+        except ValueError:  # a layer without tied keys and values
+            continue
+        x = torch.randn(2, 19, 32, device=DEVICE)
+        s, _ = layer.streams(x, None)
+        want = layer.op_inputs(x, s, 0, None)[:3]
+        got = layer.rebuilt_qkv(x, s, 0, None)
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype and storage_layout(a) == storage_layout(b) and torch.equal(a, b), mixer
 
 
 @pytest.mark.triton
