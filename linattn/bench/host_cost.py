@@ -92,16 +92,21 @@ def host_cost(op: str, B: int = 1, T: int = 64, H: int = 2, K: int = 16, V: int 
             o.float().sum().backward()
         launches[:] = recorded
 
-    times = []
     with cuda_guards():
-        for _ in range(3):
-            step()
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - t0)
-        torch_ops = _top_level_ops(step)
-    return HostCost(op, 1e3 * statistics.median(times), len(launches), torch_ops)
+        ms, torch_ops = _timed(step, repeats)
+    return HostCost(op, ms, len(launches), torch_ops)
+
+
+def _timed(step, repeats: int) -> tuple[float, int]:
+    """(median host ms of ``step()`` after three untimed calls, its top-level PyTorch operations)."""
+    for _ in range(3):
+        step()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times), _top_level_ops(step)
 
 
 def _import_layer_kernels() -> None:
@@ -140,16 +145,9 @@ def _model_step_cost(mixer: str, n_layers: int, T: int, repeats: int) -> tuple[f
         launches[:] = recorded
         model.zero_grad(set_to_none=True)
 
-    times = []
     with linattn.settings(op_backend="triton", shortconv_backend="triton", fused_backend="triton"), cuda_guards():
-        for _ in range(3):
-            step()
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - t0)
-        torch_ops = _top_level_ops(step)
-    return 1e3 * statistics.median(times), len(launches), torch_ops
+        ms, torch_ops = _timed(step, repeats)
+    return ms, len(launches), torch_ops
 
 
 def layer_host_cost(mixer: str, T: int = 64, repeats: int = 30) -> HostCost:
