@@ -26,6 +26,7 @@ the state buffers, or a subclass's :meth:`MixerLayer.static_op_step`).
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -85,7 +86,9 @@ class MixerLayer(nn.Module):
     step_inplace: bool = False  # op_step takes inplace=True (writes the new state into the state it is given)
     # what mix_inputs does to q and k when that does not depend on the token arguments: "l2" (L2-normalised, v as
     # it is) or "identity" (all three as they are); None: only mix_inputs knows. The backward's rebuild of q, k, v
-    # (ConvOutputs) reads it to skip the arguments it would drop (tests check it against mix_inputs).
+    # (ConvOutputs) reads it to skip the arguments it would drop (tests check it against mix_inputs). It counts only
+    # in the class body that defines mix_inputs (declared_qk_feature_map): a subclass with a mix_inputs of its own
+    # says again what it does, or gets the full rebuild.
     qk_feature_map: str | None = None
 
     def __init__(self, d_model: int, n_heads: int, *, head_dim: int | None = None, head_dim_v: int | None = None,
@@ -280,10 +283,11 @@ class MixerLayer(nn.Module):
         """q, k, v of :meth:`op_inputs`, for the backward pass's rebuild (:class:`ConvOutputs`), which keeps
         nothing else: where ``qk_feature_map`` says what q and k go through, the token arguments (a gate's
         kernel, a projection's matmul) are not computed again only to be dropped."""
-        if self.qk_feature_map is None:
+        feature_map = declared_qk_feature_map(type(self))
+        if feature_map is None:
             return self.op_inputs(x, s, offset, cu_seqlens)[:3]
         q, k, v = self.head_views(x, s)
-        if self.qk_feature_map == "l2":
+        if feature_map == "l2":
             q, k = l2norm_pair(q, k)
         return self.op_dtypes(q, k, v)
 
@@ -519,6 +523,15 @@ class ConvOutputs:
                     f" (shape, stride, storage offset, storage bytes), the forward's had {layout}; its saved views "
                     "would read the wrong elements")
         return tensors
+
+
+@functools.cache
+def declared_qk_feature_map(cls: type) -> str | None:
+    """``qk_feature_map`` as the class defining ``cls``'s mix_inputs declares it in its own body, else None."""
+    for klass in cls.__mro__:
+        if "mix_inputs" in vars(klass):
+            return vars(klass).get("qk_feature_map")
+    return None
 
 
 def storage_layout(t: torch.Tensor) -> tuple:

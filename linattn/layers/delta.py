@@ -21,7 +21,6 @@ class _BetaLayer(MixerLayer):
     ``allow_neg_eigval``, so beta in (0, 2) and the transition may have negative eigenvalues)."""
 
     default_short_conv = "qkv"
-    qk_feature_map = "l2"
 
     def __init__(self, d_model: int, n_heads: int, *, allow_neg_eigval: bool = False, **kwargs) -> None:
         super().__init__(d_model, n_heads, **kwargs)
@@ -48,6 +47,7 @@ class DeltaNetLayer(_BetaLayer):
     op = staticmethod(delta_rule)
     op_step = staticmethod(delta_rule_step)
     step_inplace = True
+    qk_feature_map = "l2"  # mix_inputs L2-normalises q and k and passes v on
 
     def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
         beta = self.beta(streams).to(q.dtype)
@@ -66,6 +66,7 @@ class GatedDeltaNetLayer(_BetaLayer):
     op_step = staticmethod(gated_delta_rule_step)
     step_inplace = True
     default_output_gate = True
+    qk_feature_map = "l2"  # mix_inputs L2-normalises q and k and passes v on
 
     def __init__(self, d_model: int, n_heads: int, **kwargs) -> None:
         super().__init__(d_model, n_heads, **kwargs)
@@ -90,6 +91,7 @@ class CombaLayer(GatedDeltaNetLayer):
     op = staticmethod(comba)
     op_step = staticmethod(comba_step)
     step_inplace = False  # comba_step is PyTorch only (the fused kernel has no separate read key)
+    qk_feature_map = "l2"  # mix_inputs L2-normalises q and k and passes v on
 
     def __init__(self, d_model: int, n_heads: int, **kwargs) -> None:
         super().__init__(d_model, n_heads, **kwargs)

@@ -116,6 +116,28 @@ def test_rebuilt_qkv_are_the_op_inputs(mixer):
             assert a.dtype == b.dtype and storage_layout(a) == storage_layout(b) and torch.equal(a, b), mixer
 
 
+def test_a_subclass_with_its_own_mix_inputs_gets_the_full_rebuild(monkeypatch):
+    """A declaration counts only beside the mix_inputs it describes: a subclass that changes q without saying so is
+    rebuilt through its own mix_inputs, and its gradients equal those of autograd keeping q, k, v."""
+    from linattn.layers.base import declared_qk_feature_map
+    from linattn.layers.delta import GatedDeltaNetLayer
+
+    class Scaled(GatedDeltaNetLayer):
+        def mix_inputs(self, x, q, k, v, offset, streams):
+            q, k, v, args, kw = super().mix_inputs(x, q, k, v, offset, streams)
+            return 2 * q, k, v, args, kw
+
+    assert declared_qk_feature_map(GatedDeltaNetLayer) == "l2" and declared_qk_feature_map(Scaled) is None
+    torch.manual_seed(0)
+    layer = Scaled(32, 2, head_dim=16).to(DEVICE)
+    x = torch.randn(2, 19, 32, device=DEVICE)
+    s, _ = layer.streams(x, None)
+    assert torch.equal(layer.rebuilt_qkv(x, s, 0, None)[0], layer.op_inputs(x, s, 0, None)[0])
+    kept, recomputed = (_grads(layer, x, r, monkeypatch) for r in (False, True))
+    for a, b in zip(kept, recomputed):
+        assert (a is None and b is None) or torch.equal(a, b)
+
+
 @pytest.mark.triton
 @pytest.mark.skipif(not triton_available(), reason="triton not installed")
 def test_backward_after_the_settings_block_rebuilds_as_the_forward_did():
