@@ -41,7 +41,6 @@ from linattn.ops.common.varlen import check_cu_seqlens, check_packed_batch, sequ
 
 from .cache import LayerCache
 from .checks import check_conv_cache, check_layer_input, check_short_conv, check_static_step_input, head_dims
-from .fused import use_fused_kernels
 from .norms import l2norm_pair, norm_gate_project
 from .shortconv import CONV_MODES, ShortConv, last_inputs, packed_last_inputs
 from .static_cache import StaticLayerCache, copy_rows_, copy_state_, state_dtype
@@ -406,11 +405,7 @@ class MixerLayer(nn.Module):
     def finish(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Output norm per head, SiLU gate, output projection: o [B, T, H, V] -> [B, T, d_model]."""
         B, T = o.shape[:2]
-        if self.o_norm is None or not use_fused_kernels(o):
-            # the fused norm reads any float dtype and computes in float32: the same values without the cast, which
-            # for a float32 x under autocast (a layer called outside the model's blocks, which hand it bf16) would
-            # cost a kernel each way and keep o in float32
-            o = o.to(x.dtype)
+        o = o.to(x.dtype)
         gate = None if self.g_proj is None else self.g_proj(x)
         if self.o_norm is not None:  # one fused kernel on CUDA; the norm's output is not kept (norms.py)
             return norm_gate_project(o, self.o_norm, None if gate is None else gate.view(o.shape), self.o_proj,
@@ -511,9 +506,12 @@ class ConvOutputs:
         layer = self.layer
         dev, enabled, dtype = self.autocast
         with torch.enable_grad():  # the forward's choice, made under its grad mode
-            joint = bool(layer.joint_conv_streams(self.pre, None))
+            joint = layer.joint_conv_streams(self.pre, None)
         with torch.set_grad_enabled(not joint), torch.autocast(dev, dtype=dtype, enabled=enabled):
-            s, _ = layer.convolve(self.pre, None, self.cu_seqlens, caches=False)
+            if joint:
+                s, _ = layer.convolve_jointly(self.pre, joint, self.cu_seqlens, caches=False)
+            else:
+                s, _ = layer.convolve(self.pre, None, self.cu_seqlens, caches=False)
             q, k, v = layer.rebuilt_qkv(self.x, s, self.offset, self.cu_seqlens)
         tensors = [t.detach() for t in (*(s[name] for name in layer.convs), q, k, v)]
         for i, (t, layout) in enumerate(zip(tensors, self.layouts)):

@@ -35,36 +35,9 @@ ROWS_PER_PROGRAM = 16
 
 @fast_launch
 @triton.jit(do_not_specialize=["R"])
-def _l2norm_fwd_kernel(x, y, r, R, D: tl.constexpr, eps, BR: tl.constexpr, BD: tl.constexpr):
-    """Grid (cdiv(R, BR),): y = x / max(||x||, eps) for BR rows; r = 1 / max(||x||, eps) (float32)."""
-    rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
-    cols = tl.arange(0, BD)
-    m = (rows < R)[:, None] & (cols < D)[None, :]
-    xv = tl.load(x + rows[:, None] * D + cols[None, :], mask=m, other=0.0).to(tl.float32)
-    inv = 1.0 / tl.maximum(tl.sqrt(tl.sum(xv * xv, axis=1)), eps)
-    tl.store(y + rows[:, None] * D + cols[None, :], (xv * inv[:, None]).to(y.dtype.element_ty), mask=m)
-    tl.store(r + rows, inv, mask=rows < R)
-
-
-@fast_launch
-@triton.jit(do_not_specialize=["R"])
-def _l2norm_bwd_kernel(y, r, dy, dx, R, D: tl.constexpr, eps, BR: tl.constexpr, BD: tl.constexpr):
-    """Grid (cdiv(R, BR),): dx = r dy - [||x|| > eps] r y (dy . y), from the forward's output y and r."""
-    rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
-    cols = tl.arange(0, BD)
-    m = (rows < R)[:, None] & (cols < D)[None, :]
-    yv = tl.load(y + rows[:, None] * D + cols[None, :], mask=m, other=0.0).to(tl.float32)
-    g = tl.load(dy + rows[:, None] * D + cols[None, :], mask=m, other=0.0).to(tl.float32)
-    inv = tl.load(r + rows, mask=rows < R, other=1.0)
-    through_norm = tl.where(inv < 1.0 / eps, tl.sum(g * yv, axis=1), 0.0)  # the norm is clamped below eps
-    tl.store(dx + rows[:, None] * D + cols[None, :], (inv[:, None] * (g - yv * through_norm[:, None])).to(
-        dx.dtype.element_ty), mask=m)
-
-
-@fast_launch
-@triton.jit(do_not_specialize=["R"])
-def _l2norm_pair_fwd_kernel(x1, x2, y1, y2, r1, r2, R, D: tl.constexpr, eps, BR: tl.constexpr, BD: tl.constexpr):
-    """Grid (cdiv(R, BR), 2): :func:`_l2norm_fwd_kernel` of x1 (program_id(1) == 0) or x2, same shapes."""
+def _l2norm_fwd_kernel(x1, x2, y1, y2, r1, r2, R, D: tl.constexpr, eps, BR: tl.constexpr, BD: tl.constexpr):
+    """Grid (cdiv(R, BR), n): y = x / max(||x||, eps) for BR rows of x1 (program_id(1) == 0) or of x2 (n = 2, same
+    shape), r = 1 / max(||x||, eps) (float32); n = 1 for one tensor."""
     rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     cols = tl.arange(0, BD)
     m = (rows < R)[:, None] & (cols < D)[None, :]
@@ -81,9 +54,10 @@ def _l2norm_pair_fwd_kernel(x1, x2, y1, y2, r1, r2, R, D: tl.constexpr, eps, BR:
 
 @fast_launch
 @triton.jit(do_not_specialize=["R"])
-def _l2norm_pair_bwd_kernel(y1, y2, r1, r2, dy1, dy2, dx1, dx2, R, D: tl.constexpr, eps, BR: tl.constexpr,
-                            BD: tl.constexpr):
-    """Grid (cdiv(R, BR), 2): :func:`_l2norm_bwd_kernel` of the first pair (program_id(1) == 0) or the second."""
+def _l2norm_bwd_kernel(y1, y2, r1, r2, dy1, dy2, dx1, dx2, R, D: tl.constexpr, eps, BR: tl.constexpr,
+                       BD: tl.constexpr):
+    """Grid (cdiv(R, BR), n): dx = r dy - [||x|| > eps] r y (dy . y), from the forward's output y and r, for the
+    first tensor (program_id(1) == 0) or the second (n = 2); n = 1 for one tensor."""
     rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     cols = tl.arange(0, BD)
     m = (rows < R)[:, None] & (cols < D)[None, :]
@@ -164,16 +138,17 @@ def _l2norm_fwd(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor
     R, D = _rows(x)
     y = torch.empty_like(x)
     r = torch.empty(x.shape[:-1], device=x.device, dtype=torch.float32)
-    _l2norm_fwd_kernel[(cdiv(R, ROWS_PER_PROGRAM),)](
-        x=x, y=y, r=r, R=R, D=D, eps=eps, BR=ROWS_PER_PROGRAM, BD=next_power_of_2(D))
+    _l2norm_fwd_kernel[(cdiv(R, ROWS_PER_PROGRAM), 1)](
+        x1=x, x2=x, y1=y, y2=y, r1=r, r2=r, R=R, D=D, eps=eps, BR=ROWS_PER_PROGRAM, BD=next_power_of_2(D))
     return y, r
 
 
 def _l2norm_bwd(y: torch.Tensor, r: torch.Tensor, dy: torch.Tensor, eps: float) -> torch.Tensor:
     R, D = _rows(y)
     dx = torch.empty_like(y)
-    _l2norm_bwd_kernel[(cdiv(R, ROWS_PER_PROGRAM),)](
-        y=y, r=r, dy=dy, dx=dx, R=R, D=D, eps=eps, BR=ROWS_PER_PROGRAM, BD=next_power_of_2(D))
+    _l2norm_bwd_kernel[(cdiv(R, ROWS_PER_PROGRAM), 1)](
+        y1=y, y2=y, r1=r, r2=r, dy1=dy, dy2=dy, dx1=dx, dx2=dx, R=R, D=D, eps=eps, BR=ROWS_PER_PROGRAM,
+        BD=next_power_of_2(D))
     return dx
 
 
@@ -219,7 +194,7 @@ def _l2norm_pair_fwd(x1: torch.Tensor, x2: torch.Tensor, eps: float
     y1, y2 = torch.empty_like(x1), torch.empty_like(x2)
     r1 = torch.empty(x1.shape[:-1], device=x1.device, dtype=torch.float32)
     r2 = torch.empty_like(r1)
-    _l2norm_pair_fwd_kernel[(cdiv(R, ROWS_PER_PROGRAM), 2)](
+    _l2norm_fwd_kernel[(cdiv(R, ROWS_PER_PROGRAM), 2)](
         x1=x1, x2=x2, y1=y1, y2=y2, r1=r1, r2=r2, R=R, D=D, eps=eps, BR=ROWS_PER_PROGRAM, BD=next_power_of_2(D))
     return y1, y2, r1, r2
 
@@ -228,7 +203,7 @@ def _l2norm_pair_bwd(y1: torch.Tensor, y2: torch.Tensor, r1: torch.Tensor, r2: t
                      dy2: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     R, D = _rows(y1)
     dx1, dx2 = torch.empty_like(y1), torch.empty_like(y2)
-    _l2norm_pair_bwd_kernel[(cdiv(R, ROWS_PER_PROGRAM), 2)](
+    _l2norm_bwd_kernel[(cdiv(R, ROWS_PER_PROGRAM), 2)](
         y1=y1, y2=y2, r1=r1, r2=r2, dy1=dy1, dy2=dy2, dx1=dx1, dx2=dx2, R=R, D=D, eps=eps, BR=ROWS_PER_PROGRAM,
         BD=next_power_of_2(D))
     return dx1, dx2

@@ -36,7 +36,8 @@ def test_a_layers_launches_per_training_step():
     rows = _rows("--layers", "gated_delta_rule,delta_rule,softmax_attn", first="layer")
     assert list(rows) == ["gated_delta_rule", "delta_rule", "softmax_attn"]
     assert int(rows["gated_delta_rule"][1]) == 20 and int(rows["delta_rule"][1]) == 18, rows
-    assert int(rows["softmax_attn"][1]) == 0 and all(float(r[0]) > 0 and int(r[2]) > 0 for r in rows.values())
+    # (host ms is a difference of two noisy timings: a busy 2-core machine can make it negative, so it is not checked)
+    assert int(rows["softmax_attn"][1]) == 0 and all(int(r[2]) > 0 for r in rows.values())
 
 
 def test_layers_needs_a_mixer():
