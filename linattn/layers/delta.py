@@ -12,6 +12,7 @@ from linattn.ops.gated_delta_rule import gated_delta_rule, gated_delta_rule_step
 from linattn.ops.mesa_net import mesa_net, mesa_net_step
 
 from .base import MixerLayer, MixOut, Streams
+from .fused import use_fused_kernels
 from .gates import MambaDecay
 from .norms import l2norm_pair
 
@@ -81,6 +82,16 @@ class GatedDeltaNetLayer(_BetaLayer):
         return *l2norm_pair(q, k), v, args, {"allow_neg_eigval": self.allow_neg_eigval}
 
 
+def read_key(k: Tensor, d: Tensor) -> Tensor:
+    """Comba's read key sigmoid(d) ⊙ k (k [..., H, K], d [H, K]) in k's dtype: one fused kernel each way on CUDA
+    (read_keys_triton.py)."""
+    if use_fused_kernels(k):
+        from .read_keys_triton import read_keys_triton
+
+        return read_keys_triton(k, d)
+    return torch.sigmoid(d).to(k.dtype) * k
+
+
 class CombaLayer(GatedDeltaNetLayer):
     """Comba (arXiv 2506.02475) on :func:`linattn.ops.comba.comba`: Gated DeltaNet's layer with the
     prediction read by its own key p_t = sigmoid(d) ⊙ k_t (d [H, K] learned, sigmoid(d) = 0.5 at init):
@@ -99,7 +110,7 @@ class CombaLayer(GatedDeltaNetLayer):
 
     def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
         q, k, v, args, kw = super().mix_inputs(x, q, k, v, offset, streams)
-        return q, k, v, {"p": torch.sigmoid(self.d).to(k.dtype) * k, **args}, kw
+        return q, k, v, {"p": read_key(k, self.d), **args}, kw
 
 
 class MesaNetLayer(MixerLayer):

@@ -47,6 +47,16 @@ class MambaDecay(nn.Module):
         g, _ = self.from_projection(a)
         return g.to(dtype), torch.sigmoid(b).to(dtype)
 
+    def with_keys(self, a: torch.Tensor, k: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(g in ``dtype``, dt k in k's dtype) from a = W_a x [..., H] and keys k [..., H, K]: Mamba2's decay and its
+        keys scaled by the step size, one fused kernel each way on CUDA (gates_triton.py)."""
+        if use_fused_kernels(a):
+            from .gates_triton import mamba_gate_keys_triton
+
+            return mamba_gate_keys_triton(a, self.A_log, self.dt_bias, k, dtype)
+        g, dt = self.from_projection(a)
+        return g.to(dtype), k * dt[..., None].to(k.dtype)
+
 
 class LowRankLogSigmoidGate(nn.Module):
     """GLA's gate: g = logsigmoid(W_2 W_1 x + b) / normaliser, [B, T, H, K] (rank 16, normaliser 16)."""

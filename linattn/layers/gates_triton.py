@@ -12,6 +12,10 @@ Gated DeltaNet's layer also takes beta = sigmoid(b) per token and head, and read
 dtype: :func:`mamba_gate_beta_triton` makes both in one launch (db = dbeta s (1 - s), s = sigmoid(b) in float32), so
 the sigmoid and the casts add no kernels and no autograd nodes.
 
+Mamba2's layer scales its keys by dt (B_t dt_t x_t^T): :func:`mamba_gate_keys_triton` makes g (in the activation
+dtype) and k dt in one launch over the (token, head) rows, and its backward gives dk = dt dk~ and adds
+sum_c k_c dk~_c to ddt, in one launch too.
+
 In PyTorch this is a chain of about six elementwise kernels forward and as many autograd nodes backward over a
 small [B, T, H] tensor: host time, not device time, on a GPU. Here it is one launch each way (the per-head sums
 as per-program partial rows added by PyTorch). Custom ops under torch.compile, an autograd Function eagerly.
@@ -91,6 +95,62 @@ def _gate_bwd_kernel(a, a_log, dt_bias, dg, ddt, da, part, b, dbeta, db, N, H: t
         if HAS_DBETA:
             dbv = tl.load(dbeta + offs, mask=m, other=0.0).to(tl.float32) * s * (1.0 - s)
         tl.store(db + offs, dbv.to(db.dtype.element_ty), mask=m)
+
+
+@fast_launch
+@triton.jit(do_not_specialize=["R"])
+def _gate_keys_fwd_kernel(a, a_log, dt_bias, k, g, kd, R, H: tl.constexpr, K: tl.constexpr, BR: tl.constexpr,
+                          BK: tl.constexpr):
+    """Grid (cdiv(R, BR),) over the R = N H (token, head) rows r, head r % H: g[r] = -exp(A_log) dt[r] (in g's
+    dtype) and kd[r, :] = dt[r] k[r, :] (in kd's dtype), dt = softplus(a[r] + dt_bias) in float32."""
+    rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    m = rows < R
+    heads = rows % H
+    d = _softplus(tl.load(a + rows, mask=m, other=0.0).to(tl.float32)
+                  + tl.load(dt_bias + heads, mask=m, other=0.0).to(tl.float32))
+    A = tl.exp(tl.load(a_log + heads, mask=m, other=0.0).to(tl.float32))
+    tl.store(g + rows, (-A * d).to(g.dtype.element_ty), mask=m)
+    o_k = tl.arange(0, BK)
+    m_k = m[:, None] & (o_k < K)[None, :]
+    offs = rows[:, None] * K + o_k[None, :]
+    kv = tl.load(k + offs, mask=m_k, other=0.0).to(tl.float32)
+    tl.store(kd + offs, (kv * d[:, None]).to(kd.dtype.element_ty), mask=m_k)
+
+
+@fast_launch
+@triton.jit(do_not_specialize=["R"])
+def _gate_keys_bwd_kernel(a, a_log, dt_bias, k, dg, dkd, da, dk, part, R, H: tl.constexpr, K: tl.constexpr,
+                          BR: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr, HAS_DG: tl.constexpr,
+                          HAS_DKD: tl.constexpr):
+    """Grid (cdiv(R, BR),): da and dk = dt dkd for BR (token, head) rows; part[pid] = (sum dz, sum dg g) over them,
+    per head (missing gradients count as zeros)."""
+    pid = tl.program_id(0).to(tl.int64)
+    rows = pid * BR + tl.arange(0, BR)
+    m = rows < R
+    heads = rows % H
+    z = tl.load(a + rows, mask=m, other=0.0).to(tl.float32) + tl.load(dt_bias + heads, mask=m,
+                                                                       other=0.0).to(tl.float32)
+    d = _softplus(z)
+    A = tl.exp(tl.load(a_log + heads, mask=m, other=0.0).to(tl.float32))
+    gd = tl.zeros([BR], dtype=tl.float32)
+    if HAS_DG:
+        gd = tl.load(dg + rows, mask=m, other=0.0).to(tl.float32)
+    up = -A * gd
+    o_k = tl.arange(0, BK)
+    m_k = m[:, None] & (o_k < K)[None, :]
+    offs = rows[:, None] * K + o_k[None, :]
+    dkv = tl.zeros([BR, BK], dtype=tl.float32)
+    if HAS_DKD:
+        dkv = tl.load(dkd + offs, mask=m_k, other=0.0).to(tl.float32)
+        up += tl.sum(dkv * tl.load(k + offs, mask=m_k, other=0.0).to(tl.float32), axis=1)
+    tl.store(dk + offs, (dkv * d[:, None]).to(dk.dtype.element_ty), mask=m_k)
+    dz = tl.where(m, up * tl.sigmoid(z), 0.0)
+    tl.store(da + rows, dz.to(da.dtype.element_ty), mask=m)
+    o_h = tl.arange(0, BH)
+    hot = (heads[:, None] == o_h[None, :]) & m[:, None]
+    tl.store(part + (pid * 2) * H + o_h, tl.sum(tl.where(hot, dz[:, None], 0.0), axis=0), mask=o_h < H)
+    tl.store(part + (pid * 2 + 1) * H + o_h, tl.sum(tl.where(hot, (gd * -A * d)[:, None], 0.0), axis=0),
+             mask=o_h < H)
 
 
 def _gate_fwd(a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, b: torch.Tensor | None,
@@ -181,3 +241,81 @@ def mamba_gate_beta_triton(a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.
     g, _, beta = _differentiable(a.contiguous(), a_log.contiguous(), dt_bias.contiguous(), b.contiguous(), dtype,
                                  False)
     return g, beta
+
+
+def _key_rows(K: int) -> tuple[int, int]:
+    """(rows per program, key block) of the key-scaling kernels: about 8192 key elements a program."""
+    BK = next_power_of_2(K)
+    return max(16, min(128, 8192 // BK)), BK
+
+
+def _check_keys(a: torch.Tensor, k: torch.Tensor) -> None:
+    if k.shape[:-1] != a.shape:
+        raise ValueError(f"k must be shaped like a with a trailing key dim, a {tuple(a.shape)} -> k [..., K], got "
+                         f"{tuple(k.shape)}")
+
+
+def _keys_fwd(a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, k: torch.Tensor,
+              dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(g in ``dtype`` shaped like a, dt k in k's dtype)."""
+    _check_keys(a, k)
+    H, K, R = a.shape[-1], k.shape[-1], a.numel()
+    g = torch.empty(a.shape, device=a.device, dtype=dtype)
+    kd = torch.empty_like(k)
+    BR, BK = _key_rows(K)
+    _gate_keys_fwd_kernel[(cdiv(R, BR),)](a=a, a_log=a_log, dt_bias=dt_bias, k=k, g=g, kd=kd, R=R, H=H, K=K, BR=BR,
+                                          BK=BK)
+    return g, kd
+
+
+def _keys_bwd(a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, k: torch.Tensor, dg: torch.Tensor | None,
+              dkd: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(da, d A_log, d dt_bias, dk); dg None or shaped like a, dkd None or like k."""
+    _check_keys(a, k)
+    for name, grad, like in (("dg", dg, a), ("dkd", dkd, k)):
+        if grad is not None and grad.shape != like.shape:
+            raise ValueError(f"{name} must be shaped {tuple(like.shape)}, got {tuple(grad.shape)}")
+    H, K, R = a.shape[-1], k.shape[-1], a.numel()
+    BR, BK = _key_rows(K)
+    programs = cdiv(R, BR)
+    da, dk = torch.empty_like(a), torch.empty_like(k)
+    part = torch.empty(programs, 2, H, device=a.device, dtype=torch.float32)
+    _gate_keys_bwd_kernel[(programs,)](a=a, a_log=a_log, dt_bias=dt_bias, k=k, dg=a if dg is None else dg,
+                                       dkd=k if dkd is None else dkd, da=da, dk=dk, part=part, R=R, H=H, K=K, BR=BR,
+                                       BK=BK, BH=next_power_of_2(H), HAS_DG=dg is not None, HAS_DKD=dkd is not None)
+    return da, part[:, 1].sum(0).to(a_log.dtype), part[:, 0].sum(0).to(dt_bias.dtype), dk
+
+
+def _keys_fwd_fake(a, a_log, dt_bias, k, dtype):
+    return a.new_empty(a.shape, dtype=dtype), torch.empty_like(k)
+
+
+def _keys_bwd_fake(a, a_log, dt_bias, k, dg, dkd):
+    return torch.empty_like(a), torch.empty_like(a_log), torch.empty_like(dt_bias), torch.empty_like(k)
+
+
+_keys_fwd_op = define_op("mamba_gate_keys_fwd", _keys_fwd, _keys_fwd_fake)
+_keys_bwd_op = define_op("mamba_gate_keys_bwd", _keys_bwd, _keys_bwd_fake)
+
+
+def _keys_setup(ctx, inputs, output):
+    a, a_log, dt_bias, k, dtype = inputs
+    ctx.save_for_backward(a, a_log, dt_bias, k)
+
+
+def _keys_backward(ctx, dg, dkd):
+    a, a_log, dt_bias, k = ctx.saved_tensors
+    run = _keys_bwd if eager_backward(ctx) else _keys_bwd_op
+    da, da_log, ddt_bias, dk = run(a, a_log, dt_bias, k, None if dg is None else dg.contiguous(),
+                                   None if dkd is None else dkd.contiguous())
+    return da, da_log, ddt_bias, dk, None
+
+
+_keys_differentiable = op_function("MambaGateKeysTriton", _keys_fwd, _keys_fwd_op, _keys_setup, _keys_backward)
+
+
+def mamba_gate_keys_triton(a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, k: torch.Tensor,
+                           dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(g in ``dtype`` [..., H] like a, dt k in k's dtype [..., H, K]) from one launch (one each way):
+    dt = softplus(a + dt_bias), g = -exp(A_log) dt, in float32 (Mamba2's decay and its keys B_t dt_t)."""
+    return _keys_differentiable(a.contiguous(), a_log.contiguous(), dt_bias.contiguous(), k.contiguous(), dtype)

@@ -67,8 +67,8 @@ class Mamba2Layer(MixerLayer):
         return {**super().x_projections(), "a": self.decay.a_proj}
 
     def mix_inputs(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, streams: Streams) -> MixOut:
-        g, dt = self.decay.from_projection(streams["a"])
-        return q, k * dt[..., None].to(k.dtype), v, {"g": g.to(q.dtype)}, {}
+        g, k = self.decay.with_keys(streams["a"], k, q.dtype)
+        return q, k, v, {"g": g}, {}
 
     def skip(self, o: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return o + self.D[:, None].to(o.dtype) * v

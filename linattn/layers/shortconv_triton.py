@@ -44,12 +44,14 @@ from ..ops.common.triton_utils import cdiv, next_power_of_2
 
 patch_interpreter()
 
-# Launch settings (depend on nothing but these; T is not specialised, so a new length reuses the kernels). Timed on
-# an H100 at [8, 2048, 1024] bf16, W=4 (a layer's q, k or v of the benchmark model): the forward takes 0.027 ms with
-# 16 x 128 tiles (0.030 with 32 x 128); the backward's dz kernel 0.078 ms with 32 x 64 tiles at 2 warps (0.129 with
-# 32 x 128 at 4 warps), its dx kernel 0.038 either way.
-LAUNCH = {"fwd_BT": 16, "fwd_BD": 128, "bwd_BT": 32, "bwd_BD": 64, "fwd_warps": 4, "bwd_warps": 2,
-          "bwd_programs": 1024, "bwd_max_blocks": 16}
+# Launch settings (depend on nothing but these; T is not specialised, so a new length reuses the kernels): "fwd" the
+# forward kernel, "bwd" the backward's dz kernel, "dx" its dx kernel. Timed on an H200 over a layer's joint q, k, v
+# ([8, 2048, 3 x 1024] bf16, columns of a wider projection, W=4): the forward 0.083 ms with 16 x 128 tiles at 4 warps
+# (0.080 at best over tiles of 8-64 rows, 64-256 channels, 2-8 warps); the dz kernel 0.164 ms with 16 x 64 tiles at
+# one warp against 0.213 with the H100's earlier 32 x 64 at 2 warps; the dx kernel 0.062 ms with 16 x 128 at 4 warps
+# (0.068 at 32 x 64, 2 warps).
+LAUNCH = {"fwd_BT": 16, "fwd_BD": 128, "bwd_BT": 16, "bwd_BD": 64, "dx_BT": 16, "dx_BD": 128, "fwd_warps": 4,
+          "bwd_warps": 1, "dx_warps": 4, "bwd_programs": 1024, "bwd_max_blocks": 16}
 
 
 @triton.jit
@@ -209,7 +211,7 @@ def _has_cache(cache: torch.Tensor | None) -> bool:
 
 
 def _blocks(widths: list[int], phase: str) -> tuple[int, int]:
-    """(rows, channels) of a tile of the ``phase`` ("fwd" or "bwd") kernels over streams of these widths: as many
+    """(rows, channels) of a tile of the ``phase`` ("fwd", "bwd" or "dx") kernels over streams of these widths: as many
     channels as LAUNCH gives, fewer where that keeps a block inside one stream."""
     BD = min(LAUNCH[f"{phase}_BD"], max(16, next_power_of_2(sum(widths))))
     while len(widths) > 1 and BD > 16 and any(d % BD for d in widths[:-1]):
@@ -337,10 +339,11 @@ def conv_streams_bwd(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.
             T=T, D=n, E0=E0, E1=E1, sx_b=x.stride(0), sx_t=x.stride(1), NP=NP, NB=NB, W=W, BW=next_power_of_2(W),
             BT=BT, BD=BD, HAS_CACHE=has_cache, HAS_BIAS=bias is not None, SILU=silu, PACKED=pos is not None,
             num_warps=LAUNCH["bwd_warps"])
-        _conv_dx_kernel[(cdiv(T + W - 1, BT), cdiv(n, BD), B)](
+        BTX, BDX = _blocks(group, "dx")
+        _conv_dx_kernel[(cdiv(T + W - 1, BTX), cdiv(n, BDX), B)](
             w=weight[sl], dz=dz, pos=weight if pos is None else pos, dx=dxs, dcache=dcache if has_cache else dxs,
-            T=T, D=n, sdx_b=dx.stride(0), sdx_t=dx.stride(1), W=W, BT=BT, BD=BD, HAS_CACHE=has_cache,
-            PACKED=pos is not None, num_warps=LAUNCH["bwd_warps"])
+            T=T, D=n, sdx_b=dx.stride(0), sdx_t=dx.stride(1), W=W, BT=BTX, BD=BDX, HAS_CACHE=has_cache,
+            PACKED=pos is not None, num_warps=LAUNCH["dx_warps"])
         dw_parts.append(dw_part.sum((0, 1)))
         db_parts.append(db_part.sum((0, 1)))
         i += len(group)

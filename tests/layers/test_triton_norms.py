@@ -1,6 +1,7 @@
-"""The layers' fused kernels (norms_triton.py, gates_triton.py) equal PyTorch's F.normalize, RMSNorm (times
-SiLU(gate)) and the Mamba2 decay gate, values and gradients, float32 and bf16; layers give the same outputs and
-gradients with either backend."""
+"""The layers' fused kernels (norms_triton.py, gates_triton.py, read_keys_triton.py) equal PyTorch's F.normalize,
+RMSNorm (times SiLU(gate)), the Mamba2 decay gate (with Gated DeltaNet's beta, or Mamba2's keys scaled by dt) and
+Comba's read key, values and gradients, float32 and bf16; layers give the same outputs and gradients with either
+backend."""
 
 import pytest
 import torch
@@ -69,7 +70,7 @@ def test_rms_norm_gated_equals_reference(dtype, tol, gated, D):
         assert rel_rmse(a.float(), b.float()) <= (tol if dtype == torch.float32 else 2 * tol), name
 
 
-@pytest.mark.parametrize("mixer", ["gated_delta_rule", "delta_rule", "mamba2"])
+@pytest.mark.parametrize("mixer", ["gated_delta_rule", "delta_rule", "mamba2", "comba"])
 def test_layer_is_the_same_with_either_norm_backend(mixer, monkeypatch):
     from linattn.layers.registry import build_mixer
 
@@ -274,3 +275,102 @@ def test_gate_with_beta_compiled_equals_eager():
     compiled = torch.autograd.grad(torch.compile(loss, fullgraph=True, backend="aot_eager")(*leaves), leaves)
     for a, e in zip(compiled, eager):
         assert torch.allclose(a, e, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("K", [16, 40])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mamba_gate_keys_equals_reference(dtype, K):
+    """g (in the activation dtype) and the keys scaled by dt from one launch: as PyTorch's decay and k dt, values
+    and every gradient (A_log and dt_bias summed over tokens), with both outputs' gradients or only one."""
+    from linattn.layers.gates_triton import mamba_gate_keys_triton
+
+    gen = torch.Generator().manual_seed(0)
+    a, k = 4 * torch.randn(3, 29, 5, generator=gen), torch.randn(3, 29, 5, K, generator=gen)
+    a[0, 0] = 30.0  # past softplus's linear threshold
+    a_log, dt_bias = torch.randn(5, generator=gen), torch.randn(5, generator=gen)
+
+    def reference(a, k, a_log, dt_bias):
+        dt = F.softplus(a.float() + dt_bias.float())
+        return (-torch.exp(a_log.float()) * dt).to(dtype), (k.float() * dt[..., None]).to(dtype)
+
+    def loss_of(fn, parts):
+        def run(*ts):
+            g, kd = fn(*ts)
+            assert g.dtype == kd.dtype == dtype and kd.shape == k.shape
+            weights = torch.linspace(-1, 1, K, device=kd.device)
+            terms = {"g": g.float().square().sum(), "k": (kd.float() * weights).sum()}
+            return sum(terms[p] for p in parts).reshape(1)
+        return run
+
+    ts = [a.to(DEVICE, dtype), k.to(DEVICE, dtype), a_log.to(DEVICE), dt_bias.to(DEVICE)]
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    for parts in (("g", "k"), ("g",), ("k",)):
+        out, grads = _grads(loss_of(lambda a, k, a_log, dt_bias: mamba_gate_keys_triton(a, a_log, dt_bias, k, dtype),
+                                    parts), *ts)
+        ref, ref_grads = _grads(loss_of(reference, parts), *ts)
+        assert rel_rmse(out, ref) <= tol
+        for name, x, y in zip(["a", "k", "A_log", "dt_bias"], grads, ref_grads):
+            if y is None or not y.abs().max() > 0:  # k gets no gradient from g alone: the kernel writes zeros
+                assert x is None or not x.abs().max() > 0, (parts, name)
+                continue
+            assert rel_rmse(x.float(), y.float()) <= tol, (parts, name)
+
+
+def test_mamba_gate_keys_checks_shapes_and_compiles():
+    """k must be a's shape plus a key dim (named error before any launch); compiled equals eager."""
+    from linattn.layers.gates_triton import mamba_gate_keys_triton
+
+    gen = torch.Generator().manual_seed(4)
+    a, k = torch.randn(2, 9, 3, generator=gen).to(DEVICE), torch.randn(2, 9, 3, 8, generator=gen).to(DEVICE)
+    a_log, dt_bias = torch.randn(3, generator=gen).to(DEVICE), torch.randn(3, generator=gen).to(DEVICE)
+    with pytest.raises(ValueError, match=r"k must be shaped like a with a trailing key dim"):
+        mamba_gate_keys_triton(a, a_log, dt_bias, k[:, :, :2], torch.float32)
+    leaves = [t.requires_grad_(True) for t in (a, k, a_log, dt_bias)]
+
+    def loss(a, k, a_log, dt_bias):
+        g, kd = mamba_gate_keys_triton(a, a_log, dt_bias, k, torch.float32)
+        return (g.square()[..., None] * kd).sum()
+
+    eager = torch.autograd.grad(loss(*leaves), leaves)
+    torch._dynamo.reset()
+    compiled = torch.autograd.grad(torch.compile(loss, fullgraph=True, backend="aot_eager")(*leaves), leaves)
+    for x, e in zip(compiled, eager):
+        assert torch.allclose(x, e, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("K", [16, 40])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_read_keys_equals_reference(dtype, K):
+    """Comba's read key sigmoid(d) ⊙ k from one launch: as PyTorch's, value and the gradients of k and d (d's summed
+    over every token)."""
+    from linattn.layers.read_keys_triton import read_keys_triton
+
+    gen = torch.Generator().manual_seed(0)
+    k, d = torch.randn(2, 37, 3, K, generator=gen), 2 * torch.randn(3, K, generator=gen)
+    ts = [k.to(DEVICE, dtype), d.to(DEVICE)]
+    out, grads = _grads(read_keys_triton, *ts)
+    ref, ref_grads = _grads(lambda k, d: (torch.sigmoid(d.float()) * k.float()).to(dtype), *ts)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert out.dtype == dtype and rel_rmse(out.float(), ref.float()) <= tol
+    for name, x, y in zip(["k", "d"], grads, ref_grads):
+        assert rel_rmse(x.float(), y.float()) <= tol, name
+
+
+def test_read_keys_checks_shapes_and_compiles():
+    """k must end in d's [H, K] (named error before any launch); compiled equals eager."""
+    from linattn.layers.read_keys_triton import read_keys_triton
+
+    gen = torch.Generator().manual_seed(5)
+    k, d = torch.randn(2, 9, 3, 8, generator=gen).to(DEVICE), torch.randn(3, 8, generator=gen).to(DEVICE)
+    with pytest.raises(ValueError, match=r"k must be \[\.\.\., H, K\] with d \[H, K\] = \[3, 8\]"):
+        read_keys_triton(k[..., :4], d)
+    leaves = [t.requires_grad_(True) for t in (k, d)]
+
+    def loss(k, d):
+        return (read_keys_triton(k, d) * k).sum()
+
+    eager = torch.autograd.grad(loss(*leaves), leaves)
+    torch._dynamo.reset()
+    compiled = torch.autograd.grad(torch.compile(loss, fullgraph=True, backend="aot_eager")(*leaves), leaves)
+    for x, e in zip(compiled, eager):
+        assert torch.allclose(x, e, rtol=1e-5, atol=1e-6)
