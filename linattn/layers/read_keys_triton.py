@@ -36,17 +36,23 @@ def _tokens_per_program(K: int) -> tuple[int, int]:
     return max(16, min(128, 8192 // BK)), BK
 
 
-@fast_launch
-@triton.jit(do_not_specialize=["N"])
-def _read_keys_fwd_kernel(k, d, p, N, H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    """Grid (cdiv(N, BN), H): p[n, h] = sigmoid(d[h]) k[n, h] for BN tokens n of head h."""
+@triton.jit
+def _head_tile(d, N, H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """This program's tile, BN tokens of head h (grid (cdiv(N, BN), H)): (offsets into a [N, H, K] tensor, their
+    mask, s = sigmoid(d[h]) float32 [BK], the program's row i_n H + h of the partial sums)."""
     i_n, h = tl.program_id(0).to(tl.int64), tl.program_id(1)
     tokens = i_n * BN + tl.arange(0, BN)
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    m = (tokens < N)[:, None] & m_k[None, :]
     s = tl.sigmoid(tl.load(d + h * K + o_k, mask=m_k, other=0.0).to(tl.float32))
-    offs = (tokens[:, None] * H + h) * K + o_k[None, :]
+    return (tokens[:, None] * H + h) * K + o_k[None, :], (tokens < N)[:, None] & m_k[None, :], s, i_n * H + h
+
+
+@fast_launch
+@triton.jit(do_not_specialize=["N"])
+def _read_keys_fwd_kernel(k, d, p, N, H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """Grid (cdiv(N, BN), H): p[n, h] = sigmoid(d[h]) k[n, h] for BN tokens n of head h."""
+    offs, m, s, _ = _head_tile(d, N, H, K, BN, BK)
     kv = tl.load(k + offs, mask=m, other=0.0).to(tl.float32)
     tl.store(p + offs, (kv * s[None, :]).to(p.dtype.element_ty), mask=m)
 
@@ -57,17 +63,12 @@ def _read_keys_bwd_kernel(k, d, dp, dk, part, N, H: tl.constexpr, K: tl.constexp
                           BK: tl.constexpr):
     """Grid (cdiv(N, BN), H): dk = sigmoid(d[h]) dp for BN tokens of head h; part[i_n, h] = s (1 - s) sum dp k over
     them."""
-    i_n, h = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    tokens = i_n * BN + tl.arange(0, BN)
-    o_k = tl.arange(0, BK)
-    m_k = o_k < K
-    m = (tokens < N)[:, None] & m_k[None, :]
-    s = tl.sigmoid(tl.load(d + h * K + o_k, mask=m_k, other=0.0).to(tl.float32))
-    offs = (tokens[:, None] * H + h) * K + o_k[None, :]
+    offs, m, s, part_row = _head_tile(d, N, H, K, BN, BK)
     g = tl.load(dp + offs, mask=m, other=0.0).to(tl.float32)
     tl.store(dk + offs, (g * s[None, :]).to(dk.dtype.element_ty), mask=m)
     kv = tl.load(k + offs, mask=m, other=0.0).to(tl.float32)
-    tl.store(part + (i_n * H + h) * K + o_k, tl.sum(g * kv, axis=0) * s * (1.0 - s), mask=m_k)
+    o_k = tl.arange(0, BK)
+    tl.store(part + part_row * K + o_k, tl.sum(g * kv, axis=0) * s * (1.0 - s), mask=o_k < K)
 
 
 def _check(k: torch.Tensor, d: torch.Tensor) -> None:

@@ -24,6 +24,15 @@ def _grads(fn, *xs):
     return out.detach(), [x.grad for x in leaves]
 
 
+def _assert_compiled_grads_equal_eager(loss, leaves):
+    """loss(*leaves)'s gradients under torch.compile(fullgraph=True) equal the eager ones."""
+    eager = torch.autograd.grad(loss(*leaves), leaves)
+    torch._dynamo.reset()
+    compiled = torch.autograd.grad(torch.compile(loss, fullgraph=True, backend="aot_eager")(*leaves), leaves)
+    for x, e in zip(compiled, eager):
+        assert torch.allclose(x, e, rtol=1e-5, atol=1e-6)
+
+
 def _reference_l2(x):
     return F.normalize(x.float(), p=2.0, dim=-1, eps=norms.L2_EPS).to(x.dtype)
 
@@ -270,11 +279,7 @@ def test_gate_with_beta_compiled_equals_eager():
         g, beta = mamba_gate_beta_triton(a, a_log, dt_bias, b, torch.float32)
         return (g.square() * beta).sum()
 
-    eager = torch.autograd.grad(loss(*leaves), leaves)
-    torch._dynamo.reset()
-    compiled = torch.autograd.grad(torch.compile(loss, fullgraph=True, backend="aot_eager")(*leaves), leaves)
-    for a, e in zip(compiled, eager):
-        assert torch.allclose(a, e, rtol=1e-5, atol=1e-6)
+    _assert_compiled_grads_equal_eager(loss, leaves)
 
 
 @pytest.mark.parametrize("K", [16, 40])
@@ -331,11 +336,7 @@ def test_mamba_gate_keys_checks_shapes_and_compiles():
         g, kd = mamba_gate_keys_triton(a, a_log, dt_bias, k, torch.float32)
         return (g.square()[..., None] * kd).sum()
 
-    eager = torch.autograd.grad(loss(*leaves), leaves)
-    torch._dynamo.reset()
-    compiled = torch.autograd.grad(torch.compile(loss, fullgraph=True, backend="aot_eager")(*leaves), leaves)
-    for x, e in zip(compiled, eager):
-        assert torch.allclose(x, e, rtol=1e-5, atol=1e-6)
+    _assert_compiled_grads_equal_eager(loss, leaves)
 
 
 @pytest.mark.parametrize("K", [16, 40])
@@ -369,8 +370,4 @@ def test_read_keys_checks_shapes_and_compiles():
     def loss(k, d):
         return (read_keys_triton(k, d) * k).sum()
 
-    eager = torch.autograd.grad(loss(*leaves), leaves)
-    torch._dynamo.reset()
-    compiled = torch.autograd.grad(torch.compile(loss, fullgraph=True, backend="aot_eager")(*leaves), leaves)
-    for x, e in zip(compiled, eager):
-        assert torch.allclose(x, e, rtol=1e-5, atol=1e-6)
+    _assert_compiled_grads_equal_eager(loss, leaves)
