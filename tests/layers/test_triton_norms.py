@@ -371,3 +371,21 @@ def test_read_keys_checks_shapes_and_compiles():
         return (read_keys_triton(k, d) * k).sum()
 
     _assert_compiled_grads_equal_eager(loss, leaves)
+
+
+@pytest.mark.parametrize("mixer, module, name", [("mamba2", "gates_triton", "mamba_gate_keys_triton"),
+                                                 ("comba", "read_keys_triton", "read_keys_triton")])
+def test_layers_take_their_fused_kernels(mixer, module, name, monkeypatch):
+    """On the fused backend Mamba2's layer makes its decay and keys, and Comba's its read key, with the fused kernels
+    (the layer tests above would pass on the PyTorch path too)."""
+    import importlib
+
+    from linattn.layers.registry import build_mixer
+
+    kernels = importlib.import_module(f"linattn.layers.{module}")
+    real, calls = getattr(kernels, name), []
+    monkeypatch.setattr(kernels, name, lambda *args: calls.append(name) or real(*args))
+    layer = build_mixer(mixer, 32, 2, backend="chunk", chunk_size=16).to(DEVICE)
+    with linattn.settings(fused_backend="triton", shortconv_backend="muladd"):
+        layer(torch.randn(1, 5, 32, device=DEVICE), use_cache=False)
+    assert calls == [name]
