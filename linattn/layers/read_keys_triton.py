@@ -10,9 +10,9 @@ Backward, with dp the gradient of p:
 
 In PyTorch this is a sigmoid and a cast of d and a product over the keys forward, and two products, a sum over the
 tokens and the sigmoid's and cast's gradients backward: eight kernels and three autograd nodes where this takes one
-launch each way and a sum, host time on a GPU. A program runs one head over a block of tokens (its d row loaded once); the
-sums over tokens are per-program partial rows added by PyTorch. Custom ops under torch.compile, an autograd
-Function eagerly.
+launch each way and a sum, host time on a GPU. A program runs one head over a block of tokens (its d row loaded
+once); the sums over tokens are per-program partial rows added by PyTorch. Custom ops under torch.compile, an
+autograd Function eagerly.
 """
 
 from __future__ import annotations
