@@ -31,7 +31,7 @@ from ..ops.common.registered_ops import define_op
 from ..ops.common.triton_compat import patch_interpreter
 from ..ops.common.triton_launch import fast_launch
 from ..ops.common.triton_ops import eager_backward, op_function
-from ..ops.common.triton_utils import cdiv, next_power_of_2
+from ..ops.common.triton_utils import cdiv, next_power_of_2, row_tile
 
 patch_interpreter()
 
@@ -41,6 +41,15 @@ ROWS = 64  # tokens per program
 @triton.jit
 def _softplus(z):
     return tl.where(z > 20.0, z, tl.log(1.0 + tl.exp(tl.minimum(z, 20.0))))
+
+
+@triton.jit
+def _gate_inputs(a, a_log, dt_bias, offs, heads, m, m_h):
+    """(z = a + dt_bias, A = exp(A_log)), float32, at a's offsets ``offs`` (mask m) and the heads ``heads`` (mask
+    m_h, of offs's rank): dt = softplus(z), g = -A dt."""
+    z = tl.load(a + offs, mask=m, other=0.0).to(tl.float32) + tl.load(dt_bias + heads, mask=m_h,
+                                                                       other=0.0).to(tl.float32)
+    return z, tl.exp(tl.load(a_log + heads, mask=m_h, other=0.0).to(tl.float32))
 
 
 @fast_launch
@@ -53,13 +62,11 @@ def _gate_fwd_kernel(a, a_log, dt_bias, g, dt, b, beta, N, H: tl.constexpr, BR: 
     heads = tl.arange(0, BH)
     m = (rows < N)[:, None] & (heads < H)[None, :]
     offs = rows[:, None] * H + heads[None, :]
-    z = tl.load(a + offs, mask=m, other=0.0).to(tl.float32) + tl.load(dt_bias + heads, mask=heads < H,
-                                                                       other=0.0).to(tl.float32)[None, :]
+    z, A = _gate_inputs(a, a_log, dt_bias, offs, heads[None, :], m, (heads < H)[None, :])
     d = _softplus(z)
-    A = tl.exp(tl.load(a_log + heads, mask=heads < H, other=0.0).to(tl.float32))
     if WRITE_DT:
         tl.store(dt + offs, d, mask=m)
-    tl.store(g + offs, (-A[None, :] * d).to(g.dtype.element_ty), mask=m)
+    tl.store(g + offs, (-A * d).to(g.dtype.element_ty), mask=m)
     if HAS_B:
         bv = tl.load(b + offs, mask=m, other=0.0).to(tl.float32)
         tl.store(beta + offs, tl.sigmoid(bv).to(beta.dtype.element_ty), mask=m)
@@ -77,18 +84,15 @@ def _gate_bwd_kernel(a, a_log, dt_bias, dg, ddt, da, part, b, dbeta, db, N, H: t
     m_h = heads < H
     m = (rows < N)[:, None] & m_h[None, :]
     offs = rows[:, None] * H + heads[None, :]
-    z = tl.load(a + offs, mask=m, other=0.0).to(tl.float32) + tl.load(dt_bias + heads, mask=m_h,
-                                                                       other=0.0).to(tl.float32)[None, :]
-    A = tl.exp(tl.load(a_log + heads, mask=m_h, other=0.0).to(tl.float32))
+    z, A = _gate_inputs(a, a_log, dt_bias, offs, heads[None, :], m, m_h[None, :])
     gd = tl.load(dg + offs, mask=m, other=0.0).to(tl.float32)
-    up = -A[None, :] * gd
+    up = -A * gd
     if HAS_DDT:
         up += tl.load(ddt + offs, mask=m, other=0.0).to(tl.float32)
     dz = tl.where(m, up * tl.sigmoid(z), 0.0)
     tl.store(da + offs, dz.to(da.dtype.element_ty), mask=m)
     tl.store(part + (pid * 2) * H + heads, tl.sum(dz, axis=0), mask=m_h)
-    tl.store(part + (pid * 2 + 1) * H + heads, tl.sum(tl.where(m, gd * (-A[None, :] * _softplus(z)), 0.0), axis=0),
-             mask=m_h)
+    tl.store(part + (pid * 2 + 1) * H + heads, tl.sum(tl.where(m, gd * (-A * _softplus(z)), 0.0), axis=0), mask=m_h)
     if HAS_B:
         s = tl.sigmoid(tl.load(b + offs, mask=m, other=0.0).to(tl.float32))
         dbv = tl.zeros([BR, BH], dtype=tl.float32)
@@ -106,9 +110,8 @@ def _gate_keys_fwd_kernel(a, a_log, dt_bias, k, g, kd, R, H: tl.constexpr, K: tl
     rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     m = rows < R
     heads = rows % H
-    d = _softplus(tl.load(a + rows, mask=m, other=0.0).to(tl.float32)
-                  + tl.load(dt_bias + heads, mask=m, other=0.0).to(tl.float32))
-    A = tl.exp(tl.load(a_log + heads, mask=m, other=0.0).to(tl.float32))
+    z, A = _gate_inputs(a, a_log, dt_bias, rows, heads, m, m)
+    d = _softplus(z)
     tl.store(g + rows, (-A * d).to(g.dtype.element_ty), mask=m)
     o_k = tl.arange(0, BK)
     m_k = m[:, None] & (o_k < K)[None, :]
@@ -128,10 +131,8 @@ def _gate_keys_bwd_kernel(a, a_log, dt_bias, k, dg, dkd, da, dk, part, R, H: tl.
     rows = pid * BR + tl.arange(0, BR)
     m = rows < R
     heads = rows % H
-    z = tl.load(a + rows, mask=m, other=0.0).to(tl.float32) + tl.load(dt_bias + heads, mask=m,
-                                                                       other=0.0).to(tl.float32)
+    z, A = _gate_inputs(a, a_log, dt_bias, rows, heads, m, m)
     d = _softplus(z)
-    A = tl.exp(tl.load(a_log + heads, mask=m, other=0.0).to(tl.float32))
     gd = tl.zeros([BR], dtype=tl.float32)
     if HAS_DG:
         gd = tl.load(dg + rows, mask=m, other=0.0).to(tl.float32)
@@ -243,12 +244,6 @@ def mamba_gate_beta_triton(a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.
     return g, beta
 
 
-def _key_rows(K: int) -> tuple[int, int]:
-    """(rows per program, key block) of the key-scaling kernels: about 8192 key elements a program."""
-    BK = next_power_of_2(K)
-    return max(16, min(128, 8192 // BK)), BK
-
-
 def _check_keys(a: torch.Tensor, k: torch.Tensor) -> None:
     if k.shape[:-1] != a.shape:
         raise ValueError(f"k must be shaped like a with a trailing key dim, a {tuple(a.shape)} -> k [..., K], got "
@@ -262,7 +257,7 @@ def _keys_fwd(a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, k: to
     H, K, R = a.shape[-1], k.shape[-1], a.numel()
     g = torch.empty(a.shape, device=a.device, dtype=dtype)
     kd = torch.empty_like(k)
-    BR, BK = _key_rows(K)
+    BR, BK = row_tile(K)
     _gate_keys_fwd_kernel[(cdiv(R, BR),)](a=a, a_log=a_log, dt_bias=dt_bias, k=k, g=g, kd=kd, R=R, H=H, K=K, BR=BR,
                                           BK=BK)
     return g, kd
@@ -276,7 +271,7 @@ def _keys_bwd(a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, k: to
         if grad is not None and grad.shape != like.shape:
             raise ValueError(f"{name} must be shaped {tuple(like.shape)}, got {tuple(grad.shape)}")
     H, K, R = a.shape[-1], k.shape[-1], a.numel()
-    BR, BK = _key_rows(K)
+    BR, BK = row_tile(K)
     programs = cdiv(R, BR)
     da, dk = torch.empty_like(a), torch.empty_like(k)
     part = torch.empty(programs, 2, H, device=a.device, dtype=torch.float32)

@@ -25,15 +25,9 @@ from ..ops.common.registered_ops import define_op
 from ..ops.common.triton_compat import patch_interpreter
 from ..ops.common.triton_launch import fast_launch
 from ..ops.common.triton_ops import eager_backward, op_function
-from ..ops.common.triton_utils import cdiv, next_power_of_2
+from ..ops.common.triton_utils import cdiv, row_tile
 
 patch_interpreter()
-
-
-def _tokens_per_program(K: int) -> tuple[int, int]:
-    """(tokens per program, key block): about 8192 key elements a program."""
-    BK = next_power_of_2(K)
-    return max(16, min(128, 8192 // BK)), BK
 
 
 @triton.jit
@@ -83,7 +77,7 @@ def _fwd(k: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     H, K = d.shape
     N = k.numel() // (H * K)
     p = torch.empty_like(k)
-    BN, BK = _tokens_per_program(K)
+    BN, BK = row_tile(K)
     _read_keys_fwd_kernel[(cdiv(N, BN), H)](k=k, d=d, p=p, N=N, H=H, K=K, BN=BN, BK=BK)
     return p
 
@@ -95,7 +89,7 @@ def _bwd(k: torch.Tensor, d: torch.Tensor, dp: torch.Tensor) -> tuple[torch.Tens
         raise ValueError(f"dp must be shaped like k {list(k.shape)}, got {list(dp.shape)}")
     H, K = d.shape
     N = k.numel() // (H * K)
-    BN, BK = _tokens_per_program(K)
+    BN, BK = row_tile(K)
     programs = cdiv(N, BN)
     dk = torch.empty_like(k)
     part = torch.empty(programs, H, K, device=k.device, dtype=torch.float32)

@@ -78,6 +78,13 @@ def block(n: int) -> int:
     return max(16, next_power_of_2(n))
 
 
+def row_tile(width: int) -> tuple[int, int]:
+    """(rows, columns) of a row-wise elementwise kernel's tile over rows ``width`` wide: the columns a power of two
+    covering the row, and 16 to 128 rows, about 8192 elements a program."""
+    cols = next_power_of_2(width)
+    return max(16, min(128, 8192 // cols)), cols
+
+
 @triton.jit
 def mm(a, b, PREC: tl.constexpr, UPCAST: tl.constexpr):
     """a @ b with float32 accumulation (see :func:`upcast_dots`)."""
