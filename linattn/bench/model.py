@@ -25,9 +25,13 @@ step's wall time the GPU spent in kernels.
 packed documents: B * T tokens per step as one row [1, B * T] with ``cu_seqlens``, the documents' lengths drawn
 uniformly from ``--doc-lengths`` (64 to 4096 tokens by default; seeded; the last document of a step is cut to
 fill it exactly), a new packing every step. Its ``packed_ratio`` is the fixed-length step's time over the packed
-step's, both on the packed row's model, timed in alternation after its own timing (``--steps`` pairs, the median of
-the pairs' ratios): an eager step waits on the host and a machine's speed drifts between rows by up to a fifth, which
-alternation cancels. ``fixed_row_ratio`` keeps the packed row's tokens/s over the fixed-length row's.
+step's, both on the packed row's model, timed in alternation after its own timing: runs of ``--steps`` steps back to
+back (as training runs them, and as tokens/s is measured), a fixed-length run then a packed one, five pairs, the
+median of the pairs' ratios. An eager step waits on the host and a machine's speed drifts between rows by up to a
+fifth, which alternation cancels. ``packed_ratio_synced`` is the same ratio with each step synchronised on its own
+(``--steps`` pairs of single steps): it also counts the GPU work still queued when the host is done, which back to
+back steps overlap with the next step's host time. ``fixed_row_ratio`` keeps the packed row's tokens/s over the
+fixed-length row's.
 """
 
 from __future__ import annotations
@@ -141,7 +145,8 @@ class TrainRow:
     params_m: float | None = None
     speed_ratio: float | None = None
     memory_ratio: float | None = None
-    packed_ratio: float | None = None  # packed rows: fixed-length step time over packed, timed in alternation
+    packed_ratio: float | None = None  # packed rows: fixed-length step time over packed, back-to-back runs alternated
+    packed_ratio_synced: float | None = None  # the same, single synchronised steps alternated
     fixed_row_ratio: float | None = None  # packed rows: tokens/s over the fixed-length row's (same mixer, shape, mode)
     error: str | None = None
     profile: dict | None = None
@@ -429,6 +434,19 @@ def alternated_ratio(first: Callable[[], None], second: Callable[[], None], pair
     return statistics.median(ratios)
 
 
+ALTERNATED_RUNS = 5  # pairs of back-to-back runs in alternated_pipelined_ratio
+
+
+def alternated_pipelined_ratio(first: Callable[[], None], second: Callable[[], None], steps: int,
+                               device: torch.device, pairs: int = ALTERNATED_RUNS) -> float:
+    """Median over ``pairs`` of ``first``'s ms per step over ``second``'s, each timed as a run of ``steps`` steps back
+    to back (:func:`pipelined_ms`, one run), the two runs in alternation: the throughput ratio a training loop
+    sees, with the drift between rows cancelled as in :func:`alternated_ratio`."""
+    ratios = [pipelined_ms(first, steps, device, rounds=1) / pipelined_ms(second, steps, device, rounds=1)
+              for _ in range(max(pairs, 1))]
+    return statistics.median(ratios)
+
+
 def _train_once(plan: ModelBenchPlan, row: TrainRow) -> None:
     """Fill ``row``'s measurements (raises on any failure; the caller records it)."""
     model = build_model(plan, row.mixer)
@@ -457,7 +475,8 @@ def _train_once(plan: ModelBenchPlan, row: TrainRow) -> None:
         ids = torch.randint(0, plan.vocab_size, (row.batch, row.seq_len + 1), generator=gen).to(plan.device)
         fixed_step = make_train_step(net, optimizer, ids, plan.device, plan.dtype)
         fixed_step()  # a compiled model compiles the fixed-length shape here, out of the timing
-        row.packed_ratio = alternated_ratio(fixed_step, step, plan.steps, plan.device)
+        row.packed_ratio = alternated_pipelined_ratio(fixed_step, step, plan.steps, plan.device)
+        row.packed_ratio_synced = alternated_ratio(fixed_step, step, plan.steps, plan.device)
     if plan.profile:
         row.profile = profile_step(step, plan.device, row.ms_per_step, top=plan.profile_top)
 
@@ -662,6 +681,7 @@ TRAIN_COLUMNS: list[Column] = [
     ("peak GiB", True, lambda r: table_cell(r["peak_gib"])),
     (f"memory x {REFERENCE}", True, lambda r: table_cell(r["memory_ratio"])),
     ("x fixed", True, lambda r: table_cell(r.get("packed_ratio"))),
+    ("x fixed synced", True, lambda r: table_cell(r.get("packed_ratio_synced"))),
     ("compile s", True, lambda r: table_cell(r["compile_s"], ".1f")),
     ("graph breaks", True, lambda r: table_cell(r["graph_breaks"], "d")), ("error", False, _note)]
 DECODE_COLUMNS: list[Column] = [
@@ -703,6 +723,8 @@ def _progress_line(row: dict) -> str:
         what, extra = f"{_shape(row)} {row['mode']}", f"peak {table_cell(row['peak_gib'])} GiB"
         if row.get("packed_ratio") is not None:
             extra += f", x{row['packed_ratio']:.2f} the fixed-length step (alternated)"
+            if row.get("packed_ratio_synced") is not None:
+                extra += f", x{row['packed_ratio_synced']:.2f} synced"
     else:
         what, extra = f"B={row['batch']} context={row['context']}", f"{table_cell(row['ms_per_token'], '.3f')} ms/token"
     if row["error"]:

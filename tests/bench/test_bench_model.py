@@ -144,6 +144,7 @@ def test_packed_rows_beside_the_fixed_ones(tmp_path, capsys):
         assert packed["error"] is None and packed["tokens_per_s"] > 0 and packed["documents"] >= 64 / 24
         assert packed["fixed_row_ratio"] == pytest.approx(packed["tokens_per_s"] / fixed["tokens_per_s"])
         assert packed["packed_ratio"] > 0 and fixed["packed_ratio"] is None and fixed["fixed_row_ratio"] is None
+        assert packed["packed_ratio_synced"] > 0 and fixed["packed_ratio_synced"] is None
     assert data["header"]["settings"]["doc_lengths"] == [5, 24] and data["header"]["measured"]["packed"]
     assert "| gated_delta_rule | 1x64 packed | eager |" in capsys.readouterr().out
 
@@ -154,6 +155,20 @@ def test_alternated_ratio_is_the_median_of_the_pairs(monkeypatch):
     monkeypatch.setattr(bench_model, "_seconds", lambda fn, device: (calls.append(fn()), next(times))[1])
     ratio = bench_model.alternated_ratio(lambda: "fixed", lambda: "packed", 3, torch.device("cpu"))
     assert ratio == 2.0 and calls == ["fixed", "packed"] * 3
+
+
+def test_alternated_pipelined_ratio_runs_back_to_back_in_alternation(monkeypatch):
+    """Runs of ``steps`` back-to-back steps, first's then second's, per pair; the median of the pairs' ratios."""
+    calls, times = [], iter([6.0, 2.0, 3.0, 3.0, 8.0, 2.0])  # pairs' ratios 3, 1, 4: median 3
+
+    def fake_pipelined(fn, steps, device, rounds):
+        calls.extend(fn() for _ in range(steps))
+        assert rounds == 1
+        return next(times)
+
+    monkeypatch.setattr(bench_model, "pipelined_ms", fake_pipelined)
+    ratio = bench_model.alternated_pipelined_ratio(lambda: "fixed", lambda: "packed", 2, torch.device("cpu"), pairs=3)
+    assert ratio == 3.0 and calls == ["fixed", "fixed", "packed", "packed"] * 3
 
 
 def test_packed_documents_fill_the_step_exactly():

@@ -74,10 +74,14 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.packed_call import current_packing
+from ..common.scan_segments import MODES as SEGMENT_MODES
+from ..common.scan_segments import Segments, packed_segments, unpacked_segments
 from ..common.triton_chunk_output import chunk_count, chunk_span, chunk_state_dtype
 from ..common.triton_launch import fast_launch
 from ..common.triton_masking import causal_dot_rest
 from ..common.triton_ops import gated_rnn_backend
+from ..common.triton_scan_segments import fix_segments, segment_span
 from ..common.triton_utils import block as _block
 from ..common.triton_utils import (
     cdiv,
@@ -131,31 +135,54 @@ def _suffix(x):
     return tl.cumsum(x, axis=0, reverse=True) - x
 
 
+@triton.jit
+def _scan_span(cu, seg, i_bh, NC, PER_ROW, LEN, H: tl.constexpr, PACKED: tl.constexpr, SEGMENTED: tl.constexpr):
+    """(c0, c1, i_b, i_hb, h0 row, whether this program starts its sequence and ends it) of a state scan's program
+    over rows of heads i_bh: batch rows (unpacked), packed sequences (PACKED: chunks from ``cu``), or segments of
+    either (SEGMENTED: common/triton_scan_segments.py's segment_span)."""
+    i_h = i_bh % H
+    if SEGMENTED:
+        s = i_bh // H
+        c0, c1, sq, lo, hi = segment_span(seg, s, PER_ROW, LEN, NC, PACKED)
+        if PACKED:
+            i_b, i_hb = sq * 0, i_h
+        else:
+            i_b, i_hb = sq, sq * H + i_h
+        return c0, c1, i_b, i_hb, sq * H + i_h, lo == s, hi == s
+    elif PACKED:  # sequence i_bh // H: its chunks of the one batch row, its states at row i_h of h
+        c0 = tl.load(cu + i_bh // H).to(tl.int64)
+        c1 = tl.load(cu + i_bh // H + 1).to(tl.int64)
+        return c0, c1, i_bh * 0, i_h, i_bh, i_bh >= 0, i_bh >= 0
+    else:
+        return i_bh * 0, i_bh * 0 + NC, i_bh // H, i_bh, i_bh, i_bh >= 0, i_bh >= 0
+
+
 @fast_launch
-@triton.jit(do_not_specialize=["T", "NC"])
-def _state_fwd_kernel(k, v, g, h, h0, ht, cu, rows, T, NC, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                      C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, PACKED: tl.constexpr,
-                      PREC: tl.constexpr, UP: tl.constexpr):
-    """Grid (cdiv(V, BV), cdiv(K, BK), B*H; packed: S*H): h[b, h, n] = state entering chunk n (NC chunks a row); ht =
-    the final state. PACKED (packed sequences where they lie, chunk n's tokens from ``rows``: chunk_span): program
-    s*H + h scans sequence s's chunks [cu[s], cu[s + 1]), from its initial state h0[s, h] to its final state
-    ht[s, h]."""
+@triton.jit(do_not_specialize=["T", "NC", "PER_ROW", "LEN"])
+def _state_fwd_kernel(k, v, g, h, h0, ht, cu, rows, seg, lam, Lam, T, NC, PER_ROW, LEN, H: tl.constexpr,
+                      K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                      HAS_H0: tl.constexpr, PACKED: tl.constexpr, SEGMENTED: tl.constexpr, PREC: tl.constexpr,
+                      UP: tl.constexpr):
+    """Grid (cdiv(V, BV), cdiv(K, BK), B*H; packed: S*H; segmented: segments*H): h[b, h, n] = state entering chunk n
+    (NC chunks a row); ht = the final state. PACKED (packed sequences where they lie, chunk n's tokens from ``rows``:
+    chunk_span): program s*H + h scans sequence s's chunks [cu[s], cu[s + 1]), from its initial state h0[s, h] to
+    its final state ht[s, h]. SEGMENTED (common/scan_segments.py): program s*H + h scans segment s from zero (from
+    h0 at its sequence's start) and stores its end state to ht[s, h] (E), its summed log decay to Lam[s, h] and each
+    chunk's log decay from the segment's start to lam[.., h, n]: common/triton_scan_segments.py completes h."""
     i_v, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_h = i_bh % H
     N = NC
-    if PACKED:  # sequence i_bh // H: its chunks of the one batch row, its states at row i_h of h
-        c0 = tl.load(cu + i_bh // H).to(tl.int64)
-        c1 = tl.load(cu + i_bh // H + 1).to(tl.int64)
-        i_b, i_hb = i_bh * 0, i_h
-    else:
-        c0, c1, i_b, i_hb = 0, N, i_bh // H, i_bh
+    c0, c1, i_b, i_hb, i_0, starts, _ = _scan_span(cu, seg, i_bh, N, PER_ROW, LEN, H, PACKED, SEGMENTED)
     o_c = tl.arange(0, C)
     o_k, o_v = i_k * BK + tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
     kv = o_k[:, None] * V + o_v[None, :]
     m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
+    m_dec = (o_k < K) & (o_k * 0 + i_v == 0)  # one value block's programs store the decays
     S = tl.zeros([BK, BV], dtype=tl.float32)
+    dec = tl.zeros([BK], dtype=tl.float32)  # SEGMENTED: the log decay since the segment's start
     if HAS_H0:
-        S += tl.load(h0 + i_bh * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
+        if starts:
+            S += tl.load(h0 + i_0 * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
     for n in range(c0, c1):
         tl.store(h + (i_hb * N + n) * K * V + kv, S.to(h.dtype.element_ty), mask=m_kv)
         first, count = chunk_span(rows, n, i_b, T, C, PACKED)
@@ -164,8 +191,14 @@ def _state_fwd_kernel(k, v, g, h, h0, ht, cu, rows, T, NC, H: tl.constexpr, K: t
         kc = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_t[:, None] & (o_k[None, :] < K), other=0.0)
         vc = tl.load(v + row[:, None] * V + o_v[None, :], mask=m_t[:, None] & (o_v[None, :] < V), other=0.0)
         kw = (kc.to(tl.float32) * tl.exp(_suffix(gc))).to(vc.dtype)  # k_s e^{L - b_s}
-        S = S * tl.exp(tl.sum(gc, axis=0))[:, None] + mm(tl.trans(kw), vc, PREC, UP)
+        total = tl.sum(gc, axis=0)
+        S = S * tl.exp(total)[:, None] + mm(tl.trans(kw), vc, PREC, UP)
+        if SEGMENTED:
+            tl.store(lam + (i_hb * N + n) * K + o_k, dec, mask=m_dec)
+            dec += total
     tl.store(ht + i_bh * K * V + kv, S, mask=m_kv)
+    if SEGMENTED:
+        tl.store(Lam + i_bh * K + o_k, dec, mask=m_dec)
 
 
 @fast_launch
@@ -244,28 +277,29 @@ def _output_kernel(q, v, g, h, A, o, rows, scale, T, NC, H: tl.constexpr, K: tl.
 
 
 @fast_launch
-@triton.jit(do_not_specialize=["T", "NC"])
-def _state_bwd_kernel(q, g, do, dh, dht, dh0, cu, rows, scale, T, NC, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                      C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
-                      PACKED: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
-    """Grid (cdiv(V, BV), cdiv(K, BK), B*H; packed: S*H): dh[b, h, n] = gradient of the state leaving chunk n; dh0
-    (PACKED: program s*H + h runs sequence s's chunks in reverse, from dht[s, h] to dh0[s, h])."""
+@triton.jit(do_not_specialize=["T", "NC", "PER_ROW", "LEN"])
+def _state_bwd_kernel(q, g, do, dh, dht, dh0, cu, rows, seg, lam, Lam, scale, T, NC, PER_ROW, LEN, H: tl.constexpr,
+                      K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                      HAS_DHT: tl.constexpr, PACKED: tl.constexpr, SEGMENTED: tl.constexpr, PREC: tl.constexpr,
+                      UP: tl.constexpr):
+    """Grid (cdiv(V, BV), cdiv(K, BK), B*H; packed: S*H; segmented: segments*H): dh[b, h, n] = gradient of the state
+    leaving chunk n; dh0 (PACKED: program s*H + h runs sequence s's chunks in reverse, from dht[s, h] to dh0[s, h]).
+    SEGMENTED: segment s in reverse from zero (from dht at its sequence's end), its gradient at the segment's start
+    to dh0[s, h], the decays as in _state_fwd_kernel (lam: from the chunk's end to the segment's)."""
     i_v, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_h = i_bh % H
     N = NC
-    if PACKED:  # sequence i_bh // H: its chunks of the one batch row, its states at row i_h of h
-        c0 = tl.load(cu + i_bh // H).to(tl.int64)
-        c1 = tl.load(cu + i_bh // H + 1).to(tl.int64)
-        i_b, i_hb = i_bh * 0, i_h
-    else:
-        c0, c1, i_b, i_hb = 0, N, i_bh // H, i_bh
+    c0, c1, i_b, i_hb, i_0, _, ends = _scan_span(cu, seg, i_bh, N, PER_ROW, LEN, H, PACKED, SEGMENTED)
     o_c = tl.arange(0, C)
     o_k, o_v = i_k * BK + tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
     kv = o_k[:, None] * V + o_v[None, :]
     m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
+    m_dec = (o_k < K) & (o_k * 0 + i_v == 0)
     dS = tl.zeros([BK, BV], dtype=tl.float32)
+    dec = tl.zeros([BK], dtype=tl.float32)
     if HAS_DHT:
-        dS += tl.load(dht + i_bh * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
+        if ends:
+            dS += tl.load(dht + i_0 * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
     for i in range(c1 - c0):
         n = c1 - 1 - i
         tl.store(dh + (i_hb * N + n) * K * V + kv, dS.to(dh.dtype.element_ty), mask=m_kv)
@@ -275,8 +309,14 @@ def _state_bwd_kernel(q, g, do, dh, dht, dh0, cu, rows, scale, T, NC, H: tl.cons
         qc = tl.load(q + row[:, None] * K + o_k[None, :], mask=m_t[:, None] & (o_k[None, :] < K), other=0.0)
         doc = tl.load(do + row[:, None] * V + o_v[None, :], mask=m_t[:, None] & (o_v[None, :] < V), other=0.0)
         qw = (qc.to(tl.float32) * tl.exp(tl.cumsum(gc, axis=0)) * scale).to(doc.dtype)
-        dS = dS * tl.exp(tl.sum(gc, axis=0))[:, None] + mm(tl.trans(qw), doc, PREC, UP)
+        total = tl.sum(gc, axis=0)
+        dS = dS * tl.exp(total)[:, None] + mm(tl.trans(qw), doc, PREC, UP)
+        if SEGMENTED:
+            tl.store(lam + (i_hb * N + n) * K + o_k, dec, mask=m_dec)
+            dec += total
     tl.store(dh0 + i_bh * K * V + kv, dS, mask=m_kv)
+    if SEGMENTED:
+        tl.store(Lam + i_bh * K + o_k, dec, mask=m_dec)
 
 
 @fast_launch
@@ -425,7 +465,7 @@ INTRA_DOTS = ("input", "tf32")
 LAUNCH = {"BV": 64, "scan_BK": 64, "scan_warps": 4, "scan_stages": 3, "bscan_BK": 64, "bscan_warps": 4,
           "bscan_stages": 3, "scores_warps": 2, "scores_stages": 2, "out_warps": 4, "out_stages": 3, "inter_BV": 64,
           "inter_warps": 8, "inter_stages": 3, "intra_BK": 32, "intra_warps": 2, "intra_stages": 1,
-          "intra_dots": "tf32"}
+          "intra_dots": "tf32", "segments": "auto", "seg_min": 8}
 launch_overrides("gla", LAUNCH)
 
 
@@ -433,8 +473,15 @@ def _intra_dots() -> str:
     return launch_choice(LAUNCH, "gla", "intra_dots", INTRA_DOTS)
 
 
+def _segments_mode() -> str:
+    return launch_choice(LAUNCH, "gla", "segments", SEGMENT_MODES)
+
+
 def _options(x: torch.Tensor, kernel: str) -> dict[str, int]:
-    return launch_options(LAUNCH, kernel, x.dtype)
+    """num_warps and num_stages of ``kernel``; float32 inputs are not software-pipelined (with Triton's default three
+    stages the inter-chunk gradient kernel's float32 tiles need 272 KiB of shared memory at K = V = 128, more than an
+    H100's or H200's 227)."""
+    return launch_options(LAUNCH, kernel, x.dtype, float32_stages=1)
 
 
 def _prec(x: torch.Tensor) -> dict[str, str | bool]:
@@ -442,7 +489,30 @@ def _prec(x: torch.Tensor) -> dict[str, str | bool]:
     return {"PREC": dot_precision(x.dtype), "UP": upcast_dots(x.dtype)}
 
 
-def _states(k, v, g, initial_state, C, cu_chunks=None, chunk_rows=None):
+def _segments(B: int, N: int, H: int, K: int, V: int, C: int, device: torch.device,
+              cu_chunks: torch.Tensor | None) -> Segments | None:
+    """How the state scans are cut (common/scan_segments.py), the same for the forward and the backward pass: per
+    chunk column a scan runs H programs per key block and value block. Packed: planned in the forward pass (the
+    offsets are on the host there) and found on ``cu_chunks`` by the backward pass."""
+    programs = H * cdiv(K, min(LAUNCH["scan_BK"], _block(K))) * cdiv(V, min(LAUNCH["BV"], _block(V)))
+    mode = _segments_mode()
+    if cu_chunks is None:
+        return unpacked_segments(B, N, programs, device, LAUNCH["seg_min"], mode)
+    packing = current_packing()
+    return packed_segments(cu_chunks, None if packing is None else packing.offsets, C, programs, LAUNCH["seg_min"],
+                           mode)
+
+
+def _segment_buffers(count: int, B: int, N: int, H: int, K: int, V: int, device: torch.device):
+    """A segmented scan's end states [count, H, K, V], their log decays [count, H, K] and the chunks' [B, H, N, K]."""
+    f32 = torch.float32
+    return (torch.empty(count, H, K, V, device=device, dtype=f32), torch.empty(count, H, K, device=device, dtype=f32),
+            torch.empty(B, H, N, K, device=device, dtype=f32))
+
+
+def _states(k, v, g, initial_state, C, cu_chunks=None, chunk_rows=None, segments=None):
+    """(h [B, H, N, K, V]: the states entering the chunks, the final state float32 [rows, H, K, V]); ``segments``:
+    the scan cut as :func:`_segments` says."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     N = chunk_count(T, C, chunk_rows)
@@ -451,11 +521,24 @@ def _states(k, v, g, initial_state, C, cu_chunks=None, chunk_rows=None):
     h = torch.empty(B, H, N, K, V, device=k.device, dtype=chunk_state_dtype(k))
     ht = torch.empty(rows, H, K, V, device=k.device, dtype=torch.float32)
     h0 = initial_state if initial_state is not None else ht  # unused pointer when HAS_H0 is False
-    _state_fwd_kernel[(cdiv(V, BV), cdiv(K, BK), rows * H)](
-        k=k, v=v, g=g, h=h, h0=h0, ht=ht, cu=ht if cu_chunks is None else cu_chunks,
-        rows=ht if chunk_rows is None else chunk_rows, T=T, NC=N, H=H, K=K, V=V, C=C, BK=BK, BV=BV,
-        HAS_H0=initial_state is not None, PACKED=chunk_rows is not None, **_prec(k), **_options(k, "scan"))
+    ends, Lam, lam = (ht, ht, ht) if segments is None else _segment_buffers(segments.count, B, N, H, K, V, k.device)
+    _state_fwd_kernel[(cdiv(V, BV), cdiv(K, BK), (rows if segments is None else segments.count) * H)](
+        k=k, v=v, g=g, h=h, h0=h0, ht=ends, cu=ht if cu_chunks is None else cu_chunks,
+        rows=ht if chunk_rows is None else chunk_rows, seg=_table(segments, ht), lam=lam, Lam=Lam, T=T, NC=N,
+        **_segment_ints(segments), H=H, K=K, V=V, C=C, BK=BK, BV=BV, HAS_H0=initial_state is not None,
+        PACKED=chunk_rows is not None, SEGMENTED=segments is not None, **_prec(k), **_options(k, "scan"))
+    if segments is not None:
+        fix_segments(h, ends, lam, Lam, ht, segments, reverse=False, BK=BK, BV=BV)
     return h, ht
+
+
+def _table(segments: Segments | None, placeholder: torch.Tensor) -> torch.Tensor:
+    return placeholder if segments is None or segments.table is None else segments.table
+
+
+def _segment_ints(segments: Segments | None) -> dict[str, int]:
+    return {"PER_ROW": 1, "LEN": 1} if segments is None else {"PER_ROW": max(segments.per_row, 1),
+                                                               "LEN": segments.length}
 
 
 def _scores(q, k, g, scale, C, chunk_rows=None):
@@ -482,7 +565,8 @@ def gla_triton_forward(q, k, v, g, scale, initial_state, C, keep=False, cu_chunk
     V = v.shape[-1]
     N = chunk_count(T, C, chunk_rows)
     _intra_dots()  # read by the backward pass: a bad setting is named before any compute
-    h, ht = _states(k, v, g, initial_state, C, cu_chunks, chunk_rows)
+    segments = _segments(B, N, H, K, V, C, q.device, cu_chunks)
+    h, ht = _states(k, v, g, initial_state, C, cu_chunks, chunk_rows, segments)
     A = _scores(q, k, g, scale, C, chunk_rows)
     o = torch.empty_like(v)
     BV = min(LAUNCH["BV"], _block(V))
@@ -501,15 +585,21 @@ def gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, saved=(Non
     rows = B if cu_chunks is None else cu_chunks.shape[0] - 1
     rp, packed = (q, False) if chunk_rows is None else (chunk_rows, True)  # (a pointer placeholder unpacked)
     h, A = saved
-    h = _states(k, v, g, initial_state, C, cu_chunks, chunk_rows)[0] if h is None else h
+    segments = _segments(B, N, H, K, V, C, q.device, cu_chunks)
+    h = _states(k, v, g, initial_state, C, cu_chunks, chunk_rows, segments)[0] if h is None else h
     A = _scores(q, k, g, scale, C, chunk_rows) if A is None else A
     BK, BV = min(LAUNCH["bscan_BK"], _block(K)), min(LAUNCH["BV"], _block(V))
     dh = torch.empty_like(h)
     dh0 = torch.empty(rows, H, K, V, device=q.device, dtype=torch.float32)
-    _state_bwd_kernel[(cdiv(V, BV), cdiv(K, BK), rows * H)](
-        q=q, g=g, do=do, dh=dh, dht=dht if dht is not None else dh0, dh0=dh0,
-        cu=dh0 if cu_chunks is None else cu_chunks, rows=rp, scale=scale, T=T, NC=N, H=H, K=K, V=V, C=C, BK=BK,
-        BV=BV, HAS_DHT=dht is not None, PACKED=packed, **_prec(q), **_options(q, "bscan"))
+    starts, Lam, lam = (dh0, dh0, dh0) if segments is None else _segment_buffers(segments.count, B, N, H, K, V,
+                                                                                 q.device)
+    _state_bwd_kernel[(cdiv(V, BV), cdiv(K, BK), (rows if segments is None else segments.count) * H)](
+        q=q, g=g, do=do, dh=dh, dht=dht if dht is not None else dh0, dh0=starts,
+        cu=dh0 if cu_chunks is None else cu_chunks, rows=rp, seg=_table(segments, dh0), lam=lam, Lam=Lam,
+        scale=scale, T=T, NC=N, **_segment_ints(segments), H=H, K=K, V=V, C=C, BK=BK, BV=BV,
+        HAS_DHT=dht is not None, PACKED=packed, SEGMENTED=segments is not None, **_prec(q), **_options(q, "bscan"))
+    if segments is not None:
+        fix_segments(dh, starts, lam, Lam, dh0, segments, reverse=True, BK=BK, BV=BV)
     dv = torch.empty_like(v)
     dA = torch.empty(B, T, H, C, device=q.device, dtype=torch.float32)
     dq_inter = torch.empty(B, T, H, K, device=q.device, dtype=torch.float32)
