@@ -80,9 +80,11 @@ def _worth_it(longest: int, length: int, mode: str) -> bool:
     return mode != "never" and longest > (length if mode == "always" else AUTO_FACTOR * length)
 
 
+@functools.lru_cache(maxsize=256)
 def unpacked_segments(B: int, NC: int, programs_per_chunk: int, device: torch.device, min_chunks: int,
                       mode: str = "auto") -> Segments | None:
-    """The segments of B rows of NC chunks each, or None where an unsegmented scan is as fast."""
+    """The segments of B rows of NC chunks each, or None where an unsegmented scan is as fast (kept per arguments:
+    a training step asks the same question a few times a layer)."""
     length = segment_length(B * NC, programs_per_chunk, device, min_chunks)
     if not _worth_it(NC, length, mode):
         return None
@@ -92,20 +94,21 @@ def unpacked_segments(B: int, NC: int, programs_per_chunk: int, device: torch.de
     return Segments(count=B * per_row, length=length, per_row=per_row)
 
 
-def packed_segments(cu_chunks: torch.Tensor, offsets: tuple[int, ...] | None, C: int, programs_per_chunk: int,
-                    min_chunks: int, mode: str = "auto") -> Segments | None:
-    """The segments of packed sequences (``cu_chunks`` of common/packed_call.py's ChunkLayout), or None where an
-    unsegmented scan is as fast. ``offsets``: the sequences' token offsets as read on the host (the forward pass);
-    None (the backward pass): the table the forward pass kept on ``cu_chunks``, or None if there is none."""
-    key = ("scan_segments", C, programs_per_chunk, min_chunks, mode)
+def packed_segments(cu_chunks: torch.Tensor, offsets: tuple[int, ...] | None, C: int, chunks: int,
+                    programs_per_chunk: int, min_chunks: int, mode: str = "auto") -> Segments | None:
+    """The segments of packed sequences (``cu_chunks`` of common/packed_call.py's ChunkLayout: ``chunks`` chunks of C
+    tokens in all), or None where an unsegmented scan is as fast. ``offsets``: the sequences' token offsets as read
+    on the host (the forward pass); None (the backward pass): the table the forward pass kept on ``cu_chunks``, or
+    None if there is none."""
+    key = ("scan_segments", C, chunks, programs_per_chunk, min_chunks, mode)
 
     def make() -> Segments | None:
         if offsets is None:
             return None
         counts = [-(-(e - s) // C) for s, e in zip(offsets[:-1], offsets[1:], strict=True)]
-        if len(counts) != cu_chunks.shape[0] - 1:  # the offsets must be those cu_chunks was made from
-            raise RuntimeError(f"packed_segments: {len(counts)} sequences in the offsets, "
-                               f"{cu_chunks.shape[0] - 1} in cu_chunks")
+        if len(counts) != cu_chunks.shape[0] - 1 or sum(counts) != chunks:  # offsets other than cu_chunks' own
+            raise RuntimeError(f"packed_segments: {len(counts)} sequences of {sum(counts)} chunks in the offsets, "
+                               f"{cu_chunks.shape[0] - 1} of {chunks} in cu_chunks")
         length = segment_length(sum(counts), programs_per_chunk, cu_chunks.device, min_chunks)
         if not _worth_it(max(counts), length, mode):
             return None
@@ -126,3 +129,26 @@ def packed_segments(cu_chunks: torch.Tensor, offsets: tuple[int, ...] | None, C:
         return Segments(count=len(rows), length=length, table=table)
 
     return kept(cu_chunks, key, make)
+
+
+def segment_buffers(segments: Segments, B: int, N: int, H: int, K: int, V: int, device: torch.device,
+                    per_key: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A segmented scan's outputs beside its chunk states, float32: the segments' end states [count, H, K, V], their
+    summed log decays [count, H(, K)] and the chunks' log decays from their segment's start or end [B, H, N(, K)]
+    (``per_key``: a decay per key channel, else one per head)."""
+    f32, keys = torch.float32, ((K,) if per_key else ())
+    return (torch.empty(segments.count, H, K, V, device=device, dtype=f32),
+            torch.empty(segments.count, H, *keys, device=device, dtype=f32),
+            torch.empty(B, H, N, *keys, device=device, dtype=f32))
+
+
+def segment_table(segments: Segments | None, placeholder: torch.Tensor) -> torch.Tensor:
+    """The kernels' ``seg`` argument: the packed table, else ``placeholder`` (a pointer never read)."""
+    return placeholder if segments is None or segments.table is None else segments.table
+
+
+def segment_ints(segments: Segments | None) -> dict[str, int]:
+    """The kernels' PER_ROW and LEN arguments (unpacked segments; 1 where unused)."""
+    if segments is None:
+        return {"PER_ROW": 1, "LEN": 1}
+    return {"PER_ROW": max(segments.per_row, 1), "LEN": segments.length}

@@ -43,6 +43,28 @@ def segment_span(seg, s, PER_ROW, LEN, NC, PACKED: tl.constexpr):
 
 
 @triton.jit
+def scan_span(cu, seg, i_bh, NC, PER_ROW, LEN, H: tl.constexpr, PACKED: tl.constexpr, SEGMENTED: tl.constexpr):
+    """(c0, c1, i_b, i_hb, h0 row, whether this program starts its sequence and ends it) of a state scan's program
+    over rows of heads i_bh: batch rows (unpacked), packed sequences (PACKED: chunks from ``cu``), or segments of
+    either (SEGMENTED: :func:`segment_span`). ``i_bh`` int64."""
+    i_h = i_bh % H
+    if SEGMENTED:
+        s = i_bh // H
+        c0, c1, sq, lo, hi = segment_span(seg, s, PER_ROW, LEN, NC, PACKED)
+        if PACKED:
+            i_b, i_hb = sq * 0, i_h
+        else:
+            i_b, i_hb = sq, sq * H + i_h
+        return c0, c1, i_b, i_hb, sq * H + i_h, lo == s, hi == s
+    elif PACKED:  # sequence i_bh // H: its chunks of the one batch row, its states at row i_h of h
+        c0 = tl.load(cu + i_bh // H).to(tl.int64)
+        c1 = tl.load(cu + i_bh // H + 1).to(tl.int64)
+        return c0, c1, i_bh * 0, i_h, i_bh, i_bh >= 0, i_bh >= 0
+    else:
+        return i_bh * 0, i_bh * 0 + NC, i_bh // H, i_bh, i_bh, i_bh >= 0, i_bh >= 0
+
+
+@triton.jit
 def _decay(Lam, i, o_k, K: tl.constexpr, PER_KEY: tl.constexpr):
     """exp of log decay row i, as a column to scale [BK, BV] state rows by (one value per head without PER_KEY)."""
     if PER_KEY:

@@ -76,12 +76,19 @@ import triton.language as tl
 
 from ..common.packed_call import current_packing
 from ..common.scan_segments import MODES as SEGMENT_MODES
-from ..common.scan_segments import Segments, packed_segments, unpacked_segments
+from ..common.scan_segments import (
+    Segments,
+    packed_segments,
+    segment_buffers,
+    segment_ints,
+    segment_table,
+    unpacked_segments,
+)
 from ..common.triton_chunk_output import chunk_count, chunk_span, chunk_state_dtype
 from ..common.triton_launch import fast_launch
 from ..common.triton_masking import causal_dot_rest
 from ..common.triton_ops import gated_rnn_backend
-from ..common.triton_scan_segments import fix_segments, segment_span
+from ..common.triton_scan_segments import fix_segments, scan_span
 from ..common.triton_utils import block as _block
 from ..common.triton_utils import (
     cdiv,
@@ -135,28 +142,6 @@ def _suffix(x):
     return tl.cumsum(x, axis=0, reverse=True) - x
 
 
-@triton.jit
-def _scan_span(cu, seg, i_bh, NC, PER_ROW, LEN, H: tl.constexpr, PACKED: tl.constexpr, SEGMENTED: tl.constexpr):
-    """(c0, c1, i_b, i_hb, h0 row, whether this program starts its sequence and ends it) of a state scan's program
-    over rows of heads i_bh: batch rows (unpacked), packed sequences (PACKED: chunks from ``cu``), or segments of
-    either (SEGMENTED: common/triton_scan_segments.py's segment_span)."""
-    i_h = i_bh % H
-    if SEGMENTED:
-        s = i_bh // H
-        c0, c1, sq, lo, hi = segment_span(seg, s, PER_ROW, LEN, NC, PACKED)
-        if PACKED:
-            i_b, i_hb = sq * 0, i_h
-        else:
-            i_b, i_hb = sq, sq * H + i_h
-        return c0, c1, i_b, i_hb, sq * H + i_h, lo == s, hi == s
-    elif PACKED:  # sequence i_bh // H: its chunks of the one batch row, its states at row i_h of h
-        c0 = tl.load(cu + i_bh // H).to(tl.int64)
-        c1 = tl.load(cu + i_bh // H + 1).to(tl.int64)
-        return c0, c1, i_bh * 0, i_h, i_bh, i_bh >= 0, i_bh >= 0
-    else:
-        return i_bh * 0, i_bh * 0 + NC, i_bh // H, i_bh, i_bh, i_bh >= 0, i_bh >= 0
-
-
 @fast_launch
 @triton.jit(do_not_specialize=["T", "NC", "PER_ROW", "LEN"])
 def _state_fwd_kernel(k, v, g, h, h0, ht, cu, rows, seg, lam, Lam, T, NC, PER_ROW, LEN, H: tl.constexpr,
@@ -172,7 +157,7 @@ def _state_fwd_kernel(k, v, g, h, h0, ht, cu, rows, seg, lam, Lam, T, NC, PER_RO
     i_v, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_h = i_bh % H
     N = NC
-    c0, c1, i_b, i_hb, i_0, starts, _ = _scan_span(cu, seg, i_bh, N, PER_ROW, LEN, H, PACKED, SEGMENTED)
+    c0, c1, i_b, i_hb, i_0, starts, _ = scan_span(cu, seg, i_bh, N, PER_ROW, LEN, H, PACKED, SEGMENTED)
     o_c = tl.arange(0, C)
     o_k, o_v = i_k * BK + tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
     kv = o_k[:, None] * V + o_v[None, :]
@@ -289,7 +274,7 @@ def _state_bwd_kernel(q, g, do, dh, dht, dh0, cu, rows, seg, lam, Lam, scale, T,
     i_v, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_h = i_bh % H
     N = NC
-    c0, c1, i_b, i_hb, i_0, _, ends = _scan_span(cu, seg, i_bh, N, PER_ROW, LEN, H, PACKED, SEGMENTED)
+    c0, c1, i_b, i_hb, i_0, _, ends = scan_span(cu, seg, i_bh, N, PER_ROW, LEN, H, PACKED, SEGMENTED)
     o_c = tl.arange(0, C)
     o_k, o_v = i_k * BK + tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
     kv = o_k[:, None] * V + o_v[None, :]
@@ -461,6 +446,8 @@ def _intra_bwd_kernel(q, k, g, dA, dq_in, dk_in, dL, dq, dk, dg, rows, scale, T,
 # as here): the intra-chunk gradient kernel at 2 warps without software pipelining brought the backward pass from
 # 1.35 to 1.22 ms (4 warps, 3 stages before; 8 warps 1.67), the scores kernel at 2 warps the forward from 0.54 to
 # 0.48 ms; the scans' and the inter-chunk kernel's settings were already the fastest of those tried.
+# "segments" and "seg_min": the state scans cut long sequences into segments (docs/triton.md, "Segmented state
+# scans"): "auto", "always" or "never", and the shortest segment in chunks.
 INTRA_DOTS = ("input", "tf32")
 LAUNCH = {"BV": 64, "scan_BK": 64, "scan_warps": 4, "scan_stages": 3, "bscan_BK": 64, "bscan_warps": 4,
           "bscan_stages": 3, "scores_warps": 2, "scores_stages": 2, "out_warps": 4, "out_stages": 3, "inter_BV": 64,
@@ -499,15 +486,8 @@ def _segments(B: int, N: int, H: int, K: int, V: int, C: int, device: torch.devi
     if cu_chunks is None:
         return unpacked_segments(B, N, programs, device, LAUNCH["seg_min"], mode)
     packing = current_packing()
-    return packed_segments(cu_chunks, None if packing is None else packing.offsets, C, programs, LAUNCH["seg_min"],
-                           mode)
-
-
-def _segment_buffers(count: int, B: int, N: int, H: int, K: int, V: int, device: torch.device):
-    """A segmented scan's end states [count, H, K, V], their log decays [count, H, K] and the chunks' [B, H, N, K]."""
-    f32 = torch.float32
-    return (torch.empty(count, H, K, V, device=device, dtype=f32), torch.empty(count, H, K, device=device, dtype=f32),
-            torch.empty(B, H, N, K, device=device, dtype=f32))
+    return packed_segments(cu_chunks, None if packing is None else packing.offsets, C, N, programs,
+                           LAUNCH["seg_min"], mode)
 
 
 def _states(k, v, g, initial_state, C, cu_chunks=None, chunk_rows=None, segments=None):
@@ -521,24 +501,15 @@ def _states(k, v, g, initial_state, C, cu_chunks=None, chunk_rows=None, segments
     h = torch.empty(B, H, N, K, V, device=k.device, dtype=chunk_state_dtype(k))
     ht = torch.empty(rows, H, K, V, device=k.device, dtype=torch.float32)
     h0 = initial_state if initial_state is not None else ht  # unused pointer when HAS_H0 is False
-    ends, Lam, lam = (ht, ht, ht) if segments is None else _segment_buffers(segments.count, B, N, H, K, V, k.device)
+    ends, Lam, lam = (ht, ht, ht) if segments is None else segment_buffers(segments, B, N, H, K, V, k.device, True)
     _state_fwd_kernel[(cdiv(V, BV), cdiv(K, BK), (rows if segments is None else segments.count) * H)](
         k=k, v=v, g=g, h=h, h0=h0, ht=ends, cu=ht if cu_chunks is None else cu_chunks,
-        rows=ht if chunk_rows is None else chunk_rows, seg=_table(segments, ht), lam=lam, Lam=Lam, T=T, NC=N,
-        **_segment_ints(segments), H=H, K=K, V=V, C=C, BK=BK, BV=BV, HAS_H0=initial_state is not None,
+        rows=ht if chunk_rows is None else chunk_rows, seg=segment_table(segments, ht), lam=lam, Lam=Lam, T=T, NC=N,
+        **segment_ints(segments), H=H, K=K, V=V, C=C, BK=BK, BV=BV, HAS_H0=initial_state is not None,
         PACKED=chunk_rows is not None, SEGMENTED=segments is not None, **_prec(k), **_options(k, "scan"))
     if segments is not None:
         fix_segments(h, ends, lam, Lam, ht, segments, reverse=False, BK=BK, BV=BV)
     return h, ht
-
-
-def _table(segments: Segments | None, placeholder: torch.Tensor) -> torch.Tensor:
-    return placeholder if segments is None or segments.table is None else segments.table
-
-
-def _segment_ints(segments: Segments | None) -> dict[str, int]:
-    return {"PER_ROW": 1, "LEN": 1} if segments is None else {"PER_ROW": max(segments.per_row, 1),
-                                                               "LEN": segments.length}
 
 
 def _scores(q, k, g, scale, C, chunk_rows=None):
@@ -591,12 +562,12 @@ def gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, saved=(Non
     BK, BV = min(LAUNCH["bscan_BK"], _block(K)), min(LAUNCH["BV"], _block(V))
     dh = torch.empty_like(h)
     dh0 = torch.empty(rows, H, K, V, device=q.device, dtype=torch.float32)
-    starts, Lam, lam = (dh0, dh0, dh0) if segments is None else _segment_buffers(segments.count, B, N, H, K, V,
-                                                                                 q.device)
+    starts, Lam, lam = (dh0, dh0, dh0) if segments is None else segment_buffers(segments, B, N, H, K, V, q.device,
+                                                                                True)
     _state_bwd_kernel[(cdiv(V, BV), cdiv(K, BK), (rows if segments is None else segments.count) * H)](
         q=q, g=g, do=do, dh=dh, dht=dht if dht is not None else dh0, dh0=starts,
-        cu=dh0 if cu_chunks is None else cu_chunks, rows=rp, seg=_table(segments, dh0), lam=lam, Lam=Lam,
-        scale=scale, T=T, NC=N, **_segment_ints(segments), H=H, K=K, V=V, C=C, BK=BK, BV=BV,
+        cu=dh0 if cu_chunks is None else cu_chunks, rows=rp, seg=segment_table(segments, dh0), lam=lam, Lam=Lam,
+        scale=scale, T=T, NC=N, **segment_ints(segments), H=H, K=K, V=V, C=C, BK=BK, BV=BV,
         HAS_DHT=dht is not None, PACKED=packed, SEGMENTED=segments is not None, **_prec(q), **_options(q, "bscan"))
     if segments is not None:
         fix_segments(dh, starts, lam, Lam, dh0, segments, reverse=True, BK=BK, BV=BV)

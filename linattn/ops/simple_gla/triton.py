@@ -44,13 +44,25 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.packed_call import current_packing
+from ..common.scan_segments import MODES as SEGMENT_MODES
+from ..common.scan_segments import (
+    Segments,
+    packed_segments,
+    segment_buffers,
+    segment_ints,
+    segment_table,
+    unpacked_segments,
+)
 from ..common.triton_chunk_output import chunk_count, chunk_output_kernel, chunk_span, chunk_state_dtype
 from ..common.triton_launch import fast_launch
 from ..common.triton_ops import gated_rnn_backend
+from ..common.triton_scan_segments import fix_segments, scan_span
 from ..common.triton_utils import block as _block
 from ..common.triton_utils import (
     cdiv,
     dot_precision,
+    launch_choice,
     launch_options,
     launch_overrides,
     mm,
@@ -59,30 +71,30 @@ from ..common.triton_utils import (
 
 
 @fast_launch
-@triton.jit(do_not_specialize=["T", "NC"])
-def _state_fwd_kernel(k, v, g, h, h0, ht, cu, rows, T, NC, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                      C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
-                      PACKED: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
-    """Grid (cdiv(V, BV), B*H; packed: S*H): h[b, h, n] = state entering chunk n (NC chunks a row); ht = state after
-    the last chunk. PACKED (packed sequences where they lie, chunk n's tokens from ``rows``: chunk_span): program
-    s*H + h scans sequence s's chunks [cu[s], cu[s + 1]), from its initial state h0[s, h] to its final state
-    ht[s, h]."""
+@triton.jit(do_not_specialize=["T", "NC", "PER_ROW", "LEN"])
+def _state_fwd_kernel(k, v, g, h, h0, ht, cu, rows, seg, lam, Lam, T, NC, PER_ROW, LEN, H: tl.constexpr,
+                      K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                      HAS_H0: tl.constexpr, PACKED: tl.constexpr, SEGMENTED: tl.constexpr, PREC: tl.constexpr,
+                      UP: tl.constexpr):
+    """Grid (cdiv(V, BV), B*H; packed: S*H; segmented: segments*H): h[b, h, n] = state entering chunk n (NC chunks a
+    row); ht = state after the last chunk. PACKED (packed sequences where they lie, chunk n's tokens from ``rows``:
+    chunk_span): program s*H + h scans sequence s's chunks [cu[s], cu[s + 1]), from its initial state h0[s, h] to its
+    final state ht[s, h]. SEGMENTED (common/scan_segments.py): program s*H + h scans segment s from zero (from h0
+    at its sequence's start) and stores its end state to ht[s, h], its summed log decay to Lam[s, h] and each chunk's
+    log decay from the segment's start to lam[.., h, n]: common/triton_scan_segments.py completes h."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_h = i_bh % H
     N = NC
-    if PACKED:  # sequence i_bh // H: its chunks of the one batch row, its states at row i_h of h
-        c0 = tl.load(cu + i_bh // H).to(tl.int64)
-        c1 = tl.load(cu + i_bh // H + 1).to(tl.int64)
-        i_b, i_hb = i_bh * 0, i_h
-    else:
-        c0, c1, i_b, i_hb = 0, N, i_bh // H, i_bh
+    c0, c1, i_b, i_hb, i_0, starts, _ = scan_span(cu, seg, i_bh, N, PER_ROW, LEN, H, PACKED, SEGMENTED)
     o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
     o_v = i_v * BV + tl.arange(0, BV)
     kv = o_k[:, None] * V + o_v[None, :]
     m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
     S = tl.zeros([BK, BV], dtype=tl.float32)
+    dec = tl.sum(tl.zeros([BK], dtype=tl.float32), axis=0)  # SEGMENTED: the log decay since the segment's start
     if HAS_H0:
-        S += tl.load(h0 + i_bh * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
+        if starts:
+            S += tl.load(h0 + i_0 * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
     for n in range(c0, c1):
         tl.store(h + (i_hb * N + n) * K * V + kv, S.to(h.dtype.element_ty), mask=m_kv)
         first, count = chunk_span(rows, n, i_b, T, C, PACKED)
@@ -94,32 +106,44 @@ def _state_fwd_kernel(k, v, g, h, h0, ht, cu, rows, T, NC, H: tl.constexpr, K: t
         vc = tl.load(v + row[:, None] * V + o_v[None, :], mask=m_t[:, None] & (o_v[None, :] < V), other=0.0)
         vw = (vc.to(tl.float32) * tl.exp(b_last - b)[:, None]).to(vc.dtype)
         S = S * tl.exp(b_last) + mm(kt, vw, PREC, UP)
+        if SEGMENTED:
+            _store_decay(lam + i_hb * N + n, dec, i_v)
+            dec += b_last
     tl.store(ht + i_bh * K * V + kv, S, mask=m_kv)
+    if SEGMENTED:
+        _store_decay(Lam + i_bh, dec, i_v)
+
+
+@triton.jit
+def _store_decay(ptr, value, i_v):
+    """One value block's programs store a scalar log decay (the others hold the same number)."""
+    o = tl.arange(0, 2)
+    tl.store(ptr + o * 0, value + o * 0.0, mask=(o == 0) & (o * 0 + i_v == 0))
 
 
 @fast_launch
-@triton.jit(do_not_specialize=["T", "NC"])
-def _state_bwd_kernel(q, g, do, dh, dht, dh0, cu, rows, scale, T, NC, H: tl.constexpr, K: tl.constexpr,
-                      V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
-                      PACKED: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
-    """Grid (cdiv(V, BV), B*H; packed: S*H): dh[b, h, n] = gradient of the state leaving chunk n; dh0 = of the
-    initial one (PACKED: program s*H + h runs sequence s's chunks in reverse, from dht[s, h] to dh0[s, h])."""
+@triton.jit(do_not_specialize=["T", "NC", "PER_ROW", "LEN"])
+def _state_bwd_kernel(q, g, do, dh, dht, dh0, cu, rows, seg, lam, Lam, scale, T, NC, PER_ROW, LEN, H: tl.constexpr,
+                      K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                      HAS_DHT: tl.constexpr, PACKED: tl.constexpr, SEGMENTED: tl.constexpr, PREC: tl.constexpr,
+                      UP: tl.constexpr):
+    """Grid (cdiv(V, BV), B*H; packed: S*H; segmented: segments*H): dh[b, h, n] = gradient of the state leaving
+    chunk n; dh0 = of the initial one (PACKED: program s*H + h runs sequence s's chunks in reverse, from dht[s, h]
+    to dh0[s, h]). SEGMENTED: segment s in reverse from zero (from dht at its sequence's end), its gradient at the
+    segment's start to dh0[s, h], the decays as in _state_fwd_kernel (lam: from the chunk's end to the segment's)."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_h = i_bh % H
     N = NC
-    if PACKED:  # sequence i_bh // H: its chunks of the one batch row, its states at row i_h of h
-        c0 = tl.load(cu + i_bh // H).to(tl.int64)
-        c1 = tl.load(cu + i_bh // H + 1).to(tl.int64)
-        i_b, i_hb = i_bh * 0, i_h
-    else:
-        c0, c1, i_b, i_hb = 0, N, i_bh // H, i_bh
+    c0, c1, i_b, i_hb, i_0, _, ends = scan_span(cu, seg, i_bh, N, PER_ROW, LEN, H, PACKED, SEGMENTED)
     o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
     o_v = i_v * BV + tl.arange(0, BV)
     kv = o_k[:, None] * V + o_v[None, :]
     m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
     dS = tl.zeros([BK, BV], dtype=tl.float32)
+    dec = tl.sum(tl.zeros([BK], dtype=tl.float32), axis=0)
     if HAS_DHT:
-        dS += tl.load(dht + i_bh * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
+        if ends:
+            dS += tl.load(dht + i_0 * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
     for i in range(c1 - c0):
         n = c1 - 1 - i
         tl.store(dh + (i_hb * N + n) * K * V + kv, dS.to(dh.dtype.element_ty), mask=m_kv)
@@ -132,7 +156,12 @@ def _state_bwd_kernel(q, g, do, dh, dht, dh0, cu, rows, scale, T, NC, H: tl.cons
         doc = tl.load(do + row[:, None] * V + o_v[None, :], mask=m_t[:, None] & (o_v[None, :] < V), other=0.0)
         q_dec = (qt.to(tl.float32) * (scale * tl.exp(b))[None, :]).to(doc.dtype)
         dS = dS * tl.exp(b_last) + mm(q_dec, doc, PREC, UP)
+        if SEGMENTED:
+            _store_decay(lam + i_hb * N + n, dec, i_v)
+            dec += b_last
     tl.store(dh0 + i_bh * K * V + kv, dS, mask=m_kv)
+    if SEGMENTED:
+        _store_decay(Lam + i_bh, dec, i_v)
 
 
 @fast_launch
@@ -199,8 +228,10 @@ def _grads_bwd_kernel(q, k, v, g, h, do, dh, dq, dk, dv, dg, rows, scale, T, NC,
 # --family simple_gla` times alternatives kernel by kernel on a GPU.
 # "<kernel>_stages": software-pipelining depth of bf16/fp16 inputs (float32 keeps Triton's default); "scan" is the
 # forward state scan, "bscan" the reverse one.
+# "segments" and "seg_min": the state scans cut long sequences into segments (docs/triton.md, "Segmented state
+# scans"): "auto", "always" or "never", and the shortest segment in chunks.
 LAUNCH = {"BV": 64, "scan_warps": 4, "scan_stages": 3, "bscan_warps": 4, "bscan_stages": 3, "out_warps": 4,
-          "out_stages": 3, "grads_BV": 64, "grads_warps": 8, "grads_stages": 3}
+          "out_stages": 3, "grads_BV": 64, "grads_warps": 8, "grads_stages": 3, "segments": "auto", "seg_min": 8}
 launch_overrides("simple_gla", LAUNCH)
 
 
@@ -233,7 +264,27 @@ def _options(launch: dict, kernel: str, dtype: torch.dtype, f32_stages: int | No
     return launch_options(launch, kernel, dtype, float32_stages=f32_stages)
 
 
-def _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks=None, precision=None, chunk_rows=None):
+def _segments(B: int, N: int, H: int, V: int, C: int, split: bool, launch: dict, device: torch.device,
+              cu_chunks: torch.Tensor | None) -> Segments | None:
+    """How the state scans are cut (common/scan_segments.py), the same for the forward and the backward pass: per
+    chunk column a scan runs H programs per value block. Packed: planned in the forward pass (the offsets are on the
+    host there) and found on ``cu_chunks`` by the backward pass; not cut where the kernels split each chunk
+    (``split``: float32 with K > 128, :func:`_fitted_chunks`)."""
+    programs = H * cdiv(V, min(launch["BV"], _block(V)))
+    mode = launch_choice(launch, "simple_gla", "segments", SEGMENT_MODES)
+    if cu_chunks is None:
+        return unpacked_segments(B, N, programs, device, launch["seg_min"], mode)
+    packing = current_packing()
+    if split:
+        return None
+    return packed_segments(cu_chunks, None if packing is None else packing.offsets, C, N, programs,
+                           launch["seg_min"], mode)
+
+
+def _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks=None, precision=None, chunk_rows=None,
+            segments=None):
+    """(h [B, H, N, K, V]: the states entering the chunks, the final state float32 [rows, H, K, V]); ``segments``:
+    the scan cut as :func:`_segments` says."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     N = chunk_count(T, C, chunk_rows)
@@ -242,11 +293,15 @@ def _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks=None, preci
     h = torch.empty(B, H, N, K, V, device=k.device, dtype=chunk_state_dtype(k))
     ht = torch.empty(rows, H, K, V, device=k.device, dtype=torch.float32)
     h0 = initial_state if initial_state is not None else ht  # unused pointer when HAS_H0 is False
-    _state_fwd_kernel[(cdiv(V, BV), rows * H)](
-        k=k, v=v, g=g, h=h, h0=h0, ht=ht, cu=ht if cu_chunks is None else cu_chunks,
-        rows=ht if chunk_rows is None else chunk_rows, T=T, NC=N, H=H, K=K, V=V, C=C, BK=BK, BV=BV,
-        HAS_H0=initial_state is not None, PACKED=chunk_rows is not None, PREC=precision or dot_precision(k.dtype),
+    ends, Lam, lam = (ht, ht, ht) if segments is None else segment_buffers(segments, B, N, H, K, V, k.device, False)
+    _state_fwd_kernel[(cdiv(V, BV), (rows if segments is None else segments.count) * H)](
+        k=k, v=v, g=g, h=h, h0=h0, ht=ends, cu=ht if cu_chunks is None else cu_chunks,
+        rows=ht if chunk_rows is None else chunk_rows, seg=segment_table(segments, ht), lam=lam, Lam=Lam, T=T, NC=N,
+        **segment_ints(segments), H=H, K=K, V=V, C=C, BK=BK, BV=BV, HAS_H0=initial_state is not None,
+        PACKED=chunk_rows is not None, SEGMENTED=segments is not None, PREC=precision or dot_precision(k.dtype),
         UP=upcast_dots(k.dtype), **_options(launch, "scan", k.dtype, f32_stages))
+    if segments is not None:
+        fix_segments(h, ends, lam, Lam, ht, segments, reverse=False, BK=BK, BV=BV)
     return h, ht
 
 
@@ -286,7 +341,9 @@ def simple_gla_triton_states(k, v, g, initial_state, C, cu_chunks=None, precisio
     C0 = C
     C, launch, f32_stages = _fitted(k.shape[-1], k.dtype, C)
     cu_chunks, chunk_rows = _fitted_chunks(cu_chunks, chunk_rows, C0, C)
-    h, ht = _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks, precision, chunk_rows)
+    B, T, H, _ = k.shape
+    segments = _segments(B, chunk_count(T, C, chunk_rows), H, v.shape[-1], C, C != C0, launch, k.device, cu_chunks)
+    h, ht = _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks, precision, chunk_rows, segments)
     return ChunkStates(h, ht, C, launch, f32_stages, precision, chunk_rows)
 
 
@@ -328,14 +385,21 @@ def simple_gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, sav
     rows = B if cu_chunks is None else cu_chunks.shape[0] - 1
     rp = q if chunk_rows is None else chunk_rows  # pointer placeholder unpacked
     BK, BV = _block(K), min(launch["BV"], _block(V))
-    h, _ = _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks, precision, chunk_rows)
+    segments = _segments(B, N, H, V, C, C != C0, launch, q.device, cu_chunks)
+    h, _ = _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks, precision, chunk_rows, segments)
     dh = torch.empty_like(h)
     dh0 = torch.empty(rows, H, K, V, device=q.device, dtype=torch.float32)
-    _state_bwd_kernel[(cdiv(V, BV), rows * H)](
-        q=q, g=g, do=do, dh=dh, dht=dht if dht is not None else dh0, dh0=dh0,
-        cu=dh0 if cu_chunks is None else cu_chunks, rows=rp, scale=scale, T=T, NC=N, H=H, K=K, V=V, C=C, BK=BK,
-        BV=BV, HAS_DHT=dht is not None, PACKED=chunk_rows is not None, PREC=precision or dot_precision(q.dtype),
-        UP=upcast_dots(q.dtype), **_options(launch, "bscan", q.dtype, f32_stages))
+    starts, Lam, lam = ((dh0, dh0, dh0) if segments is None
+                        else segment_buffers(segments, B, N, H, K, V, q.device, False))
+    _state_bwd_kernel[(cdiv(V, BV), (rows if segments is None else segments.count) * H)](
+        q=q, g=g, do=do, dh=dh, dht=dht if dht is not None else dh0, dh0=starts,
+        cu=dh0 if cu_chunks is None else cu_chunks, rows=rp, seg=segment_table(segments, dh0), lam=lam, Lam=Lam,
+        scale=scale, T=T, NC=N, **segment_ints(segments), H=H, K=K, V=V, C=C, BK=BK, BV=BV,
+        HAS_DHT=dht is not None, PACKED=chunk_rows is not None, SEGMENTED=segments is not None,
+        PREC=precision or dot_precision(q.dtype), UP=upcast_dots(q.dtype), **_options(launch, "bscan", q.dtype,
+                                                                                     f32_stages))
+    if segments is not None:
+        fix_segments(dh, starts, lam, Lam, dh0, segments, reverse=True, BK=BK, BV=BV)
     dq, dk, dv, dg = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g)
     _grads_bwd_kernel[(N, B * H)](
         q=q, k=k, v=v, g=g, h=h, do=do, dh=dh, dq=dq, dk=dk, dv=dv, dg=dg, rows=rp, scale=scale, T=T, NC=N, H=H, K=K,
