@@ -145,6 +145,16 @@ def test_segmented_packed_equals_each_sequence_alone_fp32(op: str) -> None:
         assert_close(a, b, 1e-5, name)
 
 
+@pytest.mark.parametrize("op", list(MODULES))
+@pytest.mark.triton
+@pytest.mark.skipif(not triton_available(), reason="triton not installed")
+def test_a_bad_segments_setting_is_named_before_any_compute(op: str) -> None:
+    inputs = get_op(op).example_inputs(1, 20, H, K, V)
+    with settings(triton_launch={op: {"segments": "most"}}), pytest.raises(
+            ValueError, match=f"{op} launch setting segments must be one of 'auto', 'always', 'never', got 'most'"):
+        get_op(op).fn(**inputs, backend="triton")
+
+
 @pytest.mark.parametrize("case", ["one row", "packed"])
 @pytest.mark.parametrize("op", list(MODULES))
 @pytest.mark.triton

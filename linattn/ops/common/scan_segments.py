@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .packed_call import kept
+from .packed_call import current_packing, kept
 
 # Programs of a scan resident on one SM at a time: the scans' float32 state tiles and pipelined loads leave room
 # for about two (an estimate; it sets only how long segments are)
@@ -152,3 +152,19 @@ def segment_ints(segments: Segments | None) -> dict[str, int]:
     if segments is None:
         return {"PER_ROW": 1, "LEN": 1}
     return {"PER_ROW": max(segments.per_row, 1), "LEN": segments.length}
+
+
+def plan_segments(B: int, N: int, C: int, programs_per_chunk: int, device: torch.device,
+                  cu_chunks: torch.Tensor | None, launch: dict, family: str) -> Segments | None:
+    """How a family's state scans are cut, from its launch settings ``segments`` (mode) and ``seg_min``: B rows of N
+    chunks of C tokens (unpacked), or packed sequences (``cu_chunks``, N chunks in all; planned in the forward pass,
+    which runs inside the packed call and reads its offsets, and found on ``cu_chunks`` by the backward pass)."""
+    mode = launch["segments"]
+    if mode not in MODES:
+        raise ValueError(f"{family} launch setting segments must be one of {', '.join(map(repr, MODES))}, "
+                         f"got {mode!r}")
+    if cu_chunks is None:
+        return unpacked_segments(B, N, programs_per_chunk, device, launch["seg_min"], mode)
+    packing = current_packing()
+    return packed_segments(cu_chunks, None if packing is None else packing.offsets, C, N, programs_per_chunk,
+                           launch["seg_min"], mode)

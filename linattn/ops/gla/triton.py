@@ -74,16 +74,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.packed_call import current_packing
-from ..common.scan_segments import MODES as SEGMENT_MODES
-from ..common.scan_segments import (
-    Segments,
-    packed_segments,
-    segment_buffers,
-    segment_ints,
-    segment_table,
-    unpacked_segments,
-)
+from ..common.scan_segments import Segments, plan_segments, segment_buffers, segment_ints, segment_table
 from ..common.triton_chunk_output import chunk_count, chunk_span, chunk_state_dtype
 from ..common.triton_launch import fast_launch
 from ..common.triton_masking import causal_dot_rest
@@ -460,10 +451,6 @@ def _intra_dots() -> str:
     return launch_choice(LAUNCH, "gla", "intra_dots", INTRA_DOTS)
 
 
-def _segments_mode() -> str:
-    return launch_choice(LAUNCH, "gla", "segments", SEGMENT_MODES)
-
-
 def _options(x: torch.Tensor, kernel: str) -> dict[str, int]:
     """num_warps and num_stages of ``kernel``; float32 inputs are not software-pipelined (with Triton's default three
     stages the inter-chunk gradient kernel's float32 tiles need 272 KiB of shared memory at K = V = 128, more than an
@@ -479,15 +466,9 @@ def _prec(x: torch.Tensor) -> dict[str, str | bool]:
 def _segments(B: int, N: int, H: int, K: int, V: int, C: int, device: torch.device,
               cu_chunks: torch.Tensor | None) -> Segments | None:
     """How the state scans are cut (common/scan_segments.py), the same for the forward and the backward pass: per
-    chunk column a scan runs H programs per key block and value block. Packed: planned in the forward pass (the
-    offsets are on the host there) and found on ``cu_chunks`` by the backward pass."""
+    chunk column a scan runs H programs per key block and value block."""
     programs = H * cdiv(K, min(LAUNCH["scan_BK"], _block(K))) * cdiv(V, min(LAUNCH["BV"], _block(V)))
-    mode = _segments_mode()
-    if cu_chunks is None:
-        return unpacked_segments(B, N, programs, device, LAUNCH["seg_min"], mode)
-    packing = current_packing()
-    return packed_segments(cu_chunks, None if packing is None else packing.offsets, C, N, programs,
-                           LAUNCH["seg_min"], mode)
+    return plan_segments(B, N, C, programs, device, cu_chunks, LAUNCH, "gla")
 
 
 def _states(k, v, g, initial_state, C, cu_chunks=None, chunk_rows=None, segments=None):

@@ -44,16 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.packed_call import current_packing
-from ..common.scan_segments import MODES as SEGMENT_MODES
-from ..common.scan_segments import (
-    Segments,
-    packed_segments,
-    segment_buffers,
-    segment_ints,
-    segment_table,
-    unpacked_segments,
-)
+from ..common.scan_segments import Segments, plan_segments, segment_buffers, segment_ints, segment_table
 from ..common.triton_chunk_output import chunk_count, chunk_output_kernel, chunk_span, chunk_state_dtype
 from ..common.triton_launch import fast_launch
 from ..common.triton_ops import gated_rnn_backend
@@ -62,7 +53,6 @@ from ..common.triton_utils import block as _block
 from ..common.triton_utils import (
     cdiv,
     dot_precision,
-    launch_choice,
     launch_options,
     launch_overrides,
     mm,
@@ -267,18 +257,11 @@ def _options(launch: dict, kernel: str, dtype: torch.dtype, f32_stages: int | No
 def _segments(B: int, N: int, H: int, V: int, C: int, split: bool, launch: dict, device: torch.device,
               cu_chunks: torch.Tensor | None) -> Segments | None:
     """How the state scans are cut (common/scan_segments.py), the same for the forward and the backward pass: per
-    chunk column a scan runs H programs per value block. Packed: planned in the forward pass (the offsets are on the
-    host there) and found on ``cu_chunks`` by the backward pass; not cut where the kernels split each chunk
-    (``split``: float32 with K > 128, :func:`_fitted_chunks`)."""
-    programs = H * cdiv(V, min(launch["BV"], _block(V)))
-    mode = launch_choice(launch, "simple_gla", "segments", SEGMENT_MODES)
-    if cu_chunks is None:
-        return unpacked_segments(B, N, programs, device, launch["seg_min"], mode)
-    packing = current_packing()
-    if split:
+    chunk column a scan runs H programs per value block. Packed sequences are not cut where the kernels split each
+    chunk (``split``: float32 with K > 128, :func:`_fitted_chunks`)."""
+    if split and cu_chunks is not None:
         return None
-    return packed_segments(cu_chunks, None if packing is None else packing.offsets, C, N, programs,
-                           launch["seg_min"], mode)
+    return plan_segments(B, N, C, H * cdiv(V, min(launch["BV"], _block(V))), device, cu_chunks, launch, "simple_gla")
 
 
 def _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks=None, precision=None, chunk_rows=None,
