@@ -138,3 +138,12 @@ def test_an_empty_hook_chain_is_no_hook(monkeypatch):
     monkeypatch.setattr(runtime, "launch_exit_hook", None, raising=False)
     monkeypatch.setattr(runtime, "launch_enter_hook", print, raising=False)
     assert launch_hooks_set()
+
+
+def test_grid_slices_cover_an_axis_in_launches_of_at_most_the_limit() -> None:
+    from linattn.ops.common.triton_utils import GRID_LIMIT, grid_slices
+
+    assert GRID_LIMIT == 65535  # CUDA's cap on a grid's second and third axes
+    assert grid_slices(1) == [(0, 1)] and grid_slices(65535) == [(0, 65535)]
+    assert grid_slices(65536) == [(0, 65535), (65535, 1)]
+    assert grid_slices(200000) == [(0, 65535), (65535, 65535), (131070, 65535), (196605, 3395)]

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import linattn.ops.common.varlen as varlen
+from linattn import settings
 from linattn.ops import get_op
 from linattn.ops.common.packed_call import Packing, chunk_layout
 from linattn.ops.common.triton_compat import triton_available
@@ -216,3 +217,24 @@ def test_new_offsets_with_the_same_chunk_count_compile_nothing(name: str, monkey
         _loss(o, s).backward()
         seen.append(sorted(set(keys), key=repr))
     assert seen[0] and all(k == seen[0] for k in seen[1:])
+
+
+@pytest.mark.parametrize(("name", "segments"), [("gated_delta_rule", "never"), ("simple_gla", "never"),
+                                                 ("simple_gla", "always"), ("gla", "never"), ("gla", "always")])
+def test_scans_launch_in_slices_beyond_the_grid_limit(name: str, segments: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """More sequences (or segments) times heads than a grid axis holds (CUDA: 65,535) run as several launches of
+    the state scans, each adding its first program's index; here the limit is lowered to 3 programs. (The delta
+    family's scans are never cut into segments.)"""
+    import linattn.ops.common.triton_utils as triton_utils  # imports Triton: only where it is installed
+
+    monkeypatch.setattr(triton_utils, "GRID_LIMIT", 3)
+    assert triton_utils.grid_slices(8) == [(0, 3), (3, 3), (6, 2)]
+    family = {"gla": {"gla": {"segments": segments, "seg_min": 1}},
+              "simple_gla": {"simple_gla": {"segments": segments, "seg_min": 1}}}.get(name, {})
+    with settings(triton_launch=family):
+        (o, final), (o_ref, final_ref), leaves = _packed_and_separate(name, (5, 1, 37, 16), torch.float32, True)
+    torch.testing.assert_close(o, o_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(final, final_ref, rtol=1e-5, atol=1e-5)
+    with settings(triton_launch=family):
+        assert_same_gradients(_loss(o, final), _loss(o_ref, final_ref), leaves, rtol=1e-5, atol=1e-5)

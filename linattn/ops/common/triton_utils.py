@@ -68,6 +68,20 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# CUDA caps a launch grid's second and third axes at 65,535 programs (the first at 2^31 - 1)
+GRID_LIMIT = 65535
+
+
+def grid_slices(count: int) -> list[tuple[int, int]]:
+    """(first, count) of the launches that cover ``count`` programs along a capped grid axis (one launch unless
+    ``count`` exceeds GRID_LIMIT: a packed call of tens of thousands of sequences); the kernel adds ``first`` to
+    its program index along that axis."""
+    limit = GRID_LIMIT
+    if count <= limit:
+        return [(0, count)]
+    return [(first, min(limit, count - first)) for first in range(0, count, limit)]
+
+
 def next_power_of_2(n: int) -> int:
     """The smallest power of two >= n (1 for n <= 1)."""
     return 1 if n <= 1 else 1 << (n - 1).bit_length()

@@ -65,6 +65,7 @@ from ..common.triton_utils import block as _block
 from ..common.triton_utils import (
     cdiv,
     dot_precision,
+    grid_slices,
     launch_options,
     launch_overrides,
     mm,
@@ -147,15 +148,16 @@ def _prepare_kernel(k, p, v, beta, g, tm, w, u, rows, T, H: tl.constexpr, K: tl.
 
 
 @fast_launch
-@triton.jit(do_not_specialize=["T", "NC"])
-def _state_fwd_kernel(k, w, u, g, h, dlt, h0, ht, cu, rows, T, NC, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+@triton.jit(do_not_specialize=["T", "NC", "BASE"])
+def _state_fwd_kernel(k, w, u, g, h, dlt, h0, ht, cu, rows, T, NC, BASE, H: tl.constexpr, K: tl.constexpr,
+                      V: tl.constexpr,
                       C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
                       HAS_H0: tl.constexpr, PACKED: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
     """Grid (cdiv(V, BV), B*H; packed: S*H): h[b, h, n] = state entering chunk n (NC chunks a row), delta = U - W S;
     ht = final state. PACKED (packed sequences where they lie, chunk n's tokens from ``rows``: chunk_span): program
     s*H + h scans sequence s's chunks [cu[s], cu[s + 1]), from its initial state h0[s, h] to its final state
-    ht[s, h]."""
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    ht[s, h]. BASE: added to the program index along axis 1 (launches cut at the grid's limit, grid_slices)."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1) + BASE
     i_h = i_bh % H
     N = NC
     if PACKED:  # sequence i_bh // H: its chunks of the one batch row, its states at row i_h of h
@@ -216,16 +218,16 @@ def _dv_local_kernel(q, k, g, do, dd, rows, scale, T, H: tl.constexpr, K: tl.con
 
 
 @fast_launch
-@triton.jit(do_not_specialize=["T", "NC"])
-def _state_bwd_kernel(q, k, w, g, do, dd, dh, dht, dh0, cu, rows, scale, T, NC, H: tl.constexpr, K: tl.constexpr,
+@triton.jit(do_not_specialize=["T", "NC", "BASE"])
+def _state_bwd_kernel(q, k, w, g, do, dd, dh, dht, dh0, cu, rows, scale, T, NC, BASE, H: tl.constexpr, K: tl.constexpr,
                       V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
                       HAS_DHT: tl.constexpr, PACKED: tl.constexpr, TLOAD: tl.constexpr, PREC: tl.constexpr,
                       UP: tl.constexpr):
     """Grid (cdiv(V, BV), B*H; packed: S*H): dh[b, h, n] = gradient of the state leaving chunk n,
     dd += Khat dh (= ddelta); dh0 = gradient of the initial state (PACKED: program s*H + h runs sequence s's chunks
     in reverse, from dht[s, h] to dh0[s, h]). TLOAD: Q^T and W^T are read transposed from memory (strided loads)
-    instead of being transposed in registers."""
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    instead of being transposed in registers. BASE: as in _state_fwd_kernel."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1) + BASE
     i_h = i_bh % H
     N = NC
     if PACKED:  # sequence i_bh // H: its chunks of the one batch row, its states at row i_h of h
@@ -508,11 +510,13 @@ def _states(k, w, u, g, initial_state, C, chunks: Chunks, side: bool = False):
     BV = min(LAUNCH["scan_BV"], _block(V))
 
     def scan() -> None:
-        _state_fwd_kernel[(cdiv(V, BV), rows * H)](
-            k=k, w=w, u=u, g=ht if g is None else g, h=h, dlt=dlt, h0=ht if initial_state is None else initial_state,
-            ht=ht, cu=ht if chunks.cu is None else chunks.cu, rows=ht if chunks.rows is None else chunks.rows, T=T,
-            NC=chunks.n, H=H, K=K, V=V, C=C, BK=_block(K), BV=BV, USE_G=g is not None,
-            HAS_H0=initial_state is not None, PACKED=chunks.packed, **_launch_args(k), **_options(k, "scan"))
+        for base, count in grid_slices(rows * H):
+            _state_fwd_kernel[(cdiv(V, BV), count)](
+                k=k, w=w, u=u, g=ht if g is None else g, h=h, dlt=dlt,
+                h0=ht if initial_state is None else initial_state, ht=ht, cu=ht if chunks.cu is None else chunks.cu,
+                rows=ht if chunks.rows is None else chunks.rows, T=T, NC=chunks.n, BASE=base, H=H, K=K, V=V, C=C,
+                BK=_block(K), BV=BV, USE_G=g is not None, HAS_H0=initial_state is not None, PACKED=chunks.packed,
+                **_launch_args(k), **_options(k, "scan"))
 
     return h, dlt, ht, beside(scan, k.device, keep=(k, w, u, g, initial_state, chunks.cu, chunks.rows, h, dlt, ht),
                               enabled=side)
@@ -569,11 +573,12 @@ def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, d
     rows = B if chunks.cu is None else chunks.cu.shape[0] - 1
     dh0 = torch.empty(rows, H, K, V, device=q.device, dtype=torch.float32)
     BV = min(LAUNCH["bscan_BV"], _block(V))
-    _state_bwd_kernel[(cdiv(V, BV), rows * H)](
-        q=q, k=k, w=w, g=gp, do=do, dd=dd, dh=dh, dht=dh0 if dht is None else dht, dh0=dh0,
-        cu=dh0 if chunks.cu is None else chunks.cu, rows=rp, scale=scale, T=T, NC=N, H=H, K=K, V=V, C=C, BK=BK,
-        BV=BV, USE_G=g is not None, HAS_DHT=dht is not None, PACKED=chunks.packed,
-        TLOAD=bool(LAUNCH["bscan_tload"]), **_launch_args(q), **_options(q, "bscan"))
+    for base, count in grid_slices(rows * H):
+        _state_bwd_kernel[(cdiv(V, BV), count)](
+            q=q, k=k, w=w, g=gp, do=do, dd=dd, dh=dh, dht=dh0 if dht is None else dht, dh0=dh0,
+            cu=dh0 if chunks.cu is None else chunks.cu, rows=rp, scale=scale, T=T, NC=N, BASE=base, H=H, K=K, V=V,
+            C=C, BK=BK, BV=BV, USE_G=g is not None, HAS_DHT=dht is not None, PACKED=chunks.packed,
+            TLOAD=bool(LAUNCH["bscan_tload"]), **_launch_args(q), **_options(q, "bscan"))
     dq, dk, dv, dw = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(w)
     dbeta = torch.empty_like(beta)
     dg = dbeta if g is None else torch.empty_like(g)  # without a gate a pointer the kernels never write

@@ -84,6 +84,7 @@ from ..common.triton_utils import block as _block
 from ..common.triton_utils import (
     cdiv,
     dot_precision,
+    grid_slices,
     launch_choice,
     launch_options,
     launch_overrides,
@@ -134,8 +135,8 @@ def _suffix(x):
 
 
 @fast_launch
-@triton.jit(do_not_specialize=["T", "NC", "PER_ROW", "LEN"])
-def _state_fwd_kernel(k, v, g, h, h0, ht, cu, rows, seg, lam, Lam, T, NC, PER_ROW, LEN, H: tl.constexpr,
+@triton.jit(do_not_specialize=["T", "NC", "PER_ROW", "LEN", "BASE"])
+def _state_fwd_kernel(k, v, g, h, h0, ht, cu, rows, seg, lam, Lam, T, NC, PER_ROW, LEN, BASE, H: tl.constexpr,
                       K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       HAS_H0: tl.constexpr, PACKED: tl.constexpr, SEGMENTED: tl.constexpr, PREC: tl.constexpr,
                       UP: tl.constexpr):
@@ -145,7 +146,7 @@ def _state_fwd_kernel(k, v, g, h, h0, ht, cu, rows, seg, lam, Lam, T, NC, PER_RO
     its final state ht[s, h]. SEGMENTED (common/scan_segments.py): program s*H + h scans segment s from zero (from
     h0 at its sequence's start) and stores its end state to ht[s, h] (E), its summed log decay to Lam[s, h] and each
     chunk's log decay from the segment's start to lam[.., h, n]: common/triton_scan_segments.py completes h."""
-    i_v, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_v, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64) + BASE
     i_h = i_bh % H
     N = NC
     c0, c1, i_b, i_hb, i_0, starts, _ = scan_span(cu, seg, i_bh, N, PER_ROW, LEN, H, PACKED, SEGMENTED)
@@ -253,8 +254,9 @@ def _output_kernel(q, v, g, h, A, o, rows, scale, T, NC, H: tl.constexpr, K: tl.
 
 
 @fast_launch
-@triton.jit(do_not_specialize=["T", "NC", "PER_ROW", "LEN"])
-def _state_bwd_kernel(q, g, do, dh, dht, dh0, cu, rows, seg, lam, Lam, scale, T, NC, PER_ROW, LEN, H: tl.constexpr,
+@triton.jit(do_not_specialize=["T", "NC", "PER_ROW", "LEN", "BASE"])
+def _state_bwd_kernel(q, g, do, dh, dht, dh0, cu, rows, seg, lam, Lam, scale, T, NC, PER_ROW, LEN, BASE,
+                      H: tl.constexpr,
                       K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       HAS_DHT: tl.constexpr, PACKED: tl.constexpr, SEGMENTED: tl.constexpr, PREC: tl.constexpr,
                       UP: tl.constexpr):
@@ -262,7 +264,7 @@ def _state_bwd_kernel(q, g, do, dh, dht, dh0, cu, rows, seg, lam, Lam, scale, T,
     leaving chunk n; dh0 (PACKED: program s*H + h runs sequence s's chunks in reverse, from dht[s, h] to dh0[s, h]).
     SEGMENTED: segment s in reverse from zero (from dht at its sequence's end), its gradient at the segment's start
     to dh0[s, h], the decays as in _state_fwd_kernel (lam: from the chunk's end to the segment's)."""
-    i_v, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_v, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64) + BASE
     i_h = i_bh % H
     N = NC
     c0, c1, i_b, i_hb, i_0, _, ends = scan_span(cu, seg, i_bh, N, PER_ROW, LEN, H, PACKED, SEGMENTED)
@@ -483,11 +485,13 @@ def _states(k, v, g, initial_state, C, cu_chunks=None, chunk_rows=None, segments
     ht = torch.empty(rows, H, K, V, device=k.device, dtype=torch.float32)
     h0 = initial_state if initial_state is not None else ht  # unused pointer when HAS_H0 is False
     ends, Lam, lam = (ht, ht, ht) if segments is None else segment_buffers(segments, B, N, H, K, V, k.device, True)
-    _state_fwd_kernel[(cdiv(V, BV), cdiv(K, BK), (rows if segments is None else segments.count) * H)](
-        k=k, v=v, g=g, h=h, h0=h0, ht=ends, cu=ht if cu_chunks is None else cu_chunks,
-        rows=ht if chunk_rows is None else chunk_rows, seg=segment_table(segments, ht), lam=lam, Lam=Lam, T=T, NC=N,
-        **segment_ints(segments), H=H, K=K, V=V, C=C, BK=BK, BV=BV, HAS_H0=initial_state is not None,
-        PACKED=chunk_rows is not None, SEGMENTED=segments is not None, **_prec(k), **_options(k, "scan"))
+    for base, count in grid_slices((rows if segments is None else segments.count) * H):
+        _state_fwd_kernel[(cdiv(V, BV), cdiv(K, BK), count)](
+            k=k, v=v, g=g, h=h, h0=h0, ht=ends, cu=ht if cu_chunks is None else cu_chunks,
+            rows=ht if chunk_rows is None else chunk_rows, seg=segment_table(segments, ht), lam=lam, Lam=Lam, T=T,
+            NC=N, **segment_ints(segments), BASE=base, H=H, K=K, V=V, C=C, BK=BK, BV=BV,
+            HAS_H0=initial_state is not None, PACKED=chunk_rows is not None, SEGMENTED=segments is not None,
+            **_prec(k), **_options(k, "scan"))
     if segments is not None:
         fix_segments(h, ends, lam, Lam, ht, segments, reverse=False, BK=BK, BV=BV)
     return h, ht
@@ -545,11 +549,13 @@ def gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, saved=(Non
     dh0 = torch.empty(rows, H, K, V, device=q.device, dtype=torch.float32)
     starts, Lam, lam = (dh0, dh0, dh0) if segments is None else segment_buffers(segments, B, N, H, K, V, q.device,
                                                                                 True)
-    _state_bwd_kernel[(cdiv(V, BV), cdiv(K, BK), (rows if segments is None else segments.count) * H)](
-        q=q, g=g, do=do, dh=dh, dht=dht if dht is not None else dh0, dh0=starts,
-        cu=dh0 if cu_chunks is None else cu_chunks, rows=rp, seg=segment_table(segments, dh0), lam=lam, Lam=Lam,
-        scale=scale, T=T, NC=N, **segment_ints(segments), H=H, K=K, V=V, C=C, BK=BK, BV=BV,
-        HAS_DHT=dht is not None, PACKED=packed, SEGMENTED=segments is not None, **_prec(q), **_options(q, "bscan"))
+    for base, count in grid_slices((rows if segments is None else segments.count) * H):
+        _state_bwd_kernel[(cdiv(V, BV), cdiv(K, BK), count)](
+            q=q, g=g, do=do, dh=dh, dht=dht if dht is not None else dh0, dh0=starts,
+            cu=dh0 if cu_chunks is None else cu_chunks, rows=rp, seg=segment_table(segments, dh0), lam=lam, Lam=Lam,
+            scale=scale, T=T, NC=N, **segment_ints(segments), BASE=base, H=H, K=K, V=V, C=C, BK=BK, BV=BV,
+            HAS_DHT=dht is not None, PACKED=packed, SEGMENTED=segments is not None, **_prec(q),
+            **_options(q, "bscan"))
     if segments is not None:
         fix_segments(dh, starts, lam, Lam, dh0, segments, reverse=True, BK=BK, BV=BV)
     dv = torch.empty_like(v)

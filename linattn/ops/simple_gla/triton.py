@@ -53,6 +53,7 @@ from ..common.triton_utils import block as _block
 from ..common.triton_utils import (
     cdiv,
     dot_precision,
+    grid_slices,
     launch_options,
     launch_overrides,
     mm,
@@ -61,8 +62,8 @@ from ..common.triton_utils import (
 
 
 @fast_launch
-@triton.jit(do_not_specialize=["T", "NC", "PER_ROW", "LEN"])
-def _state_fwd_kernel(k, v, g, h, h0, ht, cu, rows, seg, lam, Lam, T, NC, PER_ROW, LEN, H: tl.constexpr,
+@triton.jit(do_not_specialize=["T", "NC", "PER_ROW", "LEN", "BASE"])
+def _state_fwd_kernel(k, v, g, h, h0, ht, cu, rows, seg, lam, Lam, T, NC, PER_ROW, LEN, BASE, H: tl.constexpr,
                       K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       HAS_H0: tl.constexpr, PACKED: tl.constexpr, SEGMENTED: tl.constexpr, PREC: tl.constexpr,
                       UP: tl.constexpr):
@@ -72,7 +73,7 @@ def _state_fwd_kernel(k, v, g, h, h0, ht, cu, rows, seg, lam, Lam, T, NC, PER_RO
     final state ht[s, h]. SEGMENTED (common/scan_segments.py): program s*H + h scans segment s from zero (from h0
     at its sequence's start) and stores its end state to ht[s, h], its summed log decay to Lam[s, h] and each chunk's
     log decay from the segment's start to lam[.., h, n]: common/triton_scan_segments.py completes h."""
-    i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64) + BASE
     i_h = i_bh % H
     N = NC
     c0, c1, i_b, i_hb, i_0, starts, _ = scan_span(cu, seg, i_bh, N, PER_ROW, LEN, H, PACKED, SEGMENTED)
@@ -112,8 +113,9 @@ def _store_decay(ptr, value, i_v):
 
 
 @fast_launch
-@triton.jit(do_not_specialize=["T", "NC", "PER_ROW", "LEN"])
-def _state_bwd_kernel(q, g, do, dh, dht, dh0, cu, rows, seg, lam, Lam, scale, T, NC, PER_ROW, LEN, H: tl.constexpr,
+@triton.jit(do_not_specialize=["T", "NC", "PER_ROW", "LEN", "BASE"])
+def _state_bwd_kernel(q, g, do, dh, dht, dh0, cu, rows, seg, lam, Lam, scale, T, NC, PER_ROW, LEN, BASE,
+                      H: tl.constexpr,
                       K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       HAS_DHT: tl.constexpr, PACKED: tl.constexpr, SEGMENTED: tl.constexpr, PREC: tl.constexpr,
                       UP: tl.constexpr):
@@ -121,7 +123,7 @@ def _state_bwd_kernel(q, g, do, dh, dht, dh0, cu, rows, seg, lam, Lam, scale, T,
     chunk n; dh0 = of the initial one (PACKED: program s*H + h runs sequence s's chunks in reverse, from dht[s, h]
     to dh0[s, h]). SEGMENTED: segment s in reverse from zero (from dht at its sequence's end), its gradient at the
     segment's start to dh0[s, h], the decays as in _state_fwd_kernel (lam: from the chunk's end to the segment's)."""
-    i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64) + BASE
     i_h = i_bh % H
     N = NC
     c0, c1, i_b, i_hb, i_0, _, ends = scan_span(cu, seg, i_bh, N, PER_ROW, LEN, H, PACKED, SEGMENTED)
@@ -277,12 +279,14 @@ def _states(k, v, g, initial_state, C, launch, f32_stages, cu_chunks=None, preci
     ht = torch.empty(rows, H, K, V, device=k.device, dtype=torch.float32)
     h0 = initial_state if initial_state is not None else ht  # unused pointer when HAS_H0 is False
     ends, Lam, lam = (ht, ht, ht) if segments is None else segment_buffers(segments, B, N, H, K, V, k.device, False)
-    _state_fwd_kernel[(cdiv(V, BV), (rows if segments is None else segments.count) * H)](
-        k=k, v=v, g=g, h=h, h0=h0, ht=ends, cu=ht if cu_chunks is None else cu_chunks,
-        rows=ht if chunk_rows is None else chunk_rows, seg=segment_table(segments, ht), lam=lam, Lam=Lam, T=T, NC=N,
-        **segment_ints(segments), H=H, K=K, V=V, C=C, BK=BK, BV=BV, HAS_H0=initial_state is not None,
-        PACKED=chunk_rows is not None, SEGMENTED=segments is not None, PREC=precision or dot_precision(k.dtype),
-        UP=upcast_dots(k.dtype), **_options(launch, "scan", k.dtype, f32_stages))
+    for base, count in grid_slices((rows if segments is None else segments.count) * H):
+        _state_fwd_kernel[(cdiv(V, BV), count)](
+            k=k, v=v, g=g, h=h, h0=h0, ht=ends, cu=ht if cu_chunks is None else cu_chunks,
+            rows=ht if chunk_rows is None else chunk_rows, seg=segment_table(segments, ht), lam=lam, Lam=Lam, T=T,
+            NC=N, **segment_ints(segments), BASE=base, H=H, K=K, V=V, C=C, BK=BK, BV=BV,
+            HAS_H0=initial_state is not None, PACKED=chunk_rows is not None, SEGMENTED=segments is not None,
+            PREC=precision or dot_precision(k.dtype), UP=upcast_dots(k.dtype),
+            **_options(launch, "scan", k.dtype, f32_stages))
     if segments is not None:
         fix_segments(h, ends, lam, Lam, ht, segments, reverse=False, BK=BK, BV=BV)
     return h, ht
@@ -374,13 +378,14 @@ def simple_gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, sav
     dh0 = torch.empty(rows, H, K, V, device=q.device, dtype=torch.float32)
     starts, Lam, lam = ((dh0, dh0, dh0) if segments is None
                         else segment_buffers(segments, B, N, H, K, V, q.device, False))
-    _state_bwd_kernel[(cdiv(V, BV), (rows if segments is None else segments.count) * H)](
-        q=q, g=g, do=do, dh=dh, dht=dht if dht is not None else dh0, dh0=starts,
-        cu=dh0 if cu_chunks is None else cu_chunks, rows=rp, seg=segment_table(segments, dh0), lam=lam, Lam=Lam,
-        scale=scale, T=T, NC=N, **segment_ints(segments), H=H, K=K, V=V, C=C, BK=BK, BV=BV,
-        HAS_DHT=dht is not None, PACKED=chunk_rows is not None, SEGMENTED=segments is not None,
-        PREC=precision or dot_precision(q.dtype), UP=upcast_dots(q.dtype), **_options(launch, "bscan", q.dtype,
-                                                                                     f32_stages))
+    for base, count in grid_slices((rows if segments is None else segments.count) * H):
+        _state_bwd_kernel[(cdiv(V, BV), count)](
+            q=q, g=g, do=do, dh=dh, dht=dht if dht is not None else dh0, dh0=starts,
+            cu=dh0 if cu_chunks is None else cu_chunks, rows=rp, seg=segment_table(segments, dh0), lam=lam, Lam=Lam,
+            scale=scale, T=T, NC=N, **segment_ints(segments), BASE=base, H=H, K=K, V=V, C=C, BK=BK, BV=BV,
+            HAS_DHT=dht is not None, PACKED=chunk_rows is not None, SEGMENTED=segments is not None,
+            PREC=precision or dot_precision(q.dtype), UP=upcast_dots(q.dtype),
+            **_options(launch, "bscan", q.dtype, f32_stages))
     if segments is not None:
         fix_segments(dh, starts, lam, Lam, dh0, segments, reverse=True, BK=BK, BV=BV)
     dq, dk, dv, dg = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g)
