@@ -72,7 +72,8 @@ def _state_fwd_kernel(k, v, g, h, h0, ht, cu, rows, seg, lam, Lam, T, NC, PER_RO
     chunk_span): program s*H + h scans sequence s's chunks [cu[s], cu[s + 1]), from its initial state h0[s, h] to its
     final state ht[s, h]. SEGMENTED (common/scan_segments.py): program s*H + h scans segment s from zero (from h0
     at its sequence's start) and stores its end state to ht[s, h], its summed log decay to Lam[s, h] and each chunk's
-    log decay from the segment's start to lam[.., h, n]: common/triton_scan_segments.py completes h."""
+    log decay from the segment's start to lam[.., h, n]: common/triton_scan_segments.py completes h. BASE: added to the
+    program index along axis 1 (launches cut at the grid's limit, grid_slices)."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64) + BASE
     i_h = i_bh % H
     N = NC
@@ -115,14 +116,14 @@ def _store_decay(ptr, value, i_v):
 @fast_launch
 @triton.jit(do_not_specialize=["T", "NC", "PER_ROW", "LEN", "BASE"])
 def _state_bwd_kernel(q, g, do, dh, dht, dh0, cu, rows, seg, lam, Lam, scale, T, NC, PER_ROW, LEN, BASE,
-                      H: tl.constexpr,
-                      K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                      HAS_DHT: tl.constexpr, PACKED: tl.constexpr, SEGMENTED: tl.constexpr, PREC: tl.constexpr,
-                      UP: tl.constexpr):
+                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+                      BV: tl.constexpr, HAS_DHT: tl.constexpr, PACKED: tl.constexpr, SEGMENTED: tl.constexpr,
+                      PREC: tl.constexpr, UP: tl.constexpr):
     """Grid (cdiv(V, BV), B*H; packed: S*H; segmented: segments*H): dh[b, h, n] = gradient of the state leaving
     chunk n; dh0 = of the initial one (PACKED: program s*H + h runs sequence s's chunks in reverse, from dht[s, h]
     to dh0[s, h]). SEGMENTED: segment s in reverse from zero (from dht at its sequence's end), its gradient at the
-    segment's start to dh0[s, h], the decays as in _state_fwd_kernel (lam: from the chunk's end to the segment's)."""
+    segment's start to dh0[s, h], the decays as in _state_fwd_kernel (lam: from the chunk's end to the segment's). BASE:
+    added to the program index along axis 1 (launches cut at the grid's limit, grid_slices)."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64) + BASE
     i_h = i_bh % H
     N = NC
