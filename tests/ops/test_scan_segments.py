@@ -34,8 +34,6 @@ def test_unpacked_plan_cuts_only_rows_much_longer_than_the_work_per_slot() -> No
     forced = unpacked_segments(2, 5, 4, cpu, 2, mode="always")
     assert forced is not None and (forced.count, forced.per_row, forced.length) == (6, 3, 2)
     assert unpacked_segments(2, 2, 4, cpu, 2, mode="always") is None  # one segment a row: nothing to cut
-    with pytest.raises(ValueError, match="segments must be one of 'auto', 'always', 'never', got 'most'"):
-        unpacked_segments(1, 512, 32, cpu, 8, mode="most")
 
 
 def test_packed_table_cuts_each_sequence_evenly_and_is_kept_for_the_backward_pass() -> None:

@@ -74,9 +74,7 @@ AUTO_FACTOR = 1.5
 
 def _worth_it(longest: int, length: int, mode: str) -> bool:
     """"always": whenever the longest sequence spans more than one segment; "auto": when it spans more than
-    AUTO_FACTOR segment lengths."""
-    if mode not in MODES:
-        raise ValueError(f"segments must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
+    AUTO_FACTOR segment lengths (``mode`` one of MODES, checked by :func:`plan_segments`)."""
     return mode != "never" and longest > (length if mode == "always" else AUTO_FACTOR * length)
 
 
@@ -131,12 +129,15 @@ def packed_segments(cu_chunks: torch.Tensor, offsets: tuple[int, ...] | None, C:
     return kept(cu_chunks, key, make)
 
 
-def segment_buffers(segments: Segments, B: int, N: int, H: int, K: int, V: int, device: torch.device,
+def segment_buffers(segments: Segments | None, final: torch.Tensor, B: int, N: int, H: int, K: int, V: int,
                     per_key: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A segmented scan's outputs beside its chunk states, float32: the segments' end states [count, H, K, V], their
     summed log decays [count, H(, K)] and the chunks' log decays from their segment's start or end [B, H, N(, K)]
-    (``per_key``: a decay per key channel, else one per head)."""
-    f32, keys = torch.float32, ((K,) if per_key else ())
+    (``per_key``: a decay per key channel, else one per head). Unsegmented: the scan writes its sequences' ``final``
+    states itself and reads no decays (``final`` three times)."""
+    if segments is None:
+        return final, final, final
+    f32, keys, device = torch.float32, ((K,) if per_key else ()), final.device
     return (torch.empty(segments.count, H, K, V, device=device, dtype=f32),
             torch.empty(segments.count, H, *keys, device=device, dtype=f32),
             torch.empty(B, H, N, *keys, device=device, dtype=f32))

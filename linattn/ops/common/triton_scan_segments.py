@@ -18,7 +18,7 @@ import triton.language as tl
 
 from .scan_segments import Segments
 from .triton_launch import fast_launch
-from .triton_utils import cdiv
+from .triton_utils import cdiv, grid_slices
 
 
 @triton.jit
@@ -121,6 +121,12 @@ def segment_fixup_kernel(x, E, lam, Lam, out, seg, NC, PER_ROW, LEN, H: tl.const
         if ends & (j == 0):
             final = S * _decay(Lam, i_sh, o_k, K, PER_KEY) + tl.load(E + i_sh * K * V + kv, mask=m_kv, other=0.0)
             tl.store(out + (sq * H + i_h) * K * V + kv, final.to(out.dtype.element_ty), mask=m_kv)
+
+
+def scan_slices(rows: int, H: int, segments: Segments | None) -> list[tuple[int, int]]:
+    """(first, count) of a state scan's launches along its heads axis: a program per sequence (or segment) and head,
+    cut at the grid's limit (triton_utils.grid_slices)."""
+    return grid_slices((rows if segments is None else segments.count) * H)
 
 
 def fix_segments(x: torch.Tensor, ends: torch.Tensor, lam: torch.Tensor, Lam: torch.Tensor, out: torch.Tensor,

@@ -79,12 +79,11 @@ from ..common.triton_chunk_output import chunk_count, chunk_span, chunk_state_dt
 from ..common.triton_launch import fast_launch
 from ..common.triton_masking import causal_dot_rest
 from ..common.triton_ops import gated_rnn_backend
-from ..common.triton_scan_segments import fix_segments, scan_span
+from ..common.triton_scan_segments import fix_segments, scan_slices, scan_span
 from ..common.triton_utils import block as _block
 from ..common.triton_utils import (
     cdiv,
     dot_precision,
-    grid_slices,
     launch_choice,
     launch_options,
     launch_overrides,
@@ -485,8 +484,8 @@ def _states(k, v, g, initial_state, C, cu_chunks=None, chunk_rows=None, segments
     h = torch.empty(B, H, N, K, V, device=k.device, dtype=chunk_state_dtype(k))
     ht = torch.empty(rows, H, K, V, device=k.device, dtype=torch.float32)
     h0 = initial_state if initial_state is not None else ht  # unused pointer when HAS_H0 is False
-    ends, Lam, lam = (ht, ht, ht) if segments is None else segment_buffers(segments, B, N, H, K, V, k.device, True)
-    for base, count in grid_slices((rows if segments is None else segments.count) * H):
+    ends, Lam, lam = segment_buffers(segments, ht, B, N, H, K, V, per_key=True)
+    for base, count in scan_slices(rows, H, segments):
         _state_fwd_kernel[(cdiv(V, BV), cdiv(K, BK), count)](
             k=k, v=v, g=g, h=h, h0=h0, ht=ends, cu=ht if cu_chunks is None else cu_chunks,
             rows=ht if chunk_rows is None else chunk_rows, seg=segment_table(segments, ht), lam=lam, Lam=Lam, T=T,
@@ -548,9 +547,8 @@ def gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, saved=(Non
     BK, BV = min(LAUNCH["bscan_BK"], _block(K)), min(LAUNCH["BV"], _block(V))
     dh = torch.empty_like(h)
     dh0 = torch.empty(rows, H, K, V, device=q.device, dtype=torch.float32)
-    starts, Lam, lam = (dh0, dh0, dh0) if segments is None else segment_buffers(segments, B, N, H, K, V, q.device,
-                                                                                True)
-    for base, count in grid_slices((rows if segments is None else segments.count) * H):
+    starts, Lam, lam = segment_buffers(segments, dh0, B, N, H, K, V, per_key=True)
+    for base, count in scan_slices(rows, H, segments):
         _state_bwd_kernel[(cdiv(V, BV), cdiv(K, BK), count)](
             q=q, g=g, do=do, dh=dh, dht=dht if dht is not None else dh0, dh0=starts,
             cu=dh0 if cu_chunks is None else cu_chunks, rows=rp, seg=segment_table(segments, dh0), lam=lam, Lam=Lam,
