@@ -147,7 +147,7 @@ def test_segmented_packed_equals_each_sequence_alone_fp32(op: str) -> None:
 @pytest.mark.triton
 @pytest.mark.skipif(not triton_available(), reason="triton not installed")
 def test_a_bad_segments_setting_is_named_before_any_compute(op: str) -> None:
-    inputs = get_op(op).example_inputs(1, 20, H, K, V)
+    inputs = {a: x.to(DEVICE) for a, x in get_op(op).example_inputs(1, 20, H, K, V).items()}
     with settings(triton_launch={op: {"segments": "most"}}), pytest.raises(
             ValueError, match=f"{op} launch setting segments must be one of 'auto', 'always', 'never', got 'most'"):
         get_op(op).fn(**inputs, backend="triton")

@@ -219,17 +219,34 @@ def test_new_offsets_with_the_same_chunk_count_compile_nothing(name: str, monkey
     assert seen[0] and all(k == seen[0] for k in seen[1:])
 
 
+def _launch_grids(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[int, ...]]]:
+    """Record (kernel name, grid) of every kernel launch."""
+    from linattn.ops.common.triton_launch import FastKernel
+
+    grids: list[tuple[str, tuple[int, ...]]] = []
+    launch = FastKernel.launch
+
+    def record(self, grid, args, kwargs):
+        grids.append((getattr(self.kernel, "fn", self.kernel).__name__, tuple(grid)))
+        return launch(self, grid, args, kwargs)
+
+    monkeypatch.setattr(FastKernel, "launch", record)
+    return grids
+
+
 @pytest.mark.parametrize(("name", "segments"), [("gated_delta_rule", "never"), ("simple_gla", "never"),
                                                  ("simple_gla", "always"), ("gla", "never"), ("gla", "always")])
-def test_scans_launch_in_slices_beyond_the_grid_limit(name: str, segments: str,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """More sequences (or segments) times heads than a grid axis holds (CUDA: 65,535) run as several launches of
-    the state scans, each adding its first program's index; here the limit is lowered to 3 programs. (The delta
-    family's scans are never cut into segments.)"""
+def test_no_launch_exceeds_the_grid_limit(name: str, segments: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """More sequences (or segments) times heads than a grid axis holds (CUDA: 65,535 on the second and third axes)
+    run as several launches of the state scans, each adding its first program's index, and the per-chunk kernels
+    keep the chunks on the first axis; here the limit is lowered to 3 programs, with 4 sequences of 1 to 37 tokens
+    (6 chunks of 16) and 2 heads, and no launch, forward or backward, has more than 3 programs on those axes. (The
+    delta family's scans are never cut into segments.)"""
     import linattn.ops.common.triton_utils as triton_utils  # imports Triton: only where it is installed
 
     monkeypatch.setattr(triton_utils, "GRID_LIMIT", 3)
     assert triton_utils.grid_slices(8) == [(0, 3), (3, 3), (6, 2)]
+    grids = _launch_grids(monkeypatch)
     family = {"gla": {"gla": {"segments": segments, "seg_min": 1}},
               "simple_gla": {"simple_gla": {"segments": segments, "seg_min": 1}}}.get(name, {})
     with settings(triton_launch=family):
@@ -238,3 +255,6 @@ def test_scans_launch_in_slices_beyond_the_grid_limit(name: str, segments: str,
     torch.testing.assert_close(final, final_ref, rtol=1e-5, atol=1e-5)
     with settings(triton_launch=family):
         assert_same_gradients(_loss(o, final), _loss(o_ref, final_ref), leaves, rtol=1e-5, atol=1e-5)
+    assert len({kernel for kernel, _ in grids}) >= 4  # the forward's and backward's kernels were all seen
+    over = [(kernel, grid) for kernel, grid in grids if any(n > 3 for n in grid[1:])]
+    assert not over, f"launches over the lowered grid limit: {over}"

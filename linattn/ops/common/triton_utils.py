@@ -82,6 +82,16 @@ def grid_slices(count: int) -> list[tuple[int, int]]:
     return [(first, min(limit, count - first)) for first in range(0, count, limit)]
 
 
+@triton.jit
+def chunk_program(BLOCKS: tl.constexpr):
+    """(block, chunk) of a per-chunk kernel's program on the grid (BLOCKS * chunks, rows): the chunks share the
+    first axis with the kernel's BLOCKS blocks (block fastest: the order of a (BLOCKS, chunks, rows) grid), since
+    CUDA caps the second and third axes at GRID_LIMIT programs and a call of over 4 million tokens (packed or one
+    row) has more chunks than that."""
+    pid = tl.program_id(0)
+    return pid % BLOCKS, pid // BLOCKS
+
+
 def next_power_of_2(n: int) -> int:
     """The smallest power of two >= n (1 for n <= 1)."""
     return 1 if n <= 1 else 1 << (n - 1).bit_length()

@@ -64,6 +64,7 @@ from ..common.triton_tril import unit_lower_inverse
 from ..common.triton_utils import block as _block
 from ..common.triton_utils import (
     cdiv,
+    chunk_program,
     dot_precision,
     grid_slices,
     launch_options,
@@ -197,8 +198,10 @@ def _state_fwd_kernel(k, w, u, g, h, dlt, h0, ht, cu, rows, T, NC, BASE, H: tl.c
 def _dv_local_kernel(q, k, g, do, dd, rows, scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                      C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
                      PREC: tl.constexpr, UP: tl.constexpr, PACKED: tl.constexpr):
-    """Grid (cdiv(V, BV), N, B*H): dd = P^T do, the in-chunk part of the gradient of delta."""
-    i_v, n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    """Grid (cdiv(V, BV) * N, B*H) (common/triton_utils.py's chunk_program): dd = P^T do, the in-chunk part of the
+    gradient of delta."""
+    i_v, n = chunk_program(tl.cdiv(V, BV))
+    i_bh = tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -281,10 +284,11 @@ def _state_bwd_kernel(q, k, w, g, do, dd, dh, dht, dh0, cu, rows, scale, T, NC, 
 def _grads_qk_kernel(q, k, g, h, dlt, dd, do, dh, dq, dk, dw, db, rows, scale, T, NC, H: tl.constexpr,
                      K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      USE_G: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, PACKED: tl.constexpr):
-    """Grid (cdiv(K, BK), N, B*H), looping over value blocks: for one key block, dq, the part of dk from
-    o and S' (written to dk), dW = -ddelta S^T, and this key block's share of the part of db_t from o
-    and S' (written to db[i_k]: the shares are linear in sums over keys and add up)."""
-    i_k, n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    """Grid (cdiv(K, BK) * N, B*H) (chunk_program), looping over value blocks: for one key block, dq, the part of
+    dk from o and S' (written to dk), dW = -ddelta S^T, and this key block's share of the part of db_t from o and S'
+    (written to db[i_k]: the shares are linear in sums over keys and add up)."""
+    i_k, n = chunk_program(tl.cdiv(K, BK))
+    i_bh = tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     N = NC
     o_k, o_c = i_k * BK + tl.arange(0, BK), tl.arange(0, C)
@@ -527,7 +531,7 @@ def _output(q, k, dlt, g, h, scale, C, chunks: Chunks):
     V = dlt.shape[-1]
     o = torch.empty_like(dlt)
     BV = min(LAUNCH["out_BV"], _block(V))
-    chunk_output_kernel[(cdiv(V, BV), chunks.n, B * H)](
+    chunk_output_kernel[(cdiv(V, BV) * chunks.n, B * H)](
         q=q, k=k, v=dlt, g=o if g is None else g, h=h, o=o, rows=o if chunks.rows is None else chunks.rows,
         scale=scale, T=T, NC=chunks.n, H=H, K=K, V=V, C=C, BK=_block(K), BV=BV, USE_G=g is not None,
         PACKED=chunks.packed, **_launch_args(q), **_options(q, "out"))
@@ -566,7 +570,7 @@ def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, d
     h, dlt, _, states_done = _states(k, w, u, g, initial_state, C, chunks, side=bool(LAUNCH["overlap_scans"]))
     dd = torch.empty_like(dlt)
     BV = min(LAUNCH["dv_BV"], _block(V))
-    _dv_local_kernel[(cdiv(V, BV), N, B * H)](
+    _dv_local_kernel[(cdiv(V, BV) * N, B * H)](
         q=q, k=k, g=gp, do=do, dd=dd, rows=rp, scale=scale, T=T, H=H, K=K, V=V, C=C, BK=BK, BV=BV,
         USE_G=g is not None, PACKED=chunks.packed, **_launch_args(q), **_options(q, "dv"))
     dh = torch.empty_like(h)
@@ -588,7 +592,7 @@ def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, d
     db = dg if g is None else torch.empty(NKQ, *g.shape, device=g.device, dtype=torch.float32)
     BV = min(LAUNCH["grads_BV"], _block(V))
     states_done.join()
-    _grads_qk_kernel[(NKQ, N, B * H)](
+    _grads_qk_kernel[(NKQ * N, B * H)](
         q=q, k=k, g=gp, h=h, dlt=dlt, dd=dd, do=do, dh=dh, dq=dq, dk=dk, dw=dw, db=db, rows=rp, scale=scale, T=T,
         NC=N, H=H, K=K, V=V, C=C, BK=BKQ, BV=BV, USE_G=g is not None, PACKED=chunks.packed, **_launch_args(q),
         **_options(q, "grads"))

@@ -83,6 +83,7 @@ from ..common.triton_scan_segments import fix_segments, scan_slices, scan_span
 from ..common.triton_utils import block as _block
 from ..common.triton_utils import (
     cdiv,
+    chunk_program,
     dot_precision,
     launch_choice,
     launch_options,
@@ -183,9 +184,10 @@ def _state_fwd_kernel(k, v, g, h, h0, ht, cu, rows, seg, lam, Lam, T, NC, PER_RO
 def _scores_kernel(q, k, g, A, rows, scale, T, H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                    SUBC: tl.constexpr, LIMIT: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
                    PACKED: tl.constexpr):
-    """Grid (C // SUBC, N, B*H): the rows of sub-chunk i of A[t, s] (s, t in one chunk; 0 for s > t),
-    one SUBC x SUBC block at a time."""
-    i, n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    """Grid (C // SUBC * N, B*H) (common/triton_utils.py's chunk_program): the rows of sub-chunk i of A[t, s] (s, t
+    in one chunk; 0 for s > t), one SUBC x SUBC block at a time."""
+    i, n = chunk_program(C // SUBC)
+    i_bh = tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     first, count = chunk_span(rows, n, i_b, T, C, PACKED)
     o_k, o_c = tl.arange(0, BK), tl.arange(0, SUBC)
@@ -232,8 +234,9 @@ def _scores_kernel(q, k, g, A, rows, scale, T, H: tl.constexpr, K: tl.constexpr,
 def _output_kernel(q, v, g, h, A, o, rows, scale, T, NC, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
                    PACKED: tl.constexpr):
-    """Grid (cdiv(V, BV), N, B*H): o = (q~ ⊙ e^b) S + A v for one chunk and value block."""
-    i_v, n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    """Grid (cdiv(V, BV) * N, B*H) (chunk_program): o = (q~ ⊙ e^b) S + A v for one chunk and value block."""
+    i_v, n = chunk_program(tl.cdiv(V, BV))
+    i_bh = tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     first, count = chunk_span(rows, n, i_b, T, C, PACKED)
     N = NC
@@ -348,11 +351,12 @@ def _inter_bwd_kernel(q, k, v, g, h, A, do, dh, dv, dA, dq, dk, dL, rows, scale,
 def _intra_bwd_kernel(q, k, g, dA, dq_in, dk_in, dL, dq, dk, dg, rows, scale, T, NC, H: tl.constexpr,
                       K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, SUBC: tl.constexpr, LIMIT: tl.constexpr,
                       LOW: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, PACKED: tl.constexpr):
-    """Grid (cdiv(K, BK), N, B*H): dq, dk (inter parts from dq_in, dk_in plus the intra sums) and dg of one key
-    block, sub-chunk by sub-chunk from the chunk's end (dg is the reverse cumulative sum of db, carried across
-    sub-chunks). Given dA every quantity here is per key channel, so key blocks are independent programs. LOW: the
-    products' operands (dA and the decayed keys and queries) rounded to q's dtype (LAUNCH["intra_dots"])."""
-    i_k, n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    """Grid (cdiv(K, BK) * N, B*H) (chunk_program): dq, dk (inter parts from dq_in, dk_in plus the intra sums) and
+    dg of one key block, sub-chunk by sub-chunk from the chunk's end (dg is the reverse cumulative sum of db, carried
+    across sub-chunks). Given dA every quantity here is per key channel, so key blocks are independent programs.
+    LOW: the products' operands (dA and the decayed keys and queries) rounded to q's dtype (LAUNCH["intra_dots"])."""
+    i_k, n = chunk_program(tl.cdiv(K, BK))
+    i_bh = tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     first, count = chunk_span(rows, n, i_b, T, C, PACKED)
     N = NC
@@ -501,7 +505,7 @@ def _scores(q, k, g, scale, C, chunk_rows=None):
     B, T, H, K = q.shape
     # every use casts A to the input dtype first, so bf16/fp16 inputs keep it in that dtype (half the traffic)
     A = torch.empty(B, T, H, C, device=q.device, dtype=q.dtype)
-    _scores_kernel[(C // SUB, chunk_count(T, C, chunk_rows), B * H)](
+    _scores_kernel[(C // SUB * chunk_count(T, C, chunk_rows), B * H)](
         q=q, k=k, g=g, A=A, rows=A if chunk_rows is None else chunk_rows, scale=scale, T=T, H=H, K=K, C=C,
         BK=_block(K), SUBC=SUB, LIMIT=_factor_limit(q), PACKED=chunk_rows is not None, **_prec(q),
         **_options(q, "scores"))
@@ -526,7 +530,7 @@ def gla_triton_forward(q, k, v, g, scale, initial_state, C, keep=False, cu_chunk
     A = _scores(q, k, g, scale, C, chunk_rows)
     o = torch.empty_like(v)
     BV = min(LAUNCH["BV"], _block(V))
-    _output_kernel[(cdiv(V, BV), N, B * H)](
+    _output_kernel[(cdiv(V, BV) * N, B * H)](
         q=q, v=v, g=g, h=h, A=A, o=o, rows=o if chunk_rows is None else chunk_rows, scale=scale, T=T, NC=N, H=H,
         K=K, V=V, C=C, BK=_block(K), BV=BV, PACKED=chunk_rows is not None, **_prec(q), **_options(q, "out"))
     return (o, ht, None, A) if keep else (o, ht)
@@ -569,7 +573,7 @@ def gla_triton_backward(q, k, v, g, scale, initial_state, C, do, dht, saved=(Non
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     dg = torch.empty_like(g)  # in g's dtype; computed in float32
     BKI = min(LAUNCH["intra_BK"], _block(K))
-    _intra_bwd_kernel[(cdiv(K, BKI), N, B * H)](
+    _intra_bwd_kernel[(cdiv(K, BKI) * N, B * H)](
         q=q, k=k, g=g, dA=dA, dq_in=dq_inter, dk_in=dk_inter, dL=dL, dq=dq, dk=dk, dg=dg, rows=rp, scale=scale, T=T,
         NC=N, H=H, K=K, C=C, BK=BKI, SUBC=SUB, LIMIT=_factor_limit(q), LOW=_intra_dots() == "input",
         PACKED=packed, **_prec(q), **_options(q, "intra"))

@@ -236,11 +236,16 @@ def _fitted(K: int, dtype: torch.dtype, C: int) -> tuple[int, dict, int | None]:
     K = 256. So bf16/fp16 with K > 128 take value blocks of 32 in the gradient kernel (201 KB); float32 with K <= 128
     value blocks of 32 and 2 stages there (164 KB); float32 with K > 128 chunks of at most 32 tokens, value blocks of
     32 and one stage everywhere (at most 172 KB). The chunk size changes only the order of the sums, not the result.
+    bf16/fp16 with K > 128 also run the output kernel at 2 warps (below: Triton 3.6 miscompiled it at 4 and 8).
     """
     launch = dict(LAUNCH)
     if dtype != torch.float32:
         if _block(K) > 128:
             launch["grads_BV"] = min(launch["grads_BV"], 32)
+            # Triton 3.6 on an H200 miscompiled the output kernel at bf16, K = 256, value blocks of 32 with 4 or 8
+            # warps and 1 to 3 stages (compute-sanitizer: shared-memory reads past the allocation, then an illegal
+            # memory access); at 2 warps it ran clean
+            launch["out_warps"] = min(launch["out_warps"], 2)
         return C, launch, None
     if _block(K) <= 128:
         launch["grads_BV"] = min(launch["grads_BV"], 32)
@@ -342,7 +347,7 @@ def simple_gla_triton_read(q, k, v, g, scale, states: ChunkStates):
     C, launch, N = states.C, states.launch, states.h.shape[2]
     o = torch.empty_like(v)
     BK, BV = _block(K), min(launch["BV"], _block(V))
-    chunk_output_kernel[(cdiv(V, BV), N, B * H)](
+    chunk_output_kernel[(cdiv(V, BV) * N, B * H)](
         q=q, k=k, v=v, g=g, h=states.h, o=o, rows=o if states.rows is None else states.rows, scale=scale, T=T,
         NC=N, H=H, K=K, V=V, C=C, BK=BK, BV=BV, PREC=states.precision or dot_precision(q.dtype),
         UP=upcast_dots(q.dtype), USE_G=True, PACKED=states.rows is not None,
