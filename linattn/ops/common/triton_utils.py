@@ -8,6 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .batch_slices import GRID_ROWS
 from .triton_compat import patch_interpreter
 
 patch_interpreter()
@@ -69,7 +70,7 @@ def cdiv(a: int, b: int) -> int:
 
 
 # CUDA caps a launch grid's second and third axes at 65,535 programs (the first at 2^31 - 1)
-GRID_LIMIT = 65535
+GRID_LIMIT = GRID_ROWS
 
 
 def grid_slices(count: int) -> list[tuple[int, int]]:

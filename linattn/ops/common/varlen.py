@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from .batch_slices import rows_per_call, run_in_row_slices
 from .checks import check_float_tensor
 from .kv_cache import KVCache
 from .packed_call import Packing, device_offsets, kept, packed_call
@@ -181,7 +182,8 @@ def packable(*token_args: str, native: Callable[[dict[str, Any]], bool] | None =
     (q first; an argument of length m T, e.g. gated_delta_product's interleaved keys, is cut at m times the
     offsets); every other argument is passed to each sequence's call unchanged. ``native(arguments)`` (the call's
     arguments by name) says whether the call's backend runs packed inputs itself: the op then runs once, inside
-    :func:`packed_call`, instead of once per sequence."""
+    :func:`packed_call`, instead of once per sequence. An unpacked call whose batch rows times heads exceed a launch
+    grid's axis runs in slices of rows (common/batch_slices.py)."""
 
     def wrap(fn: Callable) -> Callable:
         signature = inspect.signature(fn)
@@ -189,10 +191,14 @@ def packable(*token_args: str, native: Callable[[dict[str, Any]], bool] | None =
         @functools.wraps(fn)
         def op(*args: Any, cu_seqlens: torch.Tensor | None = None, **kwargs: Any) -> tuple:
             if cu_seqlens is None:
-                return fn(*args, **kwargs)
+                rows = rows_per_call(args[0] if args else kwargs.get(token_args[0]))
+                if rows is None:
+                    return fn(*args, **kwargs)
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
             arguments = dict(bound.arguments)
+            if cu_seqlens is None:
+                return run_in_row_slices(fn, arguments, token_args, rows)
             if native is not None and native(arguments):
                 return run_native(fn, arguments, cu_seqlens, token_args)
             return run_packed(fn, arguments, cu_seqlens, token_args)
