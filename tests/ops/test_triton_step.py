@@ -238,3 +238,23 @@ def test_retention_and_linear_attn_steps_use_the_fused_kernel(name, fused_backen
     assert fused_backend["simple_gla"] == T  # every step ran on the fused kernel
     assert_close(torch.stack(outs, 1), o_ref, 1e-5, f"{name}: {T} fused steps vs recurrent, outputs")
     assert_close(S, S_ref, 1e-5, f"{name}: {T} fused steps vs recurrent, final state")
+
+
+def test_the_step_kernel_keeps_rows_and_heads_on_the_grid_s_first_axis(monkeypatch):
+    """CUDA caps a grid's second and third axes at 65,535 programs: the step's B*H (times value blocks) lie on the
+    first, so decoding more rows times heads than that launches."""
+    from linattn.ops.common import triton_step_kernel
+    from linattn.ops.common.triton_launch import FastKernel
+
+    grids = []
+    launch = FastKernel.launch
+    monkeypatch.setattr(FastKernel, "launch", lambda self, grid, args, kwargs: grids.append(tuple(grid)) or launch(
+        self, grid, args, kwargs))
+    B, H, K, V = 3, 2, 16, 40  # V = 40: three value blocks of 16
+    q, k, v = (randn(B, H, d).to(DEVICE) for d in (K, K, V))
+    k, g = l2norm(k), log_gate(B, H).to(DEVICE)
+    o, S = triton_step_kernel.simple_gla_step_triton(q, k, v, g, None, scale=0.5)
+    o_ref, S_ref = simple_gla_step_reference(q, k, v, g, None, scale=0.5)
+    assert grids == [(3 * B * H,)]
+    assert_close(o, o_ref, 1e-5, "o")
+    assert_close(S, S_ref, 1e-5, "state")

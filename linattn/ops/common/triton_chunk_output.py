@@ -9,7 +9,7 @@ import triton.language as tl
 
 from .triton_launch import fast_launch
 from .triton_masking import causal_dot_rest
-from .triton_utils import cdiv, chunk_program, mm
+from .triton_utils import block_and_index, cdiv, mm
 
 
 def chunk_state_dtype(x: torch.Tensor) -> torch.dtype:
@@ -43,12 +43,12 @@ def chunk_span(chunk_rows, n, i_b, T, C: tl.constexpr, PACKED: tl.constexpr):
 def chunk_output_kernel(q, k, v, g, h, o, rows, scale, T, NC, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                         C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
                         USE_G: tl.constexpr, PACKED: tl.constexpr):
-    """Grid (cdiv(V, BV) * NC, B*H) (triton_utils.chunk_program): o for one chunk and value block, from the state
+    """Grid (cdiv(V, BV) * NC, B*H) (triton_utils.block_and_index): o for one chunk and value block, from the state
     h[b, h, n] entering the chunk (NC chunks a batch row) and the per-head log gates g (cumulated within the chunk as
     b; USE_G False: no decay, g not read):
         o_t = (scale exp(b_t) q_t)^T S_n + sum_{s <= t in the chunk} scale (q_t . k_s) exp(b_t - b_s) v_s.
     PACKED: the chunks' tokens from ``rows`` (:func:`chunk_span`)."""
-    i_v, n = chunk_program(tl.cdiv(V, BV))
+    i_v, n = block_and_index(tl.cdiv(V, BV))
     i_bh = tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     N = NC

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from .triton_compat import patch_interpreter
 from .triton_launch import fast_launch
-from .triton_utils import block, cdiv
+from .triton_utils import block, block_and_index, cdiv
 
 patch_interpreter()
 
@@ -41,9 +41,10 @@ def _step_kernel(q, k, v, g, beta, s_in, s_out, o, scale, H,
                  sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sb_b, sb_h,
                  K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                  GATE: tl.constexpr, DELTA: tl.constexpr, HAS_STATE: tl.constexpr):
-    """Grid (cdiv(V, BV), B*H). Strides s*_b, s*_h are those of the batch and head dims (last dim contiguous);
-    the states s_in, s_out and the output o are contiguous [B, H, K, V] and [B, H, V]."""
-    i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    """Grid (cdiv(V, BV) * B*H) (triton_utils.block_and_index). Strides s*_b, s*_h are those of the batch and head
+    dims (last dim contiguous); the states s_in, s_out and the output o are contiguous [B, H, K, V] and [B, H, V]."""
+    i_v, i_bh = block_and_index(tl.cdiv(V, BV))
+    i_bh = i_bh.to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -114,7 +115,7 @@ def fused_step(q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor, state: t
     o_t = torch.empty(B, H, V, device=q_t.device, dtype=q_t.dtype)
     BK = block(K)
     BV = min(LAUNCH["BV"], block(V), max(16, LAUNCH["max_tile"] // BK))
-    _step_kernel[(cdiv(V, BV), B * H)](
+    _step_kernel[(cdiv(V, BV) * B * H,)](
         q=q_t, k=k_t, v=v_t, g=q_t if g_t is None else g_t, beta=q_t if beta_t is None else beta_t,
         s_in=S_out if S_in is None else S_in, s_out=S_out, o=o_t, scale=float(scale), H=H,
         **_bh_strides("q", q_t), **_bh_strides("k", k_t), **_bh_strides("v", v_t), **_bh_strides("g", g_t),

@@ -84,11 +84,11 @@ def grid_slices(count: int) -> list[tuple[int, int]]:
 
 
 @triton.jit
-def chunk_program(BLOCKS: tl.constexpr):
-    """(block, chunk) of a per-chunk kernel's program on the grid (BLOCKS * chunks, rows): the chunks share the
-    first axis with the kernel's BLOCKS blocks (block fastest: the order of a (BLOCKS, chunks, rows) grid), since
-    CUDA caps the second and third axes at GRID_LIMIT programs and a call of over 4 million tokens (packed or one
-    row) has more chunks than that."""
+def block_and_index(BLOCKS: tl.constexpr):
+    """(block, index) of a program on a grid whose first axis holds BLOCKS blocks times a count (block fastest: the
+    order of a (BLOCKS, count) grid): the per-chunk kernels' chunks (grid (BLOCKS * chunks, rows)) and the decoding
+    step's rows times heads, since CUDA caps the second and third axes at GRID_LIMIT programs and a call of over 4
+    million tokens (packed or one row), or a step of over 65,535 rows times heads, has more than that."""
     pid = tl.program_id(0)
     return pid % BLOCKS, pid // BLOCKS
 

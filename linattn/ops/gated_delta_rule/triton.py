@@ -63,8 +63,8 @@ from ..common.triton_ops import eager_backward, needs_backward, op_function
 from ..common.triton_tril import unit_lower_inverse
 from ..common.triton_utils import block as _block
 from ..common.triton_utils import (
+    block_and_index,
     cdiv,
-    chunk_program,
     dot_precision,
     grid_slices,
     launch_options,
@@ -198,9 +198,9 @@ def _state_fwd_kernel(k, w, u, g, h, dlt, h0, ht, cu, rows, T, NC, BASE, H: tl.c
 def _dv_local_kernel(q, k, g, do, dd, rows, scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                      C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr,
                      PREC: tl.constexpr, UP: tl.constexpr, PACKED: tl.constexpr):
-    """Grid (cdiv(V, BV) * N, B*H) (common/triton_utils.py's chunk_program): dd = P^T do, the in-chunk part of the
+    """Grid (cdiv(V, BV) * N, B*H) (common/triton_utils.py's block_and_index): dd = P^T do, the in-chunk part of the
     gradient of delta."""
-    i_v, n = chunk_program(tl.cdiv(V, BV))
+    i_v, n = block_and_index(tl.cdiv(V, BV))
     i_bh = tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_k, o_c = tl.arange(0, BK), tl.arange(0, C)
@@ -284,10 +284,10 @@ def _state_bwd_kernel(q, k, w, g, do, dd, dh, dht, dh0, cu, rows, scale, T, NC, 
 def _grads_qk_kernel(q, k, g, h, dlt, dd, do, dh, dq, dk, dw, db, rows, scale, T, NC, H: tl.constexpr,
                      K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      USE_G: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, PACKED: tl.constexpr):
-    """Grid (cdiv(K, BK) * N, B*H) (chunk_program), looping over value blocks: for one key block, dq, the part of
+    """Grid (cdiv(K, BK) * N, B*H) (block_and_index), looping over value blocks: for one key block, dq, the part of
     dk from o and S' (written to dk), dW = -ddelta S^T, and this key block's share of the part of db_t from o and S'
     (written to db[i_k]: the shares are linear in sums over keys and add up)."""
-    i_k, n = chunk_program(tl.cdiv(K, BK))
+    i_k, n = block_and_index(tl.cdiv(K, BK))
     i_bh = tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     N = NC

@@ -82,8 +82,8 @@ from ..common.triton_ops import gated_rnn_backend
 from ..common.triton_scan_segments import fix_segments, scan_slices, scan_span
 from ..common.triton_utils import block as _block
 from ..common.triton_utils import (
+    block_and_index,
     cdiv,
-    chunk_program,
     dot_precision,
     launch_choice,
     launch_options,
@@ -184,9 +184,9 @@ def _state_fwd_kernel(k, v, g, h, h0, ht, cu, rows, seg, lam, Lam, T, NC, PER_RO
 def _scores_kernel(q, k, g, A, rows, scale, T, H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                    SUBC: tl.constexpr, LIMIT: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
                    PACKED: tl.constexpr):
-    """Grid (C // SUBC * N, B*H) (common/triton_utils.py's chunk_program): the rows of sub-chunk i of A[t, s] (s, t
+    """Grid (C // SUBC * N, B*H) (common/triton_utils.py's block_and_index): the rows of sub-chunk i of A[t, s] (s, t
     in one chunk; 0 for s > t), one SUBC x SUBC block at a time."""
-    i, n = chunk_program(C // SUBC)
+    i, n = block_and_index(C // SUBC)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     first, count = chunk_span(rows, n, i_b, T, C, PACKED)
@@ -234,8 +234,8 @@ def _scores_kernel(q, k, g, A, rows, scale, T, H: tl.constexpr, K: tl.constexpr,
 def _output_kernel(q, v, g, h, A, o, rows, scale, T, NC, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
                    PACKED: tl.constexpr):
-    """Grid (cdiv(V, BV) * N, B*H) (chunk_program): o = (q~ ⊙ e^b) S + A v for one chunk and value block."""
-    i_v, n = chunk_program(tl.cdiv(V, BV))
+    """Grid (cdiv(V, BV) * N, B*H) (block_and_index): o = (q~ ⊙ e^b) S + A v for one chunk and value block."""
+    i_v, n = block_and_index(tl.cdiv(V, BV))
     i_bh = tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     first, count = chunk_span(rows, n, i_b, T, C, PACKED)
@@ -351,11 +351,11 @@ def _inter_bwd_kernel(q, k, v, g, h, A, do, dh, dv, dA, dq, dk, dL, rows, scale,
 def _intra_bwd_kernel(q, k, g, dA, dq_in, dk_in, dL, dq, dk, dg, rows, scale, T, NC, H: tl.constexpr,
                       K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, SUBC: tl.constexpr, LIMIT: tl.constexpr,
                       LOW: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, PACKED: tl.constexpr):
-    """Grid (cdiv(K, BK) * N, B*H) (chunk_program): dq, dk (inter parts from dq_in, dk_in plus the intra sums) and
+    """Grid (cdiv(K, BK) * N, B*H) (block_and_index): dq, dk (inter parts from dq_in, dk_in plus the intra sums) and
     dg of one key block, sub-chunk by sub-chunk from the chunk's end (dg is the reverse cumulative sum of db, carried
     across sub-chunks). Given dA every quantity here is per key channel, so key blocks are independent programs.
     LOW: the products' operands (dA and the decayed keys and queries) rounded to q's dtype (LAUNCH["intra_dots"])."""
-    i_k, n = chunk_program(tl.cdiv(K, BK))
+    i_k, n = block_and_index(tl.cdiv(K, BK))
     i_bh = tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     first, count = chunk_span(rows, n, i_b, T, C, PACKED)

@@ -57,7 +57,7 @@ from ..common.registered_ops import define_op
 from ..common.triton_launch import fast_launch
 from ..common.triton_masking import causal_dot_rest
 from ..common.triton_ops import eager_backward, op_function
-from ..common.triton_utils import block, cdiv, chunk_program, dot_precision, mm, next_power_of_2, upcast_dots
+from ..common.triton_utils import block, block_and_index, cdiv, dot_precision, mm, next_power_of_2, upcast_dots
 from .composed import check_cg_system
 from .reference import MesaState
 from .triton_cg import LAUNCH, _chunk_cg_kernel, cg_launch
@@ -174,7 +174,7 @@ def _dstates_kernel(x, do, g, h, hT, dh, dht, dh0, ends, sign, T, H: tl.constexp
 @triton.jit(do_not_specialize=["T"])
 def _readout_kernel(x, k, v, g, beta, h, o, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                     BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
-    """Grid (cdiv(V, BV) * N, B*H) (common/triton_utils.py's chunk_program): o for one chunk n and value block from
+    """Grid (cdiv(V, BV) * N, B*H) (common/triton_utils.py's block_and_index): o for one chunk n and value block from
     H's chunk-entry state h[b, h, n] [K, V]:
 
         o_t = exp(b_t) H_n^T x_t + sum_{s <= t in the chunk} exp(b_t - b_s) beta_s (x_t . k_s) v_s
@@ -182,7 +182,7 @@ def _readout_kernel(x, k, v, g, beta, h, o, T, H: tl.constexpr, K: tl.constexpr,
     (b: the gates cumulated within the chunk; simple_gla's output with values beta v, read with the solve's x), in
     o's dtype. A non-finite key, strength or value
     reaches rows t >= s only (selection, and triton_masking.py's causal_dot_rest)."""
-    i_v, n = chunk_program(tl.cdiv(V, BV))
+    i_v, n = block_and_index(tl.cdiv(V, BV))
     i_bh = tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     N = tl.cdiv(T, C)
