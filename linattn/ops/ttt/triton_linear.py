@@ -208,7 +208,7 @@ def _descend(W, kc, x, PREC: tl.constexpr, SPLIT: tl.constexpr):
 
 
 @triton.jit
-def _block_and_index(T, H: tl.constexpr, BC: tl.constexpr):
+def _chunk_program(T, H: tl.constexpr, BC: tl.constexpr):
     """A (chunk, batch-head) program's chunk index, batch-head, head, the rows (into [B, T, H, *] tensors) of its
     tokens and which of them lie inside the sequence."""
     i_c = tl.program_id(0)
@@ -284,7 +284,7 @@ def _ttt_fwd_out_kernel(q, k, v, eta, w_ln, b_ln, wc, hs, rs, o, scale, eps, T, 
                         V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NORM: tl.constexpr,
                         PREC: tl.constexpr):
     """Grid (chunks, B*H): o of one chunk of BC tokens, from its entry weights and the kept err (or h, r)."""
-    i_c, i_bh, i_h, row, m_t = _block_and_index(T, H, BC)
+    i_c, i_bh, i_h, row, m_t = _chunk_program(T, H, BC)
     o_k, o_v, o_c = tl.arange(0, BK), tl.arange(0, BV), tl.arange(0, BC)
     m_k, m_v = o_k < K, o_v < V
     wl, bl = _norm_params(w_ln, b_ln, i_h, o_v, m_v, V, BV, NORM)
@@ -305,7 +305,7 @@ def _ttt_bwd_pre_kernel(q, k, v, eta, w_ln, b_ln, wc, hs, rs, do, dzq, derr, dwl
                         BK: tl.constexpr, BV: tl.constexpr, NORM: tl.constexpr, PREC: tl.constexpr):
     """Grid (chunks, B*H): for one chunk, dZq (norm; plain: do is dZq), -A^T dZq into derr, and this chunk's share
     of the output LayerNorm's parameter gradients (dwl, dbl [B, H, chunks, V])."""
-    i_c, i_bh, i_h, row, m_t = _block_and_index(T, H, BC)
+    i_c, i_bh, i_h, row, m_t = _chunk_program(T, H, BC)
     o_k, o_v, o_c = tl.arange(0, BK), tl.arange(0, BV), tl.arange(0, BC)
     m_k, m_v = o_k < K, o_v < V
     wl, bl = _norm_params(w_ln, b_ln, i_h, o_v, m_v, V, BV, NORM)
@@ -393,7 +393,7 @@ def _ttt_bwd_post_kernel(q, k, v, eta, w_ln, b_ln, wc, hs, rs, do, dzq, dz, dkp,
                          BK: tl.constexpr, BV: tl.constexpr, NORM: tl.constexpr, PREC: tl.constexpr):
     """Grid (chunks, B*H): dq, dk, deta of one chunk in the inputs' dtypes: the terms at the mini-batches' weights
     (in chunk form, from the chunk's entry weights) and those of dA, added to the scan's partial dk and deta."""
-    i_c, i_bh, i_h, row, m_t = _block_and_index(T, H, BC)
+    i_c, i_bh, i_h, row, m_t = _chunk_program(T, H, BC)
     o_k, o_v, o_c = tl.arange(0, BK), tl.arange(0, BV), tl.arange(0, BC)
     m_k, m_v = o_k < K, o_v < V
     # ordered so that the large tiles die early (W first): registers and shared memory
