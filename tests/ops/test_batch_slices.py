@@ -52,3 +52,12 @@ def test_one_call_below_the_limit_and_for_packed_rows() -> None:
     assert batch_slices.rows_per_call(q) is None  # 8 rows x heads
     assert batch_slices.rows_per_call(torch.zeros(40000, 1, 2, 8)) == 32767
     assert batch_slices.rows_per_call("not a tensor") is None
+
+
+def test_a_state_of_the_wrong_batch_is_named_with_the_call_s_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = get_op("gated_delta_rule")
+    inputs = spec.example_inputs(B, T, H, K, V)
+    monkeypatch.setattr(batch_slices, "GRID_ROWS", 4)
+    expected = r"initial_state must have shape \[B, H, K, V\] = \[5, 2, 4, 4\], got shape \[6, 2, 4, 4\]"
+    with pytest.raises(ValueError, match=expected):
+        spec.fn(**inputs, initial_state=torch.zeros(B + 1, H, K, V))

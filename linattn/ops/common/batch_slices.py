@@ -44,6 +44,19 @@ def state_rows(state: Any, rows: slice) -> Any:
     return state
 
 
+def _state_tensors(state: Any) -> list[torch.Tensor]:
+    """Every tensor of a state (as :func:`state_rows` walks it)."""
+    if isinstance(state, torch.Tensor):
+        return [state]
+    if isinstance(state, dict):
+        state = list(state.values())
+    elif dataclasses.is_dataclass(state) and not isinstance(state, type):
+        state = [getattr(state, f.name) for f in dataclasses.fields(state) if f.init]
+    if isinstance(state, (tuple, list)):
+        return [t for item in state for t in _state_tensors(item)]
+    return []
+
+
 def cat_states(states: list[Any]) -> Any:
     """The states of consecutive row slices joined along the batch (the inverse of :func:`state_rows`)."""
     first = states[0]
@@ -61,8 +74,13 @@ def cat_states(states: list[Any]) -> Any:
 
 def run_in_row_slices(fn: Callable, arguments: dict[str, Any], token_args: tuple[str, ...], rows: int) -> tuple:
     """``fn(**arguments)`` (an op returning (o [B, ...], final state or None)) as calls on ``rows`` batch rows at a
-    time: the ``token_args`` tensors and the initial state sliced along dim 0, the outputs and final states joined."""
+    time: the ``token_args`` tensors and the initial state sliced along dim 0, the outputs and final states joined.
+    A token argument or state tensor without B rows is left to ``fn``'s own checks, which name it with the call's
+    shapes (one call, before any compute)."""
     B = int(arguments[token_args[0]].shape[0])
+    given = [arguments[name] for name in token_args] + _state_tensors(arguments.get("initial_state"))
+    if any(isinstance(x, torch.Tensor) and (x.dim() == 0 or x.shape[0] != B) for x in given):
+        return fn(**arguments)
     outputs, finals = [], []
     for start in range(0, B, rows):
         part = slice(start, min(start + rows, B))
