@@ -38,6 +38,37 @@ def chunk_span(chunk_rows, n, i_b, T, C: tl.constexpr, PACKED: tl.constexpr):
     return first, count
 
 
+@triton.jit
+def scan_tokens(chunk_rows, c0, c1, PACKED: tl.constexpr):
+    """(first token, end token) of the chunks [c0, c1) that one program of a state scan runs, read once before its
+    loop (PACKED; 0, 0 unpacked): they are consecutive chunks of one sequence, so :func:`scan_chunk` finds each
+    chunk's tokens by arithmetic instead of a load that every step of the serial loop would wait on."""
+    if PACKED:
+        ran = c1 > c0
+        last = tl.maximum(c1 - 1, c0)
+        start = tl.load(chunk_rows + 2 * c0, mask=ran, other=0).to(tl.int64)
+        end = (tl.load(chunk_rows + 2 * last, mask=ran, other=0).to(tl.int64)
+               + tl.load(chunk_rows + 2 * last + 1, mask=ran, other=0).to(tl.int64))
+    else:
+        start = c0 * 0
+        end = start
+    return start, end
+
+
+@triton.jit
+def scan_chunk(n, c0, start, end, i_b, T, C: tl.constexpr, PACKED: tl.constexpr):
+    """:func:`chunk_span` of chunk n of a scan program's run [c0, ..) from its :func:`scan_tokens`: chunk n - c0 of
+    the run starts (n - c0) C tokens after ``start`` and ends at most at ``end`` (an empty chunk, count 0, past it:
+    simple_gla's split chunks place theirs at the end)."""
+    if PACKED:
+        first = start + (n - c0) * C
+        count = tl.maximum(tl.minimum(end - first, C), 0).to(tl.int32)
+    else:
+        first = i_b.to(tl.int64) * T + n * C
+        count = tl.minimum(T - n * C, C).to(tl.int32)
+    return first, count
+
+
 @fast_launch
 @triton.jit(do_not_specialize=["T", "NC"])
 def chunk_output_kernel(q, k, v, g, h, o, rows, scale, T, NC, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,

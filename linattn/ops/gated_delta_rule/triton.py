@@ -56,7 +56,14 @@ from ..common.checks import DELTA_TRITON_CHUNK_SIZES
 from ..common.packed_call import chunk_layout, current_packing
 from ..common.registered_ops import define_op
 from ..common.side_stream import beside
-from ..common.triton_chunk_output import chunk_count, chunk_output_kernel, chunk_span, chunk_state_dtype
+from ..common.triton_chunk_output import (
+    chunk_count,
+    chunk_output_kernel,
+    chunk_span,
+    chunk_state_dtype,
+    scan_chunk,
+    scan_tokens,
+)
 from ..common.triton_launch import fast_launch
 from ..common.triton_masking import causal_dot_rest, is_finite
 from ..common.triton_ops import eager_backward, needs_backward, op_function
@@ -174,9 +181,10 @@ def _state_fwd_kernel(k, w, u, g, h, dlt, h0, ht, cu, rows, T, NC, BASE, H: tl.c
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_H0:
         S += tl.load(h0 + i_bh.to(tl.int64) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
+    t_start, t_end = scan_tokens(rows, c0, c1, PACKED)  # the run's tokens, read once
     for n in range(c0, c1):
         tl.store(h + (i_hb.to(tl.int64) * N + n) * K * V + kv, S.to(h.dtype.element_ty), mask=m_kv)
-        first, count = chunk_span(rows, n, i_b, T, C, PACKED)
+        first, count = scan_chunk(n, c0, t_start, t_end, i_b, T, C, PACKED)
         m_t = o_c < count
         r0 = first * H + i_h  # row of the chunk's first token
         row = o_c * H
@@ -246,10 +254,11 @@ def _state_bwd_kernel(q, k, w, g, do, dd, dh, dht, dh0, cu, rows, scale, T, NC, 
     dS = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_DHT:
         dS += tl.load(dht + i_bh.to(tl.int64) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
+    t_start, t_end = scan_tokens(rows, c0, c1, PACKED)  # the run's tokens, read once
     for i in range(c1 - c0):
         n = c1 - 1 - i
         tl.store(dh + (i_hb.to(tl.int64) * N + n) * K * V + kv, dS.to(dh.dtype.element_ty), mask=m_kv)
-        first, count = chunk_span(rows, n, i_b, T, C, PACKED)
+        first, count = scan_chunk(n, c0, t_start, t_end, i_b, T, C, PACKED)
         m_t = o_c < count
         r0 = first * H + i_h  # row of the chunk's first token
         row = o_c * H

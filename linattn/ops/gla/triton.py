@@ -75,7 +75,7 @@ import triton
 import triton.language as tl
 
 from ..common.scan_segments import Segments, plan_segments, segment_buffers, segment_ints, segment_table
-from ..common.triton_chunk_output import chunk_count, chunk_span, chunk_state_dtype
+from ..common.triton_chunk_output import chunk_count, chunk_span, chunk_state_dtype, scan_chunk, scan_tokens
 from ..common.triton_launch import fast_launch
 from ..common.triton_masking import causal_dot_rest
 from ..common.triton_ops import gated_rnn_backend
@@ -161,9 +161,10 @@ def _state_fwd_kernel(k, v, g, h, h0, ht, cu, rows, seg, lam, Lam, T, NC, PER_RO
     if HAS_H0:
         if starts:
             S += tl.load(h0 + i_0 * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
+    t_start, t_end = scan_tokens(rows, c0, c1, PACKED)  # the run's tokens, read once
     for n in range(c0, c1):
         tl.store(h + (i_hb * N + n) * K * V + kv, S.to(h.dtype.element_ty), mask=m_kv)
-        first, count = chunk_span(rows, n, i_b, T, C, PACKED)
+        first, count = scan_chunk(n, c0, t_start, t_end, i_b, T, C, PACKED)
         row, m_t = _rows(first, count, i_h, o_c, H)
         gc = _load_rows(g, row, m_t, o_k, K)
         kc = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_t[:, None] & (o_k[None, :] < K), other=0.0)
@@ -281,10 +282,11 @@ def _state_bwd_kernel(q, g, do, dh, dht, dh0, cu, rows, seg, lam, Lam, scale, T,
     if HAS_DHT:
         if ends:
             dS += tl.load(dht + i_0 * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
+    t_start, t_end = scan_tokens(rows, c0, c1, PACKED)  # the run's tokens, read once
     for i in range(c1 - c0):
         n = c1 - 1 - i
         tl.store(dh + (i_hb * N + n) * K * V + kv, dS.to(dh.dtype.element_ty), mask=m_kv)
-        first, count = chunk_span(rows, n, i_b, T, C, PACKED)
+        first, count = scan_chunk(n, c0, t_start, t_end, i_b, T, C, PACKED)
         row, m_t = _rows(first, count, i_h, o_c, H)
         gc = _load_rows(g, row, m_t, o_k, K)
         qc = tl.load(q + row[:, None] * K + o_k[None, :], mask=m_t[:, None] & (o_k[None, :] < K), other=0.0)

@@ -45,7 +45,14 @@ import triton
 import triton.language as tl
 
 from ..common.scan_segments import Segments, plan_segments, segment_buffers, segment_ints, segment_table
-from ..common.triton_chunk_output import chunk_count, chunk_output_kernel, chunk_span, chunk_state_dtype
+from ..common.triton_chunk_output import (
+    chunk_count,
+    chunk_output_kernel,
+    chunk_span,
+    chunk_state_dtype,
+    scan_chunk,
+    scan_tokens,
+)
 from ..common.triton_launch import fast_launch
 from ..common.triton_ops import gated_rnn_backend
 from ..common.triton_scan_segments import fix_segments, scan_slices, scan_span
@@ -86,9 +93,10 @@ def _state_fwd_kernel(k, v, g, h, h0, ht, cu, rows, seg, lam, Lam, T, NC, PER_RO
     if HAS_H0:
         if starts:
             S += tl.load(h0 + i_0 * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
+    t_start, t_end = scan_tokens(rows, c0, c1, PACKED)  # the run's tokens, read once
     for n in range(c0, c1):
         tl.store(h + (i_hb * N + n) * K * V + kv, S.to(h.dtype.element_ty), mask=m_kv)
-        first, count = chunk_span(rows, n, i_b, T, C, PACKED)
+        first, count = scan_chunk(n, c0, t_start, t_end, i_b, T, C, PACKED)
         m_t = o_c < count
         row = (first + o_c) * H + i_h
         b = tl.cumsum(tl.load(g + row, mask=m_t, other=0.0).to(tl.float32), axis=0)
@@ -136,10 +144,11 @@ def _state_bwd_kernel(q, g, do, dh, dht, dh0, cu, rows, seg, lam, Lam, scale, T,
     if HAS_DHT:
         if ends:
             dS += tl.load(dht + i_0 * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
+    t_start, t_end = scan_tokens(rows, c0, c1, PACKED)  # the run's tokens, read once
     for i in range(c1 - c0):
         n = c1 - 1 - i
         tl.store(dh + (i_hb * N + n) * K * V + kv, dS.to(dh.dtype.element_ty), mask=m_kv)
-        first, count = chunk_span(rows, n, i_b, T, C, PACKED)
+        first, count = scan_chunk(n, c0, t_start, t_end, i_b, T, C, PACKED)
         m_t = o_c < count
         row = (first + o_c) * H + i_h
         b = tl.cumsum(tl.load(g + row, mask=m_t, other=0.0).to(tl.float32), axis=0)
