@@ -36,7 +36,7 @@ def test_row_slices_equal_one_call(name: str, backend: str, monkeypatch: pytest.
     implementation = spec.implementations[backend]
     monkeypatch.setitem(spec.implementations, backend,
                         lambda q, *a, **k: calls.append(q.shape[0]) or implementation(q, *a, **k))
-    monkeypatch.setattr(batch_slices, "GRID_ROWS", 4)  # 2 rows of 2 heads a call: rows 0-1, 2-3, 4
+    monkeypatch.setattr(batch_slices, "GRID_LIMIT", 4)  # 2 rows of 2 heads a call: rows 0-1, 2-3, 4
     o, final = spec.fn(**inputs, initial_state=init, **kw)
 
     assert calls == [2, 2, 1]
@@ -57,7 +57,7 @@ def test_one_call_below_the_limit_and_for_packed_rows() -> None:
 def test_a_state_of_the_wrong_batch_is_named_with_the_call_s_shape(monkeypatch: pytest.MonkeyPatch) -> None:
     spec = get_op("gated_delta_rule")
     inputs = spec.example_inputs(B, T, H, K, V)
-    monkeypatch.setattr(batch_slices, "GRID_ROWS", 4)
+    monkeypatch.setattr(batch_slices, "GRID_LIMIT", 4)
     expected = r"initial_state must have shape \[B, H, K, V\] = \[5, 2, 4, 4\], got shape \[6, 2, 4, 4\]"
     with pytest.raises(ValueError, match=expected):
         spec.fn(**inputs, initial_state=torch.zeros(B + 1, H, K, V))

@@ -141,7 +141,8 @@ def test_an_empty_hook_chain_is_no_hook(monkeypatch):
 
 
 def test_grid_slices_cover_an_axis_in_launches_of_at_most_the_limit() -> None:
-    from linattn.ops.common.triton_utils import GRID_LIMIT, grid_slices
+    from linattn.ops.common.batch_slices import GRID_LIMIT
+    from linattn.ops.common.triton_utils import grid_slices
 
     assert GRID_LIMIT == 65535  # CUDA's cap on a grid's second and third axes
     assert grid_slices(1) == [(0, 1)] and grid_slices(65535) == [(0, 65535)]

@@ -242,9 +242,10 @@ def test_no_launch_exceeds_the_grid_limit(name: str, segments: str, monkeypatch:
     keep the chunks on the first axis; here the limit is lowered to 3 programs, with 4 sequences of 1 to 37 tokens
     (6 chunks of 16) and 2 heads, and no launch, forward or backward, has more than 3 programs on those axes. (The
     delta family's scans are never cut into segments.)"""
+    import linattn.ops.common.batch_slices as batch_slices
     import linattn.ops.common.triton_utils as triton_utils  # imports Triton: only where it is installed
 
-    monkeypatch.setattr(triton_utils, "GRID_LIMIT", 3)
+    monkeypatch.setattr(batch_slices, "GRID_LIMIT", 3)
     assert triton_utils.grid_slices(8) == [(0, 3), (3, 3), (6, 2)]
     grids = _launch_grids(monkeypatch)
     family = {"gla": {"gla": {"segments": segments, "seg_min": 1}},

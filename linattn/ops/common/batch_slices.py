@@ -2,7 +2,7 @@
 
 The Triton kernels put batch rows times heads (B H, or B H_kv) on a launch grid's second or third axis, which CUDA
 caps at 65,535 programs (the first axis holds 2^31 - 1: the chunks and blocks go there). A call with B H over that
-limit (4,096 rows of 16 heads) runs as calls on slices of at most GRID_ROWS // H rows, their outputs and final states
+limit (4,096 rows of 16 heads) runs as calls on slices of at most GRID_LIMIT // H rows, their outputs and final states
 concatenated along the batch: the rows of a batch are independent, so this is exact on every backend (the ops
 apply it on all of them, which keeps one code path). Packed calls (``cu_seqlens``) have one row.
 """
@@ -15,18 +15,18 @@ from typing import Any
 
 import torch
 
-# CUDA's cap on a launch grid's second and third axes (tests lower it)
-GRID_ROWS = 65535
+# CUDA's cap on a launch grid's second and third axes (the first holds 2^31 - 1); tests lower it
+GRID_LIMIT = 65535
 
 
 def rows_per_call(q: object) -> int | None:
-    """The most rows of ``q`` [B, T, H, K] one call takes, when its B H exceeds GRID_ROWS; else None (one call)."""
+    """The most rows of ``q`` [B, T, H, K] one call takes, when its B H exceeds GRID_LIMIT; else None (one call)."""
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
         return None  # the op's own checks name a wrong q
     # no int(): under torch.compile with dynamic shapes the comparison guards on B H without specialising B
-    if q.shape[0] * q.shape[2] <= GRID_ROWS or q.shape[2] > GRID_ROWS:
+    if q.shape[0] * q.shape[2] <= GRID_LIMIT or q.shape[2] > GRID_LIMIT:
         return None
-    return GRID_ROWS // int(q.shape[2])
+    return GRID_LIMIT // int(q.shape[2])
 
 
 def state_rows(state: Any, rows: slice) -> Any:
@@ -44,7 +44,7 @@ def state_rows(state: Any, rows: slice) -> Any:
     return state
 
 
-def _state_tensors(state: Any) -> list[torch.Tensor]:
+def state_tensors(state: Any) -> list[torch.Tensor]:
     """Every tensor of a state (as :func:`state_rows` walks it)."""
     if isinstance(state, torch.Tensor):
         return [state]
@@ -53,7 +53,7 @@ def _state_tensors(state: Any) -> list[torch.Tensor]:
     elif dataclasses.is_dataclass(state) and not isinstance(state, type):
         state = [getattr(state, f.name) for f in dataclasses.fields(state) if f.init]
     if isinstance(state, (tuple, list)):
-        return [t for item in state for t in _state_tensors(item)]
+        return [t for item in state for t in state_tensors(item)]
     return []
 
 
@@ -78,7 +78,7 @@ def run_in_row_slices(fn: Callable, arguments: dict[str, Any], token_args: tuple
     A token argument or state tensor without B rows is left to ``fn``'s own checks, which name it with the call's
     shapes (one call, before any compute)."""
     B = int(arguments[token_args[0]].shape[0])
-    given = [arguments[name] for name in token_args] + _state_tensors(arguments.get("initial_state"))
+    given = [arguments[name] for name in token_args] + state_tensors(arguments.get("initial_state"))
     if any(isinstance(x, torch.Tensor) and (x.dim() == 0 or x.shape[0] != B) for x in given):
         return fn(**arguments)
     outputs, finals = [], []

@@ -80,6 +80,13 @@ def _worth_it(longest: int, length: int, mode: str) -> bool:
     return mode != "never" and longest > (length if mode == "always" else AUTO_FACTOR * length)
 
 
+def _even_split(n: int, length: int) -> tuple[int, int]:
+    """(pieces, size): n chunks cut into pieces of at most ``length`` chunks, as even as the chunks allow and with no
+    empty piece."""
+    size = -(-n // -(-n // length))
+    return -(-n // size), size
+
+
 @functools.lru_cache(maxsize=256)
 def unpacked_segments(B: int, NC: int, programs_per_chunk: int, device: torch.device, min_chunks: int,
                       mode: str = "auto") -> Segments | None:
@@ -88,9 +95,7 @@ def unpacked_segments(B: int, NC: int, programs_per_chunk: int, device: torch.de
     length = segment_length(B * NC, programs_per_chunk, device, min_chunks)
     if not _worth_it(NC, length, mode):
         return None
-    per_row = -(-NC // length)
-    length = -(-NC // per_row)  # as even as the chunks allow, and no empty segment
-    per_row = -(-NC // length)
+    per_row, length = _even_split(NC, length)
     return Segments(count=B * per_row, length=length, per_row=per_row)
 
 
@@ -114,9 +119,7 @@ def packed_segments(cu_chunks: torch.Tensor, offsets: tuple[int, ...] | None, C:
             return None
         rows, start = [], 0
         for seq, n in enumerate(counts):
-            pieces = -(-n // length)
-            size = -(-n // pieces)
-            pieces = -(-n // size)
+            pieces, size = _even_split(n, length)
             first = len(rows)
             rows += [[start + j * size, min(start + (j + 1) * size, start + n), seq, first, first + pieces - 1]
                      for j in range(pieces)]

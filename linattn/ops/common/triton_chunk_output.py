@@ -56,16 +56,15 @@ def scan_tokens(chunk_rows, c0, c1, PACKED: tl.constexpr):
 
 
 @triton.jit
-def scan_chunk(n, c0, start, end, i_b, T, C: tl.constexpr, PACKED: tl.constexpr):
-    """:func:`chunk_span` of chunk n of a scan program's run [c0, ..) from its :func:`scan_tokens`: chunk n - c0 of
-    the run starts (n - c0) C tokens after ``start`` and ends at most at ``end`` (an empty chunk, count 0, past it:
-    simple_gla's split chunks place theirs at the end)."""
+def scan_chunk(chunk_rows, n, c0, start, end, i_b, T, C: tl.constexpr, PACKED: tl.constexpr):
+    """:func:`chunk_span` of chunk n of a scan program's run [c0, ..) without a load (PACKED, from its
+    :func:`scan_tokens`): chunk n - c0 of the run starts (n - c0) C tokens after ``start`` and ends at most at
+    ``end`` (an empty chunk, count 0, past it: simple_gla's split chunks place theirs at the end)."""
     if PACKED:
         first = start + (n - c0) * C
         count = tl.maximum(tl.minimum(end - first, C), 0).to(tl.int32)
     else:
-        first = i_b.to(tl.int64) * T + n * C
-        count = tl.minimum(T - n * C, C).to(tl.int32)
+        first, count = chunk_span(chunk_rows, n, i_b, T, C, PACKED)
     return first, count
 
 

@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .batch_slices import GRID_ROWS
+from . import batch_slices
 from .triton_compat import patch_interpreter
 
 patch_interpreter()
@@ -69,15 +69,11 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-# CUDA caps a launch grid's second and third axes at 65,535 programs (the first at 2^31 - 1)
-GRID_LIMIT = GRID_ROWS
-
-
 def grid_slices(count: int) -> list[tuple[int, int]]:
     """(first, count) of the launches that cover ``count`` programs along a capped grid axis (one launch unless
-    ``count`` exceeds GRID_LIMIT: a packed call of tens of thousands of sequences); the kernel adds ``first`` to
-    its program index along that axis."""
-    limit = GRID_LIMIT
+    ``count`` exceeds batch_slices.GRID_LIMIT: a packed call of tens of thousands of sequences); the kernel adds
+    ``first`` to its program index along that axis."""
+    limit = batch_slices.GRID_LIMIT
     if count <= limit:
         return [(0, count)]
     return [(first, min(limit, count - first)) for first in range(0, count, limit)]
@@ -87,7 +83,7 @@ def grid_slices(count: int) -> list[tuple[int, int]]:
 def block_and_index(BLOCKS: tl.constexpr):
     """(block, index) of a program on a grid whose first axis holds BLOCKS blocks times a count (block fastest: the
     order of a (BLOCKS, count) grid): the per-chunk kernels' chunks (grid (BLOCKS * chunks, rows)) and the decoding
-    step's rows times heads, since CUDA caps the second and third axes at GRID_LIMIT programs and a call of over 4
+    step's rows times heads, since CUDA caps the second and third axes at 65,535 programs and a call of over 4
     million tokens (packed or one row), or a step of over 65,535 rows times heads, has more than that."""
     pid = tl.program_id(0)
     return pid % BLOCKS, pid // BLOCKS

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from .batch_slices import rows_per_call, run_in_row_slices
+from .batch_slices import rows_per_call, run_in_row_slices, state_rows, state_tensors
 from .checks import check_float_tensor
 from .kv_cache import KVCache
 from .packed_call import Packing, device_offsets, kept, packed_call
@@ -119,14 +119,6 @@ def check_packed_batch(name: str, x: torch.Tensor) -> None:
                          f"got shape {list(x.shape)}")
 
 
-def _tensors(x: object) -> list[torch.Tensor]:
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, (tuple, list)):
-        return [t for item in x for t in _tensors(item)]
-    return []
-
-
 def per_sequence_state(initial_state: object, N: int) -> list[object]:
     """Split a packed ``initial_state`` into N per-sequence states with batch 1 (None: N Nones)."""
     if initial_state is None:
@@ -139,13 +131,9 @@ def per_sequence_state(initial_state: object, N: int) -> list[object]:
             raise ValueError(f"initial_state with cu_seqlens must hold N = {N} states (one per sequence), "
                              f"got {len(initial_state)}")
         return list(initial_state)
-    if dataclasses.is_dataclass(initial_state):  # e.g. a mini-batch learner's step state: its tensors split by row
-        fields = {f.name: getattr(initial_state, f.name) for f in dataclasses.fields(initial_state)}
-        _check_rows(_tensors(list(fields.values())), N)
-        return [dataclasses.replace(initial_state, **{name: _rows(x, i) for name, x in fields.items() if _tensors(x)})
-                for i in range(N)]
-    _check_rows(_tensors(initial_state), N)
-    return [_rows(initial_state, i) for i in range(N)]
+    # a tensor, a pair of them, or a dataclass (e.g. a mini-batch learner's step state): its tensors split by row
+    _check_rows(state_tensors(initial_state), N)
+    return [state_rows(initial_state, slice(i, i + 1)) for i in range(N)]
 
 
 def _check_rows(tensors: list[torch.Tensor], N: int) -> None:
@@ -153,12 +141,6 @@ def _check_rows(tensors: list[torch.Tensor], N: int) -> None:
         if t.dim() == 0 or t.shape[0] != N:
             raise ValueError(f"initial_state with cu_seqlens must have N = {N} sequences along dim 0 "
                              f"([N, H, K, V]), got shape {list(t.shape)}")
-
-
-def _rows(state: Any, i: int) -> Any:
-    if isinstance(state, torch.Tensor):
-        return state[i:i + 1]
-    return type(state)(_rows(item, i) for item in state)
 
 
 def concat_states(states: list[Any]) -> Any:

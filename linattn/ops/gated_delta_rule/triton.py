@@ -184,7 +184,7 @@ def _state_fwd_kernel(k, w, u, g, h, dlt, h0, ht, cu, rows, T, NC, BASE, H: tl.c
     t_start, t_end = scan_tokens(rows, c0, c1, PACKED)  # the run's tokens, read once
     for n in range(c0, c1):
         tl.store(h + (i_hb.to(tl.int64) * N + n) * K * V + kv, S.to(h.dtype.element_ty), mask=m_kv)
-        first, count = scan_chunk(n, c0, t_start, t_end, i_b, T, C, PACKED)
+        first, count = scan_chunk(rows, n, c0, t_start, t_end, i_b, T, C, PACKED)
         m_t = o_c < count
         r0 = first * H + i_h  # row of the chunk's first token
         row = o_c * H
@@ -258,7 +258,7 @@ def _state_bwd_kernel(q, k, w, g, do, dd, dh, dht, dh0, cu, rows, scale, T, NC, 
     for i in range(c1 - c0):
         n = c1 - 1 - i
         tl.store(dh + (i_hb.to(tl.int64) * N + n) * K * V + kv, dS.to(dh.dtype.element_ty), mask=m_kv)
-        first, count = scan_chunk(n, c0, t_start, t_end, i_b, T, C, PACKED)
+        first, count = scan_chunk(rows, n, c0, t_start, t_end, i_b, T, C, PACKED)
         m_t = o_c < count
         r0 = first * H + i_h  # row of the chunk's first token
         row = o_c * H

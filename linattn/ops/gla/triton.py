@@ -164,7 +164,7 @@ def _state_fwd_kernel(k, v, g, h, h0, ht, cu, rows, seg, lam, Lam, T, NC, PER_RO
     t_start, t_end = scan_tokens(rows, c0, c1, PACKED)  # the run's tokens, read once
     for n in range(c0, c1):
         tl.store(h + (i_hb * N + n) * K * V + kv, S.to(h.dtype.element_ty), mask=m_kv)
-        first, count = scan_chunk(n, c0, t_start, t_end, i_b, T, C, PACKED)
+        first, count = scan_chunk(rows, n, c0, t_start, t_end, i_b, T, C, PACKED)
         row, m_t = _rows(first, count, i_h, o_c, H)
         gc = _load_rows(g, row, m_t, o_k, K)
         kc = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_t[:, None] & (o_k[None, :] < K), other=0.0)
@@ -286,7 +286,7 @@ def _state_bwd_kernel(q, g, do, dh, dht, dh0, cu, rows, seg, lam, Lam, scale, T,
     for i in range(c1 - c0):
         n = c1 - 1 - i
         tl.store(dh + (i_hb * N + n) * K * V + kv, dS.to(dh.dtype.element_ty), mask=m_kv)
-        first, count = scan_chunk(n, c0, t_start, t_end, i_b, T, C, PACKED)
+        first, count = scan_chunk(rows, n, c0, t_start, t_end, i_b, T, C, PACKED)
         row, m_t = _rows(first, count, i_h, o_c, H)
         gc = _load_rows(g, row, m_t, o_k, K)
         qc = tl.load(q + row[:, None] * K + o_k[None, :], mask=m_t[:, None] & (o_k[None, :] < K), other=0.0)

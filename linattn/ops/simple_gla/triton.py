@@ -96,7 +96,7 @@ def _state_fwd_kernel(k, v, g, h, h0, ht, cu, rows, seg, lam, Lam, T, NC, PER_RO
     t_start, t_end = scan_tokens(rows, c0, c1, PACKED)  # the run's tokens, read once
     for n in range(c0, c1):
         tl.store(h + (i_hb * N + n) * K * V + kv, S.to(h.dtype.element_ty), mask=m_kv)
-        first, count = scan_chunk(n, c0, t_start, t_end, i_b, T, C, PACKED)
+        first, count = scan_chunk(rows, n, c0, t_start, t_end, i_b, T, C, PACKED)
         m_t = o_c < count
         row = (first + o_c) * H + i_h
         b = tl.cumsum(tl.load(g + row, mask=m_t, other=0.0).to(tl.float32), axis=0)
@@ -148,7 +148,7 @@ def _state_bwd_kernel(q, g, do, dh, dht, dh0, cu, rows, seg, lam, Lam, scale, T,
     for i in range(c1 - c0):
         n = c1 - 1 - i
         tl.store(dh + (i_hb * N + n) * K * V + kv, dS.to(dh.dtype.element_ty), mask=m_kv)
-        first, count = scan_chunk(n, c0, t_start, t_end, i_b, T, C, PACKED)
+        first, count = scan_chunk(rows, n, c0, t_start, t_end, i_b, T, C, PACKED)
         m_t = o_c < count
         row = (first + o_c) * H + i_h
         b = tl.cumsum(tl.load(g + row, mask=m_t, other=0.0).to(tl.float32), axis=0)
