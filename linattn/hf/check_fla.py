@@ -94,6 +94,14 @@ def check_family(family: str, out: Path, device: str, dtypes: list[str], lengths
     return rows
 
 
+def write_summary(summary: dict[str, Any], out: Path) -> None:
+    compared = [r for r in summary["rows"] if r.get("ok") is not None]
+    summary["all_compared_ok"] = bool(compared) and all(r["ok"] for r in compared)
+    summary["fla_failed"] = [f"{r['family']} {r.get('dtype')} T={r.get('T')}" for r in summary["rows"]
+                             if r.get("ok") is None]
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="directory for the FLA checkpoints and summary.json")
@@ -117,17 +125,15 @@ def main(argv: list[str] | None = None) -> int:
         summary["gpu"] = torch.cuda.get_device_name()
     for family in args.families.split(","):
         try:
-            summary["rows"] += check_family(family, out, args.device, dtypes, lengths)
+            rows = check_family(family, out, args.device, dtypes, lengths)
         except Exception as exc:  # a conversion failure: reported with its traceback, the other families still run
-            summary["rows"].append({"family": family, "ok": False, "error": f"{type(exc).__name__}: {exc}",
-                                    "traceback": traceback.format_exc(limit=6)})
-    compared = [r for r in summary["rows"] if r.get("ok") is not None]
-    summary["all_compared_ok"] = bool(compared) and all(r["ok"] for r in compared)
-    summary["fla_failed"] = [f"{r['family']} {r.get('dtype')} T={r.get('T')}" for r in summary["rows"]
-                             if r.get("ok") is None]
-    text = json.dumps(summary, indent=2)
-    (out / "summary.json").write_text(text)
-    print(text)
+            rows = [{"family": family, "ok": False, "error": f"{type(exc).__name__}: {exc}",
+                     "traceback": traceback.format_exc(limit=6)}]
+        summary["rows"] += rows
+        for row in rows:
+            print(json.dumps({k: v for k, v in row.items() if k != "traceback"}), flush=True)
+        write_summary(summary, out)  # after each family: a check stopped by a time limit keeps what it compared
+    print(json.dumps({k: summary[k] for k in ("all_compared_ok", "fla_failed")}))
     return 0 if summary["all_compared_ok"] else 1
 
 
