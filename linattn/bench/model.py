@@ -31,7 +31,9 @@ median of the pairs' ratios. An eager step waits on the host and a machine's spe
 fifth, which alternation cancels. ``packed_ratio_synced`` is the same ratio with each step synchronised on its own
 (``--steps`` pairs of single steps): it also counts the GPU work still queued when the host is done, which back to
 back steps overlap with the next step's host time. ``fixed_row_ratio`` keeps the packed row's tokens/s over the
-fixed-length row's.
+fixed-length row's. ``kernels_compiled_after_first_step`` counts the Triton kernel variants compiled over the
+warm-up and timed steps' packings after the first packed step (:mod:`linattn.bench.kernel_variants`): a kernel
+that specialised on the documents' lengths would compile again for new ones.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from linattn.compile_modes import TORCH_COMPILE_MODES, torch_compile_mode
 from linattn.models import CausalLM, ModelConfig, list_mixers
 from linattn.models.decode_bench import time_per_token
 
+from .kernel_variants import compiled_variants
 from .profile_op import kernel_times
 from .timing import environment, median_ms, synchronize, write_rows
 
@@ -148,6 +151,9 @@ class TrainRow:
     packed_ratio: float | None = None  # packed rows: fixed-length step time over packed, back-to-back runs alternated
     packed_ratio_synced: float | None = None  # the same, single synchronised steps alternated
     fixed_row_ratio: float | None = None  # packed rows: tokens/s over the fixed-length row's (same mixer, shape, mode)
+    # packed rows: Triton kernel variants compiled after the first packed step, over the warm-up and timed steps'
+    # new packings (None: no compiled Triton kernels to count, as on the CPU)
+    kernels_compiled_after_first_step: int | None = None
     error: str | None = None
     profile: dict | None = None
 
@@ -469,7 +475,12 @@ def _train_once(plan: ModelBenchPlan, row: TrainRow) -> None:
     if compiled:  # compile time apart, and out of the timing
         row.compile_s, row.graph_breaks = first_compiled_step(step, plan.device)
     graphs = compiled and plan.compile_mode == "reduce-overhead"
+    if row.layout == "packed":  # every later packing must reuse the first step's kernels
+        step()
+        variants = compiled_variants()
     row.ms_per_step, row.synced_ms_per_step, row.peak_gib = time_steps(step, plan, graphs)
+    if row.layout == "packed" and variants is not None:
+        row.kernels_compiled_after_first_step = compiled_variants() - variants
     row.tokens_per_s = row.batch * row.seq_len / (row.ms_per_step / 1e3)
     if row.layout == "packed":
         ids = torch.randint(0, plan.vocab_size, (row.batch, row.seq_len + 1), generator=gen).to(plan.device)
@@ -682,6 +693,7 @@ TRAIN_COLUMNS: list[Column] = [
     (f"memory x {REFERENCE}", True, lambda r: table_cell(r["memory_ratio"])),
     ("x fixed", True, lambda r: table_cell(r.get("packed_ratio"))),
     ("x fixed synced", True, lambda r: table_cell(r.get("packed_ratio_synced"))),
+    ("kernels compiled after step 1", True, lambda r: table_cell(r.get("kernels_compiled_after_first_step"), "d")),
     ("compile s", True, lambda r: table_cell(r["compile_s"], ".1f")),
     ("graph breaks", True, lambda r: table_cell(r["graph_breaks"], "d")), ("error", False, _note)]
 DECODE_COLUMNS: list[Column] = [

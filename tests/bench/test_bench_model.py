@@ -149,6 +149,18 @@ def test_packed_rows_beside_the_fixed_ones(tmp_path, capsys):
     assert "| gated_delta_rule | 1x64 packed | eager |" in capsys.readouterr().out
 
 
+def test_packed_rows_count_the_kernels_compiled_after_their_first_step(tmp_path, monkeypatch):
+    """The packed row keeps the kernel variants compiled between its first step and the end of its timing; on the
+    CPU nothing compiles (None), and fixed-length rows count nothing."""
+    counts = iter([40, 43])
+    monkeypatch.setattr(bench_model, "compiled_variants", lambda: next(counts))
+    rows = run(tmp_path, "--mixers", "softmax_attn", "--packed", "--doc-lengths", "5,24", "--no-decode")["rows"]
+    assert [r["kernels_compiled_after_first_step"] for r in rows] == [None, 3]
+    monkeypatch.setattr(bench_model, "compiled_variants", lambda: None)
+    rows = run(tmp_path / "cpu", "--mixers", "softmax_attn", "--packed", "--doc-lengths", "5,24", "--no-decode")["rows"]
+    assert [r["kernels_compiled_after_first_step"] for r in rows] == [None, None]
+
+
 def test_alternated_ratio_is_the_median_of_the_pairs(monkeypatch):
     """The packed row's ratio to the fixed-length step: first's time over second's per pair, in alternation."""
     calls, times = [], iter([2.0, 1.0, 9.0, 3.0, 4.0, 4.0])  # pairs' ratios 2, 3, 1: median 2
