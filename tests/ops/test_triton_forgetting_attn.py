@@ -151,3 +151,27 @@ def test_head_dims_above_the_limit_are_refused():
     q, k, v, g, *_ = make(1, 4, 1, 1, 264, 8, 0)
     with pytest.raises(ValueError, match="K, V <= 256"):
         forgetting_attn(q, k, v, g, backend="triton")
+
+
+
+@pytest.mark.parametrize("blocks", [SMALL_BLOCKS], indirect=True, ids=["16"])
+@pytest.mark.parametrize("window", [0, 5])
+def test_kernels_without_gates_equal_zero_gates(blocks, window):
+    """fox_attention with G None (the kernels' HAS_GATE off: deltaformer's attention passes) equals the same call
+    with G = 0 read from memory: output and the gradients of q, k, v (GQA, padding rows, both masked ranges)."""
+    from linattn.ops.forgetting_attn.triton import fox_attention
+
+    B, T, H, H_kv, D = 2, 37, 4, 2, 16
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (randn(B, T, h, D, generator=gen).to(DEVICE) for h in (H, H_kv, H_kv))
+    zeros = torch.zeros(B, H, T, dtype=torch.float64, device=DEVICE)
+
+    def attend(q, k, v, G):
+        return (fox_attention(q, k, v, G, 0.25, window),)
+
+    (o_ref,), ref = grads(attend, [q, k, v, zeros])
+    (o,), got = grads(attend, [q, k, v, None])
+    assert got[3] is None and ref[3] is not None and torch.isfinite(ref[3]).all()
+    assert_close(o, o_ref, 1e-6, "o")
+    for name, a, b in zip("qkv", got[:3], ref[:3]):
+        assert_close(a, b, 1e-6, "d" + name)

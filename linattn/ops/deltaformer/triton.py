@@ -4,9 +4,9 @@
     o_t = sum_{s<=t} softmax_{s<=t}(scale q_t.k_s) u_s
 
 Three steps, each a few kernel launches and no host loop: (1) the kernel rows' log-normalisers lse_t over the keys
-strictly before t (forgetting_attn's flash forward with strict visibility, zero gates); (2) the solve
+strictly before t (forgetting_attn's flash forward with strict visibility, no gates); (2) the solve
 (``triton_kernels.py``: one sequential pass over the chunks per value block and batch*head); (3) the output
-attention over (K, U) (the flash kernels with zero gates). The solve is an autograd Function whose backward runs
+attention over (K, U) (the flash kernels without gates). The solve is an autograd Function whose backward runs
 the adjoint kernel (psi = (I + A)^-T dU) and then the flash backward kernels with strict visibility for the kernel
 logits' share of dk (the attention backward with dO = -b psi, O = r; see ``triton_kernels.py``); the attention's
 backward is forgetting_attn's. Memory: U, r (float32) and the log-normalisers are kept: linear in T.
@@ -45,10 +45,6 @@ LAUNCH = {"C": 64, "BN": 64, "BV": 64, "panel": 8, "solve_warps": 4, "solve_stag
 launch_overrides("deltaformer", LAUNCH)
 
 
-def _zero_gates(k: torch.Tensor, H: int) -> torch.Tensor:
-    return torch.zeros(k.shape[0], H, k.shape[1], device=k.device, dtype=torch.float64)
-
-
 def solve_forward(k_all: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, u_cache: torch.Tensor, scale: float
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(U_all [B, Tk, H, V] float32: the cache's u's then the new ones, r [B, T, H, V] float32, the kernel rows'
@@ -58,7 +54,7 @@ def solve_forward(k_all: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, u_ca
     T, V = v.shape[1], v.shape[-1]
     T0 = Tk - T
     dummy = k_all.new_zeros(B, Tk, H, 1)  # the normalisers need no values
-    _, lse = fox_forward(k_all[:, T0:].contiguous(), k_all, dummy, _zero_gates(k_all, H), scale, 0, strict=True)
+    _, lse = fox_forward(k_all[:, T0:].contiguous(), k_all, dummy, None, scale, 0, strict=True)
     U = torch.empty(B, Tk, H, V, device=k_all.device, dtype=torch.float32)
     U[:, :T0] = u_cache
     r = torch.empty(B, T, H, V, device=k_all.device, dtype=torch.float32)
@@ -131,8 +127,8 @@ def solve_backward(k_all: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor, U
     # the kernel logits' gradient is an attention backward: queries and keys k, values U, dO = -b psi, O = r
     dt = k_all.dtype
     do = -(beta[..., None] * psi)
-    dq, dk, du_kernel, _ = fox_backward(k_all[:, T0:].contiguous(), k_all, U.to(dt), _zero_gates(k_all, H),
-                                        r.to(dt), lse, do, scale, 0, strict=True)
+    dq, dk, du_kernel, _ = fox_backward(k_all[:, T0:].contiguous(), k_all, U.to(dt), None, r.to(dt), lse, do,
+                                        scale, 0, strict=True)
     dk = dk.float()
     dk[:, T0:] += dq.float()
     dbeta = -(psi * r).sum(-1)
@@ -197,7 +193,7 @@ def deltaformer_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: 
         k_all = k.to(dt).contiguous()
         u_cache = k.new_zeros(B, 0, H, V, dtype=torch.float32)
     U, _, _ = _solve_differentiable(k_all, v.to(dt).contiguous(), beta.float().contiguous(), u_cache, float(scale))
-    o = fox_attention(q.to(dt).contiguous(), k_all, U.to(dt), _zero_gates(k_all, H), scale)
+    o = fox_attention(q.to(dt).contiguous(), k_all, U.to(dt), None, scale)
     state = None
     if output_final_state:
         keys = k.to(sdt) if initial_state is None else torch.cat([initial_state.k.to(sdt), k.to(sdt)], dim=1)

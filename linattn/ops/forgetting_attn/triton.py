@@ -44,10 +44,11 @@ def _dims(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, ...]:
     return B, Tq, k.shape[1], H, k.shape[2], K, v.shape[-1]
 
 
-def fox_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Tensor, scale: float, window: int,
-                strict: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def fox_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Tensor | None, scale: float,
+                window: int, strict: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """o [B, Tq, H, V] (q's dtype) and the base-2 row log-sum-exp [B, H, Tq] (float32). q [B, Tq, H, K],
-    k [B, Tk, H_kv, K], v [B, Tk, H_kv, V] contiguous in one dtype; G [B, H, Tk] float64; window 0: none.
+    k [B, Tk, H_kv, K], v [B, Tk, H_kv, V] contiguous in one dtype; G [B, H, Tk] float64, or None: no gate bias
+    (plain causal attention, which the kernels then run without reading a G); window 0: none.
     ``strict``: each query sees the keys strictly before its position (a row seeing none: o = 0, lse = +inf)."""
     B, Tq, Tk, H, Hkv, K, V = _dims(q, k, v)
     o = q.new_empty(B, Tq, H, V)
@@ -55,16 +56,18 @@ def fox_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Tens
     # a decoding step (a few queries against a long cache) would leave most of a 128-row block idle
     BM = LAUNCH["fwd_BM"] if Tq > 16 else 16
     fox_fwd_kernel[(cdiv(Tq, BM), B * H)](
-        q=q, k=k, v=v, G=G, o=o, lse=lse, scale=scale, Tq=Tq, Tk=Tk, W=window, H=H, HKV=Hkv, K=K, V=V, BM=BM,
-        BN=LAUNCH["fwd_BN"], BK=block(K), BV=block(V), HAS_WINDOW=window > 0, STRICT=strict,
+        q=q, k=k, v=v, G=lse if G is None else G, o=o, lse=lse, scale=scale, Tq=Tq, Tk=Tk, W=window, H=H, HKV=Hkv,
+        K=K, V=V, BM=BM, BN=LAUNCH["fwd_BN"], BK=block(K), BV=block(V), HAS_WINDOW=window > 0,
+        HAS_GATE=G is not None, STRICT=strict,
         PREC=dot_precision(q.dtype), UP=upcast_dots(q.dtype), **launch_options(LAUNCH, "fwd", q.dtype, 1))
     return o, lse
 
 
-def fox_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Tensor, o: torch.Tensor,
+def fox_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Tensor | None, o: torch.Tensor,
                  lse: torch.Tensor, do: torch.Tensor, scale: float, window: int, strict: bool = False
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv, dG): dG [B, H, Tk] float64, the gradient of G (row sums minus column sums of dS)."""
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(dq, dk, dv, dG): dG [B, H, Tk] float64, the gradient of G (row sums minus column sums of dS); None
+    without G."""
     B, Tq, Tk, H, Hkv, K, V = _dims(q, k, v)
     do = do.to(q.dtype).contiguous()
     delta = q.new_empty(B, H, Tq, dtype=torch.float32)
@@ -72,28 +75,38 @@ def fox_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Ten
     fox_delta_kernel[(cdiv(Tq, BMd), B * H)](
         o=o, do=do, delta=delta, Tq=Tq, H=H, V=V, BM=BMd, BV=block(V), **launch_options(LAUNCH, "delta", q.dtype, 1))
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    dG = torch.empty(B, H, Tk, device=q.device, dtype=torch.float64)
+    gated = G is not None
+    dG = torch.empty(B, H, Tk, device=q.device, dtype=torch.float64) if gated else None
+    # without gates the kernels read no G and write no dG: any tensor stands in for the pointers
     common = dict(scale=scale, Tq=Tq, Tk=Tk, W=window, H=H, HKV=Hkv, K=K, V=V, BK=block(K), BV=block(V),
-                  HAS_WINDOW=window > 0, STRICT=strict, PREC=dot_precision(q.dtype), UP=upcast_dots(q.dtype))
+                  G=G if gated else delta, dG=dG if gated else delta, HAS_WINDOW=window > 0, HAS_GATE=gated,
+                  STRICT=strict, PREC=dot_precision(q.dtype), UP=upcast_dots(q.dtype))
     BN = LAUNCH["dkv_BN"]
     fox_dkv_kernel[(cdiv(Tk, BN), B * Hkv)](
-        q=q, k=k, v=v, G=G, do=do, lse=lse, delta=delta, dk=dk, dv=dv, dG=dG, BM=LAUNCH["dkv_BM"], BN=BN,
+        q=q, k=k, v=v, do=do, lse=lse, delta=delta, dk=dk, dv=dv, BM=LAUNCH["dkv_BM"], BN=BN,
         **common, **launch_options(LAUNCH, "dkv", q.dtype, 1))
     BM = LAUNCH["dq_BM"]
     fox_dq_kernel[(cdiv(Tq, BM), B * H)](
-        q=q, k=k, v=v, G=G, do=do, lse=lse, delta=delta, dq=dq, dG=dG, BM=BM, BN=LAUNCH["dq_BN"], **common,
+        q=q, k=k, v=v, do=do, lse=lse, delta=delta, dq=dq, BM=BM, BN=LAUNCH["dq_BN"], **common,
         **launch_options(LAUNCH, "dq", q.dtype, 1))
     return dq, dk, dv, dG
 
 
-def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Tensor, scale: float, window: int
+def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Tensor | None, scale: float, window: int
          ) -> tuple[torch.Tensor, torch.Tensor]:
     return fox_forward(q, k, v, G, scale, window)
 
 
-def _bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-         do: torch.Tensor, scale: float, window: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return fox_backward(q, k, v, G, o, lse, do, scale, window)
+def _bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Tensor | None, o: torch.Tensor,
+         lse: torch.Tensor, do: torch.Tensor, scale: float, window: int
+         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fox_backward as an op returns tensors only: without G, dG is an empty tensor (its gradient is None)."""
+    dq, dk, dv, dG = fox_backward(q, k, v, G, o, lse, do, scale, window)
+    return dq, dk, dv, _no_gate_gradient(q) if dG is None else dG
+
+
+def _no_gate_gradient(q: torch.Tensor) -> torch.Tensor:
+    return q.new_empty(0, dtype=torch.float64)
 
 
 def _fwd_fake(q, k, v, G, scale, window):
@@ -105,7 +118,8 @@ _fwd_op = define_op("forgetting_attn_triton_fwd", _fwd, _fwd_fake)
 
 
 def _bwd_fake(q, k, v, G, o, lse, do, scale, window):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(G)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), \
+        _no_gate_gradient(q) if G is None else torch.empty_like(G)
 
 
 _bwd_op = define_op("forgetting_attn_triton_bwd", _bwd, _bwd_fake)
@@ -122,7 +136,7 @@ def _backward_rule(ctx, do, dlse):
     run = _bwd if eager_backward(ctx) else _bwd_op
     do = torch.zeros_like(o) if do is None else do
     dq, dk, dv, dG = run(q, k, v, G, o, lse, do, ctx.scale, ctx.window)
-    return dq, dk, dv, dG, None, None
+    return dq, dk, dv, None if G is None else dG, None, None
 
 
 _fox_differentiable = op_function("ForgettingAttnTriton", _fwd, _fwd_op, _setup_context, _backward_rule,
@@ -130,9 +144,10 @@ _fox_differentiable = op_function("ForgettingAttnTriton", _fwd, _fwd_op, _setup_
 KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def fox_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Tensor, scale: float,
+def fox_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Tensor | None, scale: float,
                   window: int = 0) -> torch.Tensor:
-    """Differentiable o of :func:`fox_forward` (kernel dtypes, contiguous; G [B, H, Tk] float64): the custom op
+    """Differentiable o of :func:`fox_forward` (kernel dtypes, contiguous; G [B, H, Tk] float64 or None: no gate
+    bias): the custom op
     under torch.compile (and for tensor subclasses), the eager autograd Function otherwise."""
     return _fox_differentiable(q, k, v, G, float(scale), int(window))[0]
 

@@ -6,7 +6,8 @@ and key j at position j,
     s_ij = scale q_i . k_j + G_{p_i} - G_j        for j <= p_i (and p_i - j < W with a sliding window W)
     o_i  = sum_j softmax_j(s_ij) v_j
 
-with G = cumsum(g) over all Tk positions (the FoX bias; G = 0 is plain causal attention). Key/value head
+with G = cumsum(g) over all Tk positions (the FoX bias). Without gates (HAS_GATE false: deltaformer's attention
+passes) the kernels add no bias, read no G and leave dG alone: plain causal attention. Key/value head
 h // (H / H_kv) serves query head h (grouped-query attention).
 
 Online softmax over key blocks (memory linear in T: no Tq x Tk tile is stored). The forward keeps only o and the
@@ -82,10 +83,19 @@ def _bias(Grow, Gk, n, cols, Tk):
 
 
 @triton.jit
+def _gate_rows(Gk, Tk, Tq, rows, m_rows, HAS_GATE: tl.constexpr):
+    """G [rows] at the query rows' own positions (float64), or zeros without gates (G is then not read)."""
+    if HAS_GATE:
+        return tl.load(Gk + Tk - Tq + rows, mask=m_rows, other=0.0)
+    else:
+        return tl.zeros(rows.shape, dtype=tl.float64)
+
+
+@triton.jit
 def _fwd_blocks(acc, m_i, l_i, bad, qt, Grow, pos, kb, vb, Gk, start, end, Tk, W, scale2,
                 KS: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                BV: tl.constexpr, MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
-                UP: tl.constexpr):
+                BV: tl.constexpr, MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_GATE: tl.constexpr,
+                PREC: tl.constexpr, UP: tl.constexpr):
     """Online softmax over key blocks [start, end) (steps of BN); MASK: apply the visibility mask.
 
     In a masked block a hidden key's probability is 0, but 0 x NaN = NaN inside P V: such blocks read the
@@ -99,7 +109,9 @@ def _fwd_blocks(acc, m_i, l_i, bad, qt, Grow, pos, kb, vb, Gk, start, end, Tk, W
                    MASK or BK != K)
         vt = _load(vb + cols[:, None] * (KS * V) + o_v[None, :], cols[:, None] < Tk, o_v[None, :] < V,
                    MASK or BV != V)
-        s = mm(qt, kt, PREC, UP) * scale2 + _bias(Grow, Gk, n, cols, Tk)
+        s = mm(qt, kt, PREC, UP) * scale2
+        if HAS_GATE:
+            s += _bias(Grow, Gk, n, cols, Tk)
         if MASK:
             vis = _visible(pos, cols, Tk, W, HAS_WINDOW)
             s = tl.where(vis, s, float("-inf"))
@@ -137,9 +149,11 @@ def _key_ranges(p_first, p_last, W, HAS_WINDOW: tl.constexpr, BN: tl.constexpr):
 @triton.jit(do_not_specialize=["Tq", "Tk", "W"])
 def fox_fwd_kernel(q, k, v, G, o, lse, scale, Tq, Tk, W, H: tl.constexpr, HKV: tl.constexpr, K: tl.constexpr,
                    V: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                   HAS_WINDOW: tl.constexpr, STRICT: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+                   HAS_WINDOW: tl.constexpr, HAS_GATE: tl.constexpr, STRICT: tl.constexpr, PREC: tl.constexpr,
+                   UP: tl.constexpr):
     """Grid (cdiv(Tq, BM), B*H): o [B, Tq, H, V] and lse [B, H, Tq] (base 2) of one query block; a row that sees
-    no key (STRICT, the first position) gets o = 0 and lse = +inf (its probabilities are 0 in backward)."""
+    no key (STRICT, the first position) gets o = 0 and lse = +inf (its probabilities are 0 in backward). Without
+    HAS_GATE, G is not read (any pointer)."""
     i_m, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     i_hk = i_h // (H // HKV)
@@ -151,7 +165,7 @@ def fox_fwd_kernel(q, k, v, G, o, lse, scale, Tq, Tk, W, H: tl.constexpr, HKV: t
     qb = q + (i_b * Tq * H + i_h) * K
     qt = tl.load(qb + rows[:, None] * (H * K) + o_k[None, :], mask=m_rows[:, None] & (o_k[None, :] < K), other=0.0)
     Gk = G + i_bh * Tk
-    Grow = tl.load(Gk + Tk - Tq + rows, mask=m_rows, other=0.0)  # G at the query's own position
+    Grow = _gate_rows(Gk, Tk, Tq, rows, m_rows, HAS_GATE)
     kb = k + (i_b * Tk * HKV + i_hk) * K
     vb = v + (i_b * Tk * HKV + i_hk) * V
     scale2 = scale * 1.4426950408889634
@@ -164,11 +178,11 @@ def fox_fwd_kernel(q, k, v, G, o, lse, scale, Tq, Tk, W, H: tl.constexpr, HKV: t
     l_i = tl.zeros([BM], dtype=tl.float32)
     bad = rows < 0  # [BM] all False: rows that see a non-finite value in a masked block
     acc, m_i, l_i, bad = _fwd_blocks(acc, m_i, l_i, bad, qt, Grow, pos, kb, vb, Gk, lo, mid_lo, Tk, W, scale2, HKV,
-                                     K, V, BN, BK, BV, True, HAS_WINDOW, PREC, UP)
+                                     K, V, BN, BK, BV, True, HAS_WINDOW, HAS_GATE, PREC, UP)
     acc, m_i, l_i, bad = _fwd_blocks(acc, m_i, l_i, bad, qt, Grow, pos, kb, vb, Gk, mid_lo, mid_hi, Tk, W, scale2,
-                                     HKV, K, V, BN, BK, BV, False, HAS_WINDOW, PREC, UP)
+                                     HKV, K, V, BN, BK, BV, False, HAS_WINDOW, HAS_GATE, PREC, UP)
     acc, m_i, l_i, bad = _fwd_blocks(acc, m_i, l_i, bad, qt, Grow, pos, kb, vb, Gk, mid_hi, hi, Tk, W, scale2, HKV,
-                                     K, V, BN, BK, BV, True, HAS_WINDOW, PREC, UP)
+                                     K, V, BN, BK, BV, True, HAS_WINDOW, HAS_GATE, PREC, UP)
     empty = l_i == 0.0  # padding rows (not stored), and with STRICT the first position
     l_safe = tl.where(empty, 1.0, l_i)
     out = tl.where(bad[:, None], float("nan"), acc / l_safe[:, None])
@@ -194,8 +208,8 @@ def fox_delta_kernel(o, do, delta, Tq, H: tl.constexpr, V: tl.constexpr, BM: tl.
 @triton.jit
 def _dkv_blocks(dk, dv, dGc, kt, vt, cols, n, qb, dob, lseb, deltab, Gk, start, end, T0, Tq, Tk, W, scale2,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
-                BV: tl.constexpr, MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
-                UP: tl.constexpr):
+                BV: tl.constexpr, MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_GATE: tl.constexpr,
+                PREC: tl.constexpr, UP: tl.constexpr):
     """dK, dV and the column sums of dS of one key block over query blocks [start, end) (steps of BM)."""
     o_k, o_v = tl.arange(0, BK), tl.arange(0, BV)
     for r in range(start, end, BM):
@@ -209,8 +223,9 @@ def _dkv_blocks(dk, dv, dGc, kt, vt, cols, n, qb, dob, lseb, deltab, Gk, start, 
         lse_r = tl.load(lseb + rows, mask=m_rows, other=float("inf"))
         delta_r = tl.load(deltab + rows, mask=m_rows, other=0.0)
         pos = T0 + rows
-        Grow = tl.load(Gk + Tk - Tq + rows, mask=m_rows, other=0.0)
-        s = mm(qt, tl.trans(kt), PREC, UP) * scale2 + _bias(Grow, Gk, n, cols, Tk)
+        s = mm(qt, tl.trans(kt), PREC, UP) * scale2
+        if HAS_GATE:
+            s += _bias(_gate_rows(Gk, Tk, Tq, rows, m_rows, HAS_GATE), Gk, n, cols, Tk)
         if MASK:
             s = tl.where(_visible(pos, cols, Tk, W, HAS_WINDOW), s, float("-inf"))
         p = tl.exp2(s - lse_r[:, None])  # [BM, BN]
@@ -218,7 +233,8 @@ def _dkv_blocks(dk, dv, dGc, kt, vt, cols, n, qb, dob, lseb, deltab, Gk, start, 
         dp = mm(dot_, tl.trans(vt), PREC, UP)
         ds = p * (dp - delta_r[:, None])
         dk += mm(tl.trans(ds.to(qt.dtype)), qt, PREC, UP)
-        dGc -= tl.sum(ds, axis=0)
+        if HAS_GATE:
+            dGc -= tl.sum(ds, axis=0)
     return dk, dv, dGc
 
 
@@ -226,10 +242,11 @@ def _dkv_blocks(dk, dv, dGc, kt, vt, cols, n, qb, dob, lseb, deltab, Gk, start, 
 @triton.jit(do_not_specialize=["Tq", "Tk", "W"])
 def fox_dkv_kernel(q, k, v, G, do, lse, delta, dk, dv, dG, scale, Tq, Tk, W, H: tl.constexpr, HKV: tl.constexpr,
                    K: tl.constexpr, V: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                   BV: tl.constexpr, HAS_WINDOW: tl.constexpr, STRICT: tl.constexpr, PREC: tl.constexpr,
-                   UP: tl.constexpr):
+                   BV: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_GATE: tl.constexpr, STRICT: tl.constexpr,
+                   PREC: tl.constexpr, UP: tl.constexpr):
     """Grid (cdiv(Tk, BN), B*H_kv): dk, dv of one key block (summed over the query heads of the group) and
-    dG [B, H, Tk] = -(column sums of dS) per query head (the dQ kernel adds the row sums)."""
+    dG [B, H, Tk] = -(column sums of dS) per query head (the dQ kernel adds the row sums); without HAS_GATE,
+    G and dG are neither read nor written."""
     i_n, i_bhk = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_hk = i_bhk // HKV, i_bhk % HKV
     GROUP: tl.constexpr = H // HKV
@@ -267,14 +284,15 @@ def fox_dkv_kernel(q, k, v, G, do, lse, delta, dk, dv, dG, scale, Tq, Tk, W, H: 
         dGc = tl.zeros([BN], dtype=tl.float32)
         dk_acc, dv_acc, dGc = _dkv_blocks(dk_acc, dv_acc, dGc, kt, vt, cols, n, qb, dob, lse + i_bh * Tq,
                                           delta + i_bh * Tq, Gk, r_lo, mid_lo, T0, Tq, Tk, W, scale2, H, K, V, BM,
-                                          BK, BV, True, HAS_WINDOW, PREC, UP)
+                                          BK, BV, True, HAS_WINDOW, HAS_GATE, PREC, UP)
         dk_acc, dv_acc, dGc = _dkv_blocks(dk_acc, dv_acc, dGc, kt, vt, cols, n, qb, dob, lse + i_bh * Tq,
                                           delta + i_bh * Tq, Gk, mid_lo, mid_hi, T0, Tq, Tk, W, scale2, H, K, V, BM,
-                                          BK, BV, False, HAS_WINDOW, PREC, UP)
+                                          BK, BV, False, HAS_WINDOW, HAS_GATE, PREC, UP)
         dk_acc, dv_acc, dGc = _dkv_blocks(dk_acc, dv_acc, dGc, kt, vt, cols, n, qb, dob, lse + i_bh * Tq,
                                           delta + i_bh * Tq, Gk, mid_hi, r_hi, T0, Tq, Tk, W, scale2, H, K, V, BM,
-                                          BK, BV, True, HAS_WINDOW, PREC, UP)
-        tl.store(dG + i_bh * Tk + cols, dGc.to(dG.dtype.element_ty), mask=m_cols)
+                                          BK, BV, True, HAS_WINDOW, HAS_GATE, PREC, UP)
+        if HAS_GATE:
+            tl.store(dG + i_bh * Tk + cols, dGc.to(dG.dtype.element_ty), mask=m_cols)
     tl.store(dk + (i_b * Tk * HKV + i_hk) * K + cols[:, None] * (HKV * K) + o_k[None, :],
              (dk_acc * scale).to(dk.dtype.element_ty), mask=m_cols[:, None] & (o_k[None, :] < K))
     tl.store(dv + (i_b * Tk * HKV + i_hk) * V + cols[:, None] * (HKV * V) + o_v[None, :],
@@ -284,7 +302,8 @@ def fox_dkv_kernel(q, k, v, G, do, lse, delta, dk, dv, dG, scale, Tq, Tk, W, H: 
 @triton.jit
 def _dq_blocks(dq, dGr, qt, dot_, lse_r, delta_r, Grow, pos, kb, vb, Gk, start, end, Tk, W, scale2,
                KS: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-               MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+               MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr,
+               UP: tl.constexpr):
     """dQ (before the factor scale) and the row sums of dS of one query block over key blocks [start, end)."""
     o_k, o_v = tl.arange(0, BK), tl.arange(0, BV)
     for n in range(start, end, BN):
@@ -293,14 +312,17 @@ def _dq_blocks(dq, dGr, qt, dot_, lse_r, delta_r, Grow, pos, kb, vb, Gk, start, 
                    MASK or BK != K)
         vt = _load(vb + cols[None, :] * (KS * V) + o_v[:, None], o_v[:, None] < V, cols[None, :] < Tk,
                    MASK or BV != V)
-        s = mm(qt, tl.trans(kc), PREC, UP) * scale2 + _bias(Grow, Gk, n, cols, Tk)
+        s = mm(qt, tl.trans(kc), PREC, UP) * scale2
+        if HAS_GATE:
+            s += _bias(Grow, Gk, n, cols, Tk)
         if MASK:
             s = tl.where(_visible(pos, cols, Tk, W, HAS_WINDOW), s, float("-inf"))
         p = tl.exp2(s - lse_r[:, None])
         dp = mm(dot_, vt, PREC, UP)
         ds = p * (dp - delta_r[:, None])
         dq += mm(ds.to(kc.dtype), kc, PREC, UP)
-        dGr += tl.sum(ds, axis=1)
+        if HAS_GATE:
+            dGr += tl.sum(ds, axis=1)
     return dq, dGr
 
 
@@ -308,9 +330,10 @@ def _dq_blocks(dq, dGr, qt, dot_, lse_r, delta_r, Grow, pos, kb, vb, Gk, start, 
 @triton.jit(do_not_specialize=["Tq", "Tk", "W"])
 def fox_dq_kernel(q, k, v, G, do, lse, delta, dq, dG, scale, Tq, Tk, W, H: tl.constexpr, HKV: tl.constexpr,
                   K: tl.constexpr, V: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                  BV: tl.constexpr, HAS_WINDOW: tl.constexpr, STRICT: tl.constexpr, PREC: tl.constexpr,
-                  UP: tl.constexpr):
-    """Grid (cdiv(Tq, BM), B*H): dq of one query block; adds the row sums of dS to dG at the query positions."""
+                  BV: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_GATE: tl.constexpr, STRICT: tl.constexpr,
+                  PREC: tl.constexpr, UP: tl.constexpr):
+    """Grid (cdiv(Tq, BM), B*H): dq of one query block; adds the row sums of dS to dG at the query positions
+    (with HAS_GATE)."""
     i_m, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     i_hk = i_h // (H // HKV)
@@ -326,7 +349,7 @@ def fox_dq_kernel(q, k, v, G, do, lse, delta, dq, dG, scale, Tq, Tk, W, H: tl.co
     lse_r = tl.load(lse + i_bh * Tq + rows, mask=m_rows, other=float("inf"))
     delta_r = tl.load(delta + i_bh * Tq + rows, mask=m_rows, other=0.0)
     Gk = G + i_bh * Tk
-    Grow = tl.load(Gk + Tk - Tq + rows, mask=m_rows, other=0.0)  # G at the query's own position
+    Grow = _gate_rows(Gk, Tk, Tq, rows, m_rows, HAS_GATE)
     kb = k + (i_b * Tk * HKV + i_hk) * K
     vb = v + (i_b * Tk * HKV + i_hk) * V
     scale2 = scale * 1.4426950408889634
@@ -337,17 +360,18 @@ def fox_dq_kernel(q, k, v, G, do, lse, delta, dq, dG, scale, Tq, Tk, W, H: tl.co
     dGr = tl.zeros([BM], dtype=tl.float32)
     acc, dGr = _dq_blocks(acc, dGr, qt, dot_, lse_r, delta_r, Grow, pos, kb, vb, Gk,
                           lo, mid_lo, Tk, W, scale2, HKV, K, V, BN, BK, BV, True, HAS_WINDOW,
-                          PREC, UP)
+                          HAS_GATE, PREC, UP)
     acc, dGr = _dq_blocks(acc, dGr, qt, dot_, lse_r, delta_r, Grow, pos, kb, vb, Gk,
                           mid_lo, mid_hi, Tk, W, scale2, HKV, K, V, BN, BK, BV, False,
-                          HAS_WINDOW, PREC, UP)
+                          HAS_WINDOW, HAS_GATE, PREC, UP)
     acc, dGr = _dq_blocks(acc, dGr, qt, dot_, lse_r, delta_r, Grow, pos, kb, vb, Gk,
                           mid_hi, hi, Tk, W, scale2, HKV, K, V, BN, BK, BV, True, HAS_WINDOW,
-                          PREC, UP)
+                          HAS_GATE, PREC, UP)
     tl.store(dq + (i_b * Tq * H + i_h) * K + rows[:, None] * (H * K) + o_k[None, :],
              (acc * scale).to(dq.dtype.element_ty), mask=m_qk)
     # dG = row sums - column sums: the column sums are there already (the dK/dV kernel ran first). The row sums
     # vanish in exact arithmetic; kept, they cancel the column sums' share of the error of delta (from O rounded
     # to bf16), which the reverse cumulative sum of dG would otherwise gather (sum_r dG_r = 0 exactly)
-    dG_old = tl.load(dG + i_bh * Tk + Tk - Tq + rows, mask=m_rows, other=0.0)
-    tl.store(dG + i_bh * Tk + Tk - Tq + rows, dG_old + dGr.to(dG.dtype.element_ty), mask=m_rows)
+    if HAS_GATE:
+        dG_old = tl.load(dG + i_bh * Tk + Tk - Tq + rows, mask=m_rows, other=0.0)
+        tl.store(dG + i_bh * Tk + Tk - Tq + rows, dG_old + dGr.to(dG.dtype.element_ty), mask=m_rows)
