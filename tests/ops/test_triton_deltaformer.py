@@ -18,9 +18,10 @@ FOX_SMALL = {"fwd_BM": 16, "fwd_BN": 16, "dkv_BM": 16, "dkv_BN": 16, "dq_BM": 16
 SETTINGS = {
     "16": ({"C": 16, "BN": 16, "BV": 16, "panel": 0}, FOX_SMALL),  # one pass over the sequence
     "mixed": ({"C": 32, "BN": 16, "BV": 16}, {**FOX_SMALL, "fwd_BM": 32, "dkv_BN": 32}),
-    # the blocked solve: panels of one and of two 16-row chunks (a partial last panel at T = 37 and 50)
-    "panel1": ({"C": 16, "BN": 16, "BV": 16, "panel": 1}, FOX_SMALL),
-    "panel2": ({"C": 16, "BN": 16, "BV": 16, "panel": 2}, FOX_SMALL),
+    # the blocked solve: panels of one and of two 16-row chunks (a partial last panel at T = 37 and 50); the
+    # updates in value blocks of their own (32: one block at V = 20, where the solve's 16 make two)
+    "panel1": ({"C": 16, "BN": 16, "BV": 16, "update_BV": 16, "panel": 1}, FOX_SMALL),
+    "panel2": ({"C": 16, "BN": 16, "BV": 16, "update_BV": 32, "panel": 2}, FOX_SMALL),
 }
 
 

@@ -34,14 +34,16 @@ from .triton_kernels import (
 )
 
 # "C": rows per chunk of the solve (16, 32 or 64: the in-kernel inverse); "BN" keys per step over the past;
-# "BV" value columns per program; "panel": chunks per panel of the blocked solve (triton_kernels.py; 0: one pass over
-# the whole sequence per program). On an H200 (bf16, B 4, H 16, K = V = 128; one process per panel size) the op's
-# forward and backward took 18.7 / 17.7 / 16.1 / 15.3 / 15.6 / 16.4 ms at T = 4096 with panels of 0 (one pass) /
-# 2 / 4 / 8 / 16 / 32 chunks of 64 rows, and 237.8 / 215.3 / 189.8 / 179.5 / 175.0 / 175.9 ms at T = 16384; the
-# model's step (8 x 2048) 0.77x the Transformer's with panels of 8 against 0.70x with 4 (separate runs).
+# "BV" value columns per program of the solve and its adjoint, "update_BV" per program of the panel updates (each
+# value block's program recomputes its rows' logits: wider blocks compute fewer; not yet timed wider than 64);
+# "panel": chunks per panel of the blocked solve (triton_kernels.py; 0: one pass over the whole sequence per
+# program). On an H200 (bf16, B 4, H 16, K = V = 128; one process per panel size) the op's forward and backward
+# took 18.7 / 17.7 / 16.1 / 15.3 / 15.6 / 16.4 ms at T = 4096 with panels of 0 (one pass) / 2 / 4 / 8 / 16 / 32
+# chunks of 64 rows, and 237.8 / 215.3 / 189.8 / 179.5 / 175.0 / 175.9 ms at T = 16384; the model's step (8 x 2048)
+# 0.77x the Transformer's with panels of 8 against 0.70x with 4 (separate runs).
 # LINATTN_TRITON_LAUNCH='{"deltaformer": {...}}' overrides them.
-LAUNCH = {"C": 64, "BN": 64, "BV": 64, "panel": 8, "solve_warps": 4, "solve_stages": 2, "psi_warps": 4,
-          "psi_stages": 2, "update_warps": 4, "update_stages": 2}
+LAUNCH = {"C": 64, "BN": 64, "BV": 64, "update_BV": 64, "panel": 8, "solve_warps": 4, "solve_stages": 2,
+          "psi_warps": 4, "psi_stages": 2, "update_warps": 4, "update_stages": 2}
 launch_overrides("deltaformer", LAUNCH)
 
 
@@ -71,16 +73,18 @@ def solve_forward(k_all: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, u_ca
         return U, r, lse
     acc = torch.empty(B, T, H, V, device=k_all.device, dtype=torch.float32)  # each row's sum over earlier panels
     update = launch_options(LAUNCH, "update", k_all.dtype, 1)
-    deltaformer_update_kernel[(NC, cdiv(V, BV), B * H)](  # the cache's share (none: zeros)
-        k=k_all, u=U, lse=lse, acc=acc, m0=0, n0=0, n1=T0, HAS_ACC=False, **common, **update)
+    BVu = min(LAUNCH["update_BV"], block(V))
+    by_update = {**common, "BV": BVu}
+    deltaformer_update_kernel[(NC, cdiv(V, BVu), B * H)](  # the cache's share (none: zeros)
+        k=k_all, u=U, lse=lse, acc=acc, m0=0, n0=0, n1=T0, HAS_ACC=False, **by_update, **update)
     for c0 in range(0, NC, P):
         c1 = min(c0 + P, NC)
         deltaformer_solve_kernel[(cdiv(V, BV), B * H)](
             k=k_all, v=v, beta=beta, lse=lse, u=U, r=r, acc_in=acc, c0=c0, c1=c1, past0=T0 + c0 * C, HAS_ACC=True,
             **common, **solve)
         if c1 < NC:
-            deltaformer_update_kernel[(NC - c1, cdiv(V, BV), B * H)](
-                k=k_all, u=U, lse=lse, acc=acc, m0=c1, n0=T0 + c0 * C, n1=T0 + c1 * C, HAS_ACC=True, **common,
+            deltaformer_update_kernel[(NC - c1, cdiv(V, BVu), B * H)](
+                k=k_all, u=U, lse=lse, acc=acc, m0=c1, n0=T0 + c0 * C, n1=T0 + c1 * C, HAS_ACC=True, **by_update,
                 **update)
     return U, r, lse
 
@@ -114,6 +118,8 @@ def solve_backward(k_all: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor, U
     else:  # panels from the last one; acc: each row's sum over the later panels' rows
         acc = torch.empty_like(psi)
         update = launch_options(LAUNCH, "update", k_all.dtype, 1)
+        BVu = min(LAUNCH["update_BV"], block(V))
+        by_update = {**common, "BV": BVu}
         last = (NC - 1) // P * P  # the first chunk of the last panel
         for c0 in range(last, -1, -P):
             c1 = min(c0 + P, NC)
@@ -121,9 +127,9 @@ def solve_backward(k_all: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor, U
                 k=k_all, beta=beta, lse=lse, du=du, psi=psi, acc_in=acc, c0=c0, c1=c1, t_end=min(c1 * C, T),
                 HAS_ACC=c1 < NC, **common, **adjoint)
             if c0 > 0:
-                deltaformer_psi_update_kernel[(c0, cdiv(V, BV), B * H)](
+                deltaformer_psi_update_kernel[(c0, cdiv(V, BVu), B * H)](
                     k=k_all, beta=beta, lse=lse, psi=psi, acc=acc, t0=c0 * C, t1=min(c1 * C, T),
-                    HAS_ACC=c1 < NC, **common, **update)
+                    HAS_ACC=c1 < NC, **by_update, **update)
     # the kernel logits' gradient is an attention backward: queries and keys k, values U, dO = -b psi, O = r
     dt = k_all.dtype
     do = -(beta[..., None] * psi)
