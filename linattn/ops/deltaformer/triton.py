@@ -135,11 +135,10 @@ def solve_backward(k_all: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor, U
     do = -(beta[..., None] * psi)
     dq, dk, du_kernel, _ = fox_backward(k_all[:, T0:].contiguous(), k_all, U.to(dt), None, r.to(dt), lse, do,
                                         scale, 0, strict=True)
-    dk = dk.float()
-    dk[:, T0:] += dq.float()
+    dk[:, T0:] += dq  # in dk's dtype: the sum is rounded once, as a float32 sum rounded back would be
     dbeta = -(psi * r).sum(-1)
     du_cache = dU[:, :T0].float() + du_kernel[:, :T0].float()
-    return dk.to(dt), psi, dbeta, du_cache
+    return dk, psi, dbeta, du_cache
 
 
 def _solve_fwd_fake(k_all, v, beta, u_cache, scale):
