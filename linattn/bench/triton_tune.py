@@ -42,6 +42,12 @@ KERNEL_GROUPS = {
     "mesa_net": {"_states_kernel": "scan", "_chunk_cg_kernel": "cg", "_readout_kernel": "out",
                  "_dstates_kernel": "bscan", "_read_grads_kernel": "grads", "_solve_grads_kernel": "kk"},
     "ttt_linear": {f"_ttt_{g}_kernel": g for g in ("fwd_scan", "fwd_out", "bwd_pre", "bwd_scan", "bwd_post")},
+    "forgetting_attn": {"fox_fwd_kernel": "fwd", "fox_delta_kernel": "delta", "fox_dkv_kernel": "dkv",
+                        "fox_dq_kernel": "dq"},
+    # its attention passes run forgetting_attn's kernels, whose settings live in forgetting_attn's LAUNCH: tune them
+    # there; here the solve, its adjoint and the panel updates (both update kernels read the "update" keys)
+    "deltaformer": {"deltaformer_solve_kernel": "solve", "deltaformer_psi_kernel": "psi",
+                    "deltaformer_update_kernel": "update", "deltaformer_psi_update_kernel": "update"},
 }
 # the module holding a family's LAUNCH, where it is not linattn/ops/<family>/triton.py
 LAUNCH_MODULES = {"ttt_linear": "linattn.ops.ttt.triton_linear",
@@ -75,6 +81,10 @@ def default_grid(family: str) -> dict[str, list[dict]]:
         return _mesa_grid()
     if family == "ttt_linear":
         return _ttt_grid()
+    if family == "forgetting_attn":
+        return _fox_grid()
+    if family == "deltaformer":
+        return _deltaformer_grid()
     blocks = {"gated_delta_rule": {"scan": ("scan_BV", (32, 64)), "bscan": ("bscan_BV", (32, 64)),
                                    "out": ("out_BV", (64, 128)), "dv": ("dv_BV", (64, 128)),
                                    "grads": ("grads_BV", (32, 64))},
@@ -108,6 +118,23 @@ def _ttt_grid() -> dict[str, list[dict]]:
     scans = {g: _candidates(g, warps=(4, 8), stages=(1, 2)) for g in ("fwd_scan", "bwd_scan")}
     chunks = {g: [{}, {f"{g}_warps": 4}] for g in ("fwd_out", "bwd_pre", "bwd_post")}
     return {**scans, **chunks}
+
+
+def _fox_grid() -> dict[str, list[dict]]:
+    """forgetting_attn's candidates: each kernel's warps and stages with one block size of its own (the query rows
+    per dK/dV step, the keys per forward and dQ step); delta, a row sum, only its warps."""
+    return {"fwd": _candidates("fwd", warps=(4, 8), blocks=("fwd_BN", (32, 64))),
+            "dkv": _candidates("dkv", warps=(4, 8), stages=(2, 3), blocks=("dkv_BM", (32, 64))),
+            "dq": _candidates("dq", warps=(4, 8), blocks=("dq_BN", (32, 64))),
+            "delta": [{}, {"delta_warps": 8}]}
+
+
+def _deltaformer_grid() -> dict[str, list[dict]]:
+    """deltaformer's candidates: the sequential solve and adjoint (no block key: their value blocks, BV, are shared)
+    with one to three stages, and the panel updates with value blocks of their own (update_BV)."""
+    return {"solve": _candidates("solve", warps=(4, 8), stages=(1, 2, 3)),
+            "psi": _candidates("psi", warps=(4, 8), stages=(1, 2, 3)),
+            "update": _candidates("update", warps=(4, 8), stages=(2, 3), blocks=("update_BV", (64, 128)))}
 
 
 def _inputs(op: str, B: int, T: int, H: int, K: int, V: int, device: str) -> dict:

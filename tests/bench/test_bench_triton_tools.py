@@ -59,6 +59,15 @@ def test_ttt_linear_groups_name_its_kernels_and_launch_keys():
         assert {f"{group}_warps", f"{group}_stages"} <= set(module.LAUNCH)
 
 
+@needs_triton
+@pytest.mark.parametrize("family", ["forgetting_attn", "deltaformer"])
+def test_softmax_side_groups_name_their_kernels_and_launch_keys(family):
+    module = triton_tune.launch_module(family)
+    for kernel, group in triton_tune.KERNEL_GROUPS[family].items():
+        assert hasattr(module, kernel), kernel
+        assert {f"{group}_warps", f"{group}_stages"} <= set(module.LAUNCH), (kernel, group)
+
+
 @pytest.mark.triton
 @needs_triton
 def test_tune_runs_every_setting_and_checks_it_against_the_first():
