@@ -11,13 +11,12 @@ from typing import Any
 
 
 def _jit_function(value: Any) -> Any | None:
-    """The Triton JIT function inside ``value`` (a JIT function, our launch wrapper, an autotuner or heuristics),
-    or None: anything holding per-device kernel caches counts."""
+    """The Triton JIT function inside ``value``, or None: anything holding per-device kernel caches counts. Our
+    launch wrapper forwards attribute reads to its kernel; autotuners and heuristics hold theirs as ``fn``."""
     for _ in range(4):  # wrappers nest a few deep at most (launch wrapper -> autotuner -> heuristics -> jit)
         if isinstance(getattr(value, "device_caches", None), dict):
             return value
-        inner = value.__dict__.get("kernel") if hasattr(value, "__dict__") else None
-        value = inner if inner is not None else getattr(value, "fn", None)
+        value = getattr(value, "fn", None)
         if value is None:
             return None
     return None

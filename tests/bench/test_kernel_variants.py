@@ -15,8 +15,13 @@ class FakeJit:
 
 
 class Wrapper:
+    """Forwards attribute reads to its kernel, as the launch wrapper (triton_launch.FastKernel) does."""
+
     def __init__(self, kernel: object) -> None:
         self.kernel = kernel
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.kernel, name)
 
 
 class Autotuned:

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from .batch_slices import rows_per_call, run_in_row_slices, state_rows, state_tensors
+from .batch_slices import cat_states, rows_per_call, run_in_row_slices, state_rows, state_tensors
 from .checks import check_float_tensor
 from .kv_cache import KVCache
 from .packed_call import Packing, device_offsets, kept, packed_call
@@ -149,13 +149,11 @@ def concat_states(states: list[Any]) -> Any:
     first = states[0]
     if first is None:
         return None
-    if isinstance(first, torch.Tensor):
-        return torch.cat(states, dim=0)
-    if isinstance(first, tuple):
-        return type(first)(concat_states([s[j] for s in states]) for j in range(len(first)))
-    if dataclasses.is_dataclass(first):
+    if dataclasses.is_dataclass(first):  # a cache per sequence: their lengths differ
         return list(states)
-    raise TypeError(f"cannot pack final states of type {type(first).__name__}")
+    if not isinstance(first, (torch.Tensor, tuple)):
+        raise TypeError(f"cannot pack final states of type {type(first).__name__}")
+    return cat_states(states)
 
 
 def packable(*token_args: str, native: Callable[[dict[str, Any]], bool] | None = None
