@@ -4,7 +4,8 @@
         [--out tune.json]
 
 A family's kernels each read their own ``LAUNCH`` keys (``linattn/ops/<family>/triton.py``; ttt_linear's in
-``linattn/ops/ttt/triton_linear.py``, mesa_net's in ``linattn/ops/mesa_net/triton_cg.py``), so the settings of
+``linattn/ops/ttt/triton_linear.py``, mesa_net's in ``linattn/ops/mesa_net/triton_cg.py``, path_attn's UT
+transform's, family path_attn_ut, in ``linattn/ops/path_attn/ut_triton.py``), so the settings of
 different kernels do not interact. Run i sets every kernel group to its i-th candidate (groups with fewer
 candidates repeat their last), runs forward+backward of the family's op at the benchmark shape under
 torch.profiler, and records each kernel's device time (median of the repeats); the best candidate of each group
@@ -48,10 +49,15 @@ KERNEL_GROUPS = {
     # there; here the solve, its adjoint and the panel updates (both update kernels read the "update" keys)
     "deltaformer": {"deltaformer_solve_kernel": "solve", "deltaformer_psi_kernel": "psi",
                     "deltaformer_update_kernel": "update", "deltaformer_psi_update_kernel": "update"},
+    # path_attn's UT transform (its flash pass has settings of its own in path_attn's LAUNCH)
+    "path_attn_ut": {"ut_fwd_kernel": "fwd", "ut_bwd_kernel": "bwd"},
 }
 # the module holding a family's LAUNCH, where it is not linattn/ops/<family>/triton.py
 LAUNCH_MODULES = {"ttt_linear": "linattn.ops.ttt.triton_linear",
-                  "mesa_net": "linattn.ops.mesa_net.triton_cg"}
+                  "mesa_net": "linattn.ops.mesa_net.triton_cg",
+                  "path_attn_ut": "linattn.ops.path_attn.ut_triton"}
+# the op run on a family's kernels, where it is not the family's name
+FAMILY_OPS = {"path_attn_ut": "path_attn"}
 
 
 def launch_module(family: str):
@@ -85,6 +91,8 @@ def default_grid(family: str) -> dict[str, list[dict]]:
         return _fox_grid()
     if family == "deltaformer":
         return _deltaformer_grid()
+    if family == "path_attn_ut":
+        return _path_ut_grid()
     blocks = {"gated_delta_rule": {"scan": ("scan_BV", (32, 64)), "bscan": ("bscan_BV", (32, 64)),
                                    "out": ("out_BV", (64, 128)), "dv": ("dv_BV", (64, 128)),
                                    "grads": ("grads_BV", (32, 64))},
@@ -137,6 +145,13 @@ def _deltaformer_grid() -> dict[str, list[dict]]:
             "update": _candidates("update", warps=(4, 8), stages=(2, 3), blocks=("update_BV", (64, 128)))}
 
 
+def _path_ut_grid() -> dict[str, list[dict]]:
+    """path_attn's UT transform: each kernel's warps and stages (stages pipeline its sweeps over K's columns).
+    The column block BJ is shared by both kernels and left to whole-op runs
+    (``LINATTN_TRITON_LAUNCH='{"path_attn_ut": {"BJ": 32}}'``)."""
+    return {g: _candidates(g, warps=(4, 8), stages=(1, 2)) for g in ("fwd", "bwd")}
+
+
 def _inputs(op: str, B: int, T: int, H: int, K: int, V: int, device: str) -> dict:
     spec = get_op(op)
     inputs = spec.example_inputs(B, T, H, K, V, dtype=torch.bfloat16, device=device)
@@ -178,7 +193,7 @@ def tune(family: str, grid: dict[str, list[dict]], *, B: int = 4, T: int = 16384
          V: int = 128, repeats: int = 3, device: str = "cuda", op: str | None = None, on_row=print) -> dict:
     """{"runs": [...], "best": {group: setting}}: see the module docstring. ``op``: the op run on the family's
     kernels (default: the family's own; e.g. delta_rule on gated_delta_rule's kernels, compiled without the gate)."""
-    op = op or family
+    op = op or FAMILY_OPS.get(family, family)
     module = launch_module(family)
     default = dict(module.LAUNCH)
     inputs = _inputs(op, B, T, H, K, V, device)
@@ -221,7 +236,7 @@ def tune(family: str, grid: dict[str, list[dict]], *, B: int = 4, T: int = 16384
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--family", choices=sorted(KERNEL_GROUPS), default="gated_delta_rule")
-    p.add_argument("--op", default=None, help="op to run on the family's kernels (default: the family)")
+    p.add_argument("--op", default=None, help="op to run on the family's kernels (default: the family's op)")
     add_shape_arguments(p, B=4, T=16384, H=16)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--grid", default=None, help="JSON {group: [setting, ...]} (default: default_grid(family))")

@@ -60,7 +60,7 @@ def test_ttt_linear_groups_name_its_kernels_and_launch_keys():
 
 
 @needs_triton
-@pytest.mark.parametrize("family", ["forgetting_attn", "deltaformer"])
+@pytest.mark.parametrize("family", ["forgetting_attn", "deltaformer", "path_attn_ut"])
 def test_softmax_side_groups_name_their_kernels_and_launch_keys(family):
     module = triton_tune.launch_module(family)
     for kernel, group in triton_tune.KERNEL_GROUPS[family].items():

@@ -56,31 +56,55 @@ def test_triton_matches_recurrent_fp32(shape, T0, blocks):
 
 
 @pytest.mark.parametrize("blocks", ["16"], indirect=True)
-def test_training_call_recomputes_the_ut_transform(blocks):
-    """Without a final state (a training call) the UT transform runs under a checkpoint: the same outputs and
-    gradients as the recurrence, and none of its intermediates is kept for the backward pass."""
-    import sys
-
+def test_training_call_keeps_no_ut_intermediates(blocks):
+    """A training call (no final state) keeps for the backward pass the op's inputs, the flash pass's inputs and
+    outputs and the UT transform's Tw: nothing else (the transform's backward recomputes its factors)."""
     def output_only(q, k, v, w, beta, g, k0, v0, d0, backend):
         return (path_attn(q, k, v, w, beta, g, backend=backend)[0],)
 
     xs = make(2, 37, 2, 16, 12)
     check_backends_agree(output_only, xs[:6] + [None] * 3, NAMES, ["triton"], tol=1e-5)
 
-    sites = []
-
-    def pack(t):
-        frame, names = sys._getframe(1), []
-        while frame is not None:
-            names.append(frame.f_code.co_name)
-            frame = frame.f_back
-        sites.append(names)
-        return t
-
+    saved = []
     leaves = [x.detach().requires_grad_() for x in xs[:6]]
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
         path_attn(*leaves, backend="triton")[0].sum().backward()
-    assert sites and not any("ut_transform" in names for names in sites)
+    B, T, H, K, V, C = 2, 37, 2, 16, 12, 16
+    rows = B * H * -(-T // C) * C  # positions padded to whole chunks, every head
+    allowed = (3 * B * T * H * K + B * T * H  # q, k, w, beta: what the transform's backward reads
+               + 3 * rows * K  # Tw, Q^, K^
+               + rows * C + rows // C * K * K  # intra, E
+               + 2 * rows * V + 2 * rows)  # values and o, G and the log-sum-exp
+    assert 0 < sum(saved) <= allowed, (sum(saved), allowed)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_ut_kernels_match_the_pytorch_transform(dtype):
+    """The UT transform's kernels against chunk.ut_transform in float64, forward and backward: K = 40 in two
+    column blocks (the second part masked), a partial last chunk, 16-position chunks."""
+    from linattn.ops.path_attn.chunk import ut_transform
+    from linattn.ops.path_attn.ut_triton import ut_transform_triton
+
+    B, T, H, K, C = 2, 37, 2, 40, 16
+    q, k, v, w, beta, g, _, _, _ = make(B, T, H, K, 4, dtype=dtype, seed=6)
+    xs = [x.detach().requires_grad_() for x in (q, k, w, beta, g)]
+    out = ut_transform_triton(*xs, 0.3, C)
+    ref64 = [x.detach().double().requires_grad_() for x in xs]
+    ut = ut_transform(ref64[0], ref64[1], v.double(), *ref64[2:], 0.3, C)
+    N = ut.intra.shape[2]
+    ref = [ut.Qhat.reshape(B, H, N * C, K), ut.intra, ut.E, ut.Khat.reshape(B, H, N * C, K)]
+    tol, metric = (1e-5, "rel") if dtype == torch.float32 else (1e-2, "rmse")
+    gen = torch.Generator().manual_seed(7)
+    weights = [torch.randn(r.shape, generator=gen, dtype=torch.float64).to(DEVICE) for r in ref]
+    finite = lambda x: torch.where(torch.isfinite(x), x, 0.0)  # intra's -inf above the diagonal
+    for name, a, e in zip(["Q^", "intra", "E", "K^"], out, ref):
+        assert torch.equal(torch.isfinite(a), torch.isfinite(e)), name
+        assert_close(finite(a.double()), finite(e), tol, f"{dtype} {name}", metric=metric)
+    got = torch.autograd.grad(sum((finite(a.double()) * wt).sum() for a, wt in zip(out, weights)), xs)
+    expected = torch.autograd.grad(sum((finite(e) * wt).sum() for e, wt in zip(ref, weights)), ref64)
+    for name, a, e in zip(["q", "k", "w", "beta", "g"], got, expected):
+        assert a.dtype == dtype
+        assert_close(a.double(), e, 2 * tol, f"{dtype} grad of {name}", metric=metric)
 
 
 @pytest.mark.parametrize("blocks", ["16"], indirect=True)

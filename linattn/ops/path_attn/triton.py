@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..common.checks import compute_dtype
+from ..common.chunking import chunk_local_cumsum
 from ..common.kv_cache import KVCache
 from ..common.registered_ops import define_op
 from ..common.triton_ops import eager_backward, op_function
@@ -34,9 +35,10 @@ from ..common.triton_utils import (
 )
 from ..forgetting_attn.triton import KERNEL_DTYPES, MAX_HEAD_DIM
 from ..forgetting_attn.triton_kernels import fox_delta_kernel
-from .chunk import _final_state, ut_transform
+from .chunk import UTTransform, _final_state, ut_transform
 from .reference import _past
 from .triton_kernels import path_bwd_kernel, path_fwd_kernel
+from .ut_triton import ut_transform_triton
 
 # "C": the chunk (query and key block) of the flash pass; "BN": cached keys per step; "programs": backward programs
 # (0: one per SM on CUDA). LINATTN_TRITON_LAUNCH='{"path_attn": {...}}' overrides them.
@@ -144,22 +146,36 @@ def path_attn_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch
     in_dtype, sdt = q.dtype, compute_dtype(q)
     dt = in_dtype if in_dtype in KERNEL_DTYPES else torch.float32
     C = LAUNCH["C"]
-    q, k, v, w, beta = (x.to(sdt) for x in (q, k, v, w, beta))
-    g = torch.zeros_like(beta) if g is None else g.to(sdt)
     k0, v0, d0 = _past(initial_state, k, V, sdt)
-    flat = lambda x: x.reshape(B, H, -1, x.shape[-1]).to(dt).contiguous()
+    if in_dtype in KERNEL_DTYPES:
+        g = torch.zeros_like(beta) if g is None else g
+        # the final cache is built from the transform in float32; the flash pass reads it in the input dtype
+        qh, intra, E, kh = ut_transform_triton(q, k, w, beta, g, scale, C, full=output_final_state)
+        N = intra.shape[2]
+        vc = F.pad(v, (0, 0, 0, 0, 0, N * C - T)).transpose(1, 2)
+        if output_final_state:
+            Gl = chunk_local_cumsum(g.to(sdt), C).permute(0, 3, 1, 2)
+            ut = UTTransform(Qhat=qh, intra=intra, Khat=kh.unflatten(2, (N, C)), E=E,
+                             Vc=vc.to(sdt).unflatten(2, (N, C)), Gl=Gl)
+        qh, E, kh, vc = (x.to(dt).contiguous() for x in (qh, E, kh, vc))
+    else:  # float64: the UT transform in PyTorch, in float64
+        q, k, v, w, beta = (x.to(sdt) for x in (q, k, v, w, beta))
+        g = torch.zeros_like(beta) if g is None else g.to(sdt)
+        flat = lambda x: x.reshape(B, H, -1, x.shape[-1]).to(dt).contiguous()
 
-    def transformed(q, k, v, w, beta, g):
-        """The flash pass's chunk inputs (E: the chunk's product of factors is P = I - E)."""
-        ut = ut_transform(q, k, v, w, beta, g, scale, C)
-        return flat(ut.Qhat), ut.intra.float().contiguous(), ut.E.to(dt).contiguous(), flat(ut.Khat), flat(ut.Vc), ut
+        def transformed(q, k, v, w, beta, g):
+            """The flash pass's chunk inputs (E: the chunk's product of factors is P = I - E)."""
+            ut = ut_transform(q, k, v, w, beta, g, scale, C)
+            return flat(ut.Qhat), ut.intra.float().contiguous(), ut.E.to(dt).contiguous(), flat(ut.Khat), \
+                flat(ut.Vc), ut
 
-    if torch.is_grad_enabled() and not output_final_state:
-        # the UT transform's intermediates (a dozen [C, K] and [C, C] products per chunk) are recomputed in the
-        # backward pass instead of kept: O(T C K) work against the flash pass's O(T^2 K)
-        qh, intra, E, kh, vc = checkpoint(lambda *x: transformed(*x)[:5], q, k, v, w, beta, g, use_reentrant=False)
-    else:
-        qh, intra, E, kh, vc, ut = transformed(q, k, v, w, beta, g)
+        if torch.is_grad_enabled() and not output_final_state:
+            # the UT transform's intermediates (a dozen [C, K] and [C, C] products per chunk) are recomputed in
+            # the backward pass instead of kept: O(T C K) work against the flash pass's O(T^2 K)
+            qh, intra, E, kh, vc = checkpoint(lambda *x: transformed(*x)[:5], q, k, v, w, beta, g,
+                                              use_reentrant=False)
+        else:
+            qh, intra, E, kh, vc, ut = transformed(q, k, v, w, beta, g)
     N = intra.shape[2]
     S0, V0, D0 = (x.transpose(1, 2) for x in (k0, v0, d0))  # cache [B, H, T0, *]
     G_new = torch.cumsum(F.pad(g, (0, 0, 0, N * C - T)).transpose(1, 2).to(torch.float64), dim=-1)
