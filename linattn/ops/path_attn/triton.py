@@ -1,16 +1,16 @@
-"""backend="triton" for path_attn: the per-chunk UT transform (PyTorch, all chunks at once), then the flash pass.
+"""backend="triton" for path_attn: the per-chunk UT transform, then the flash pass.
 
     logit_ts = scale (q_t^T H_t .. H_{s+1} k_s + G_t - G_s),   o_t = sum_{s<=t} softmax_s(logit_t.) v_s
 
 Per chunk of C positions (as ``chunk.py``): [T_w | T_k] = (I + L)^-1 diag(b) [W | tril(W K^T, -1)], the queries
 moved to the chunk start Q^ = Q - tril(Q W^T) T_w, the intra-chunk logits, the chunk's product P = I - W^T T_w and
-its keys moved to the chunk end K^ = K - T_k^T W: O(T C K) work and memory, differentiated by autograd (in a
-training call under a checkpoint, so that its intermediates are recomputed in the backward pass, not kept). The
-cross-chunk attention, O(T^2 (K + K^2 / C)), runs in the kernels of ``triton_kernels.py`` (forward: the flash pass
-with the query chain in registers; backward: a bounded number of programs with a scratch for one query block's
-chain each). Memory linear in T in training. The flash pass is an op registered with torch.library, with fake
-kernels (torch.compile(fullgraph=True) traces it), differentiated by an autograd Function that calls it directly
-in eager mode.
+its keys moved to the chunk end K^ = K - T_k^T W: O(T C K) work and memory, in the Triton kernels of
+``ut_kernels.py`` (``ut_triton.py``; float64 inputs: ``chunk.ut_transform`` in PyTorch, differentiated by autograd,
+in a training call under a checkpoint). The cross-chunk attention, O(T^2 (K + K^2 / C)), runs in the kernels of
+``triton_kernels.py`` (forward: the flash pass with the query chain in registers; backward: a bounded number of
+programs with a scratch for one query block's chain each). Memory linear in T in training. Both are ops registered
+with torch.library, with fake kernels (torch.compile(fullgraph=True) traces them), differentiated by autograd
+Functions that call them directly in eager mode.
 """
 
 from __future__ import annotations
@@ -137,8 +137,8 @@ def path_attn_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch
                      g: torch.Tensor | None = None, *, scale: float, initial_state: KVCache | None = None,
                      output_final_state: bool = False, chunk_size: int = 64) -> tuple[torch.Tensor, KVCache | None]:
     """path_attn through the Triton kernels (inputs validated by :func:`path_attn`; ``chunk_size`` is not used: the
-    chunk comes from ``LAUNCH``). The UT transform runs in float32 (float64 for float64 inputs), the flash pass in
-    the input dtype (bf16 / fp16 / float32; float64 runs in float32); output in q's dtype, the cache in float32."""
+    chunk comes from ``LAUNCH``). The UT transform computes in float32 (float64 for float64 inputs), the flash pass
+    in the input dtype (bf16 / fp16 / float32; float64 runs in float32); output in q's dtype, the cache in float32."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     if K > MAX_HEAD_DIM or V > MAX_HEAD_DIM:
