@@ -133,6 +133,13 @@ _path_differentiable = op_function("PathAttnTriton", path_flash_forward, _fwd_op
                                    non_differentiable=(1,))
 
 
+def _pad_time(x: torch.Tensor, length: int) -> torch.Tensor:
+    """x [B, T, ...] zero-padded to ``length`` positions; x itself (no copy) when T is already that long."""
+    if x.shape[1] == length:
+        return x
+    return F.pad(x, (0, 0) * (x.dim() - 2) + (0, length - x.shape[1]))
+
+
 def path_attn_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, beta: torch.Tensor,
                      g: torch.Tensor | None = None, *, scale: float, initial_state: KVCache | None = None,
                      output_final_state: bool = False, chunk_size: int = 64) -> tuple[torch.Tensor, KVCache | None]:
@@ -152,7 +159,7 @@ def path_attn_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch
         # the final cache is built from the transform in float32; the flash pass reads it in the input dtype
         qh, intra, E, kh = ut_transform_triton(q, k, w, beta, g, scale, C, full=output_final_state)
         N = intra.shape[2]
-        vc = F.pad(v, (0, 0, 0, 0, 0, N * C - T)).transpose(1, 2)
+        vc = _pad_time(v, N * C).transpose(1, 2)
         if output_final_state:
             Gl = chunk_local_cumsum(g.to(sdt), C).permute(0, 3, 1, 2)
             ut = UTTransform(Qhat=qh, intra=intra, Khat=kh.unflatten(2, (N, C)), E=E,
@@ -178,7 +185,7 @@ def path_attn_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch
             qh, intra, E, kh, vc, ut = transformed(q, k, v, w, beta, g)
     N = intra.shape[2]
     S0, V0, D0 = (x.transpose(1, 2) for x in (k0, v0, d0))  # cache [B, H, T0, *]
-    G_new = torch.cumsum(F.pad(g, (0, 0, 0, N * C - T)).transpose(1, 2).to(torch.float64), dim=-1)
+    G_new = torch.cumsum(_pad_time(g, N * C).transpose(1, 2).to(torch.float64), dim=-1)
     G = torch.cat([-D0.to(torch.float64), G_new], dim=-1).contiguous()  # the cache's end at G = 0
     o, _ = _path_differentiable(qh, intra, E, kh, vc, S0.to(dt).contiguous(), V0.to(dt).contiguous(), G,
                                 float(scale))

@@ -7,15 +7,15 @@ triangle; see ``chunk.py``):
     QW = tril(Q W^T),   Q^ = Q - QW Tw,   K^ = K - Tk^T W
     intra = scale (tril(Q K^T) - QW Tk + Gl_t - Gl_s)   (-inf above the diagonal; Gl the chunk-local sum of g)
 
-The forward stores Q^, K^, Tw and intra; the chunk's K x K product term E = W^T Tw is left to the caller (a
-batched matrix product: a [K, K] tile here would not fit in a program's registers and shared memory). The
+The forward stores Q^, K^, Tw, intra and W by chunks; the chunk's K x K product term E = W^T Tw is left to the
+caller (a batched matrix product: a [K, K] tile here would not fit in a program's registers and shared memory). The
 backward recomputes Ti, Tw, Tk and QW from the inputs and takes the adjoint of each line in reverse order: with
-dI = scale dintra (lower triangle) and dTw_in the gradient reaching Tw from outside (from E),
+dI = scale dintra (lower triangle) and dTw_in = W dE, dW_in = Tw dE^T the gradients reaching Tw and W through E,
 
     dQ  = dQ^ + dI K + dQW W,               dQW = -(dQ^ Tw^T + dI Tk^T) masked to M
     dTw = dTw_in - QW^T dQ^,                dTk = -QW^T dI - W dK^^T
     dRw = Ti^T dTw,  dRk = Ti^T dTk,        dA  = -(dRw Tw^T + dRk Tk^T) masked to S
-    dW  = dQW^T Q - Tk dK^ + b dRw + dWK K + dWW W + dWW^T W,
+    dW  = dW_in + dQW^T Q - Tk dK^ + b dRw + dWK K + dWW W + dWW^T W,
     dK  = dK^ + dI^T Q + dWK^T W,           dWK = b dRk masked to S,  dWW = b dA masked to S
     db  = rowsum(dRw W + dRk WK + dA WW),   dg_t = sum_{t' >= t in the chunk} (rowsum - colsum of dI)_t'
 
@@ -51,6 +51,14 @@ def _cols(x, i_b, i_h, rows, j0, T, H: tl.constexpr, K: tl.constexpr, BJ: tl.con
 
 
 @triton.jit
+def _chunk_cols(x, i_bh, rows, j0, NC, K: tl.constexpr, BJ: tl.constexpr):
+    """Columns j0 .. j0 + BJ of rows ``rows`` of batch*head i_bh of x [B, H, NC, K], float32 (0 past K)."""
+    o_j = j0 + tl.arange(0, BJ)
+    ptr = x + (i_bh * NC + rows[:, None]) * K + o_j[None, :]
+    return tl.load(ptr, mask=o_j[None, :] < K, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _scalars(x, i_b, i_h, rows, T, H: tl.constexpr):
     """Rows ``rows`` of head i_h of x [B, T, H] in float32 (0 past T)."""
     return tl.load(x + (i_b * T + rows) * H + i_h, mask=rows < T, other=0.0).to(tl.float32)
@@ -74,10 +82,10 @@ def _solve(WW, WK, b, C: tl.constexpr, PREC: tl.constexpr):
 
 @fast_launch
 @triton.jit(do_not_specialize=["T", "N"])
-def ut_fwd_kernel(q, k, w, beta, g, qh, kh, intra, tw, scale, T, N, H: tl.constexpr, K: tl.constexpr,
+def ut_fwd_kernel(q, k, w, beta, g, qh, kh, intra, tw, wc, scale, T, N, H: tl.constexpr, K: tl.constexpr,
                   C: tl.constexpr, BJ: tl.constexpr, PREC: tl.constexpr):
-    """Grid (N, B*H). q, k, w [B, T, H, K]; beta, g [B, T, H]; qh, kh, tw [B, H, N C, K]; intra [B, H, N, C, C]
-    float32."""
+    """Grid (N, B*H). q, k, w [B, T, H, K]; beta, g [B, T, H]; qh, kh, tw, wc [B, H, N C, K]; intra [B, H, N, C, C]
+    float32. wc: w by chunks, heads first (0 past T), for E's product and the backward."""
     n, i_bh, i_b, i_h, o_c, rows, lower, strict = _program(H, C)
     b = _scalars(beta, i_b, i_h, rows, T, H)
     gg = _scalars(g, i_b, i_h, rows, T, H)
@@ -124,21 +132,23 @@ def ut_fwd_kernel(q, k, w, beta, g, qh, kh, intra, tw, scale, T, N, H: tl.conste
         Kh = tl.where(any_bad, float("nan"), Kc - mm(tl.trans(Tk), W, PREC, False))
         tl.store(kh + out, Kh.to(kh.dtype.element_ty), mask=m_j)
         tl.store(tw + out, tl.where(any_bad, float("nan"), Tw).to(tw.dtype.element_ty), mask=m_j)
+        tl.store(wc + out, W.to(wc.dtype.element_ty), mask=m_j)
 
 
 @fast_launch
 @triton.jit(do_not_specialize=["T", "N"])
-def ut_bwd_kernel(q, k, w, beta, dqh, dkh, dintra, dtw, dq, dk, dw, dbeta, dg, scale, T, N, H: tl.constexpr,
+def ut_bwd_kernel(q, k, wc, beta, dqh, dkh, dintra, dtw, dwe, dq, dk, dw, dbeta, dg, scale, T, N, H: tl.constexpr,
                   K: tl.constexpr, C: tl.constexpr, BJ: tl.constexpr, PREC: tl.constexpr):
-    """Grid (N, B*H). q, k, w [B, T, H, K], beta [B, T, H]; dqh, dkh, dtw [B, H, N C, K], dintra
-    [B, H, N, C, C]; out: dq, dk, dw [B, T, H, K], dbeta, dg [B, T, H] (float32)."""
+    """Grid (N, B*H). q, k [B, T, H, K], wc (the forward's) [B, H, N C, K], beta [B, T, H]; dqh, dkh, dtw,
+    dwe [B, H, N C, K], dintra [B, H, N, C, C] (dtw, dwe: E's gradient through Tw and W); out: dq, dk, dw
+    [B, T, H, K], dbeta, dg [B, T, H], each in its buffer's dtype."""
     n, i_bh, i_b, i_h, o_c, rows, lower, strict = _program(H, C)
     b = _scalars(beta, i_b, i_h, rows, T, H)
     WW = tl.zeros([C, C], dtype=tl.float32)
     WK = tl.zeros([C, C], dtype=tl.float32)
     QW = tl.zeros([C, C], dtype=tl.float32)
     for j0 in range(0, K, BJ):
-        W = _cols(w, i_b, i_h, rows, j0, T, H, K, BJ)
+        W = _chunk_cols(wc, i_bh, rows, j0, N * C, K, BJ)
         WW += mm(W, tl.trans(W), PREC, False)
         WK += mm(W, tl.trans(_cols(k, i_b, i_h, rows, j0, T, H, K, BJ)), PREC, False)
         QW += mm(_cols(q, i_b, i_h, rows, j0, T, H, K, BJ), tl.trans(W), PREC, False)
@@ -150,7 +160,7 @@ def ut_bwd_kernel(q, k, w, beta, dqh, dkh, dintra, dtw, dq, dk, dw, dbeta, dg, s
     dI = tl.where(lower, dI * scale, 0.0)
     dGl = tl.sum(dI, axis=1) - tl.sum(dI, axis=0)
     dgg = tl.sum(tl.where(o_c[:, None] <= o_c[None, :], dGl[None, :], 0.0), axis=1)  # suffix sums in the chunk
-    tl.store(dg + (i_b * T + rows) * H + i_h, dgg, mask=rows < T)
+    tl.store(dg + (i_b * T + rows) * H + i_h, dgg.to(dg.dtype.element_ty), mask=rows < T)
 
     # the [C, C] sums over K: dQ^ Tw^T, W dK^^T, dRw Tw^T, and b's gradient through Rw
     dQhTw = tl.zeros([C, C], dtype=tl.float32)
@@ -161,7 +171,7 @@ def ut_bwd_kernel(q, k, w, beta, dqh, dkh, dintra, dtw, dq, dk, dw, dbeta, dg, s
         o_j = j0 + tl.arange(0, BJ)
         own = (i_bh * N * C + rows[:, None]) * K + o_j[None, :]
         m_j = o_j[None, :] < K
-        W = _cols(w, i_b, i_h, rows, j0, T, H, K, BJ)
+        W = _chunk_cols(wc, i_bh, rows, j0, N * C, K, BJ)
         Tw = mm(Ti, b[:, None] * W, PREC, False)
         dQh = tl.load(dqh + own, mask=m_j, other=0.0).to(tl.float32)
         dKh = tl.load(dkh + own, mask=m_j, other=0.0).to(tl.float32)
@@ -176,7 +186,7 @@ def ut_bwd_kernel(q, k, w, beta, dqh, dkh, dintra, dtw, dq, dk, dw, dbeta, dg, s
     dRk = mm(tl.trans(Ti), dTk, PREC, False)
     dA = tl.where(strict, -dRwTw - mm(dRk, tl.trans(Tk), PREC, False), 0.0)
     db += tl.sum(dRk * WK, axis=1) + tl.sum(dA * WW, axis=1)
-    tl.store(dbeta + (i_b * T + rows) * H + i_h, db, mask=rows < T)
+    tl.store(dbeta + (i_b * T + rows) * H + i_h, db.to(dbeta.dtype.element_ty), mask=rows < T)
     dWK = tl.where(strict, b[:, None] * dRk, 0.0)
     dWW = b[:, None] * dA
     dWW = dWW + tl.trans(dWW)
@@ -185,7 +195,7 @@ def ut_bwd_kernel(q, k, w, beta, dqh, dkh, dintra, dtw, dq, dk, dw, dbeta, dg, s
         o_j = j0 + tl.arange(0, BJ)
         own = (i_bh * N * C + rows[:, None]) * K + o_j[None, :]
         m_j = o_j[None, :] < K
-        W = _cols(w, i_b, i_h, rows, j0, T, H, K, BJ)
+        W = _chunk_cols(wc, i_bh, rows, j0, N * C, K, BJ)
         Kc = _cols(k, i_b, i_h, rows, j0, T, H, K, BJ)
         Q = _cols(q, i_b, i_h, rows, j0, T, H, K, BJ)
         dQh = tl.load(dqh + own, mask=m_j, other=0.0).to(tl.float32)
@@ -194,8 +204,11 @@ def ut_bwd_kernel(q, k, w, beta, dqh, dkh, dintra, dtw, dq, dk, dw, dbeta, dg, s
         dRw = mm(tl.trans(Ti), dTw, PREC, False)
         at = ((i_b * T + rows[:, None]) * H + i_h) * K + o_j[None, :]
         m_at = (rows[:, None] < T) & m_j
-        tl.store(dq + at, dQh + mm(dI, Kc, PREC, False) + mm(dQW, W, PREC, False), mask=m_at)
-        tl.store(dk + at, dKh + mm(tl.trans(dI), Q, PREC, False) + mm(tl.trans(dWK), W, PREC, False), mask=m_at)
+        dQ = dQh + mm(dI, Kc, PREC, False) + mm(dQW, W, PREC, False)
+        tl.store(dq + at, dQ.to(dq.dtype.element_ty), mask=m_at)
+        dK = dKh + mm(tl.trans(dI), Q, PREC, False) + mm(tl.trans(dWK), W, PREC, False)
+        tl.store(dk + at, dK.to(dk.dtype.element_ty), mask=m_at)
         dW = mm(tl.trans(dQW), Q, PREC, False) - mm(Tk, dKh, PREC, False) + b[:, None] * dRw \
-            + mm(dWK, Kc, PREC, False) + mm(dWW, W, PREC, False)
-        tl.store(dw + at, dW, mask=m_at)
+            + mm(dWK, Kc, PREC, False) + mm(dWW, W, PREC, False) \
+            + tl.load(dwe + own, mask=m_j, other=0.0).to(tl.float32)
+        tl.store(dw + at, dW.to(dw.dtype.element_ty), mask=m_at)

@@ -4,7 +4,7 @@
 
 One forward kernel and one backward kernel, a program per chunk and batch*head each, and the batched product
 E = W^T Tw replace the ~60 PyTorch kernels of :func:`~linattn.ops.path_attn.chunk.ut_transform`; the backward
-recomputes the chunk's factors from the inputs, so a training call keeps only q, k, w, beta and Tw. Registered
+recomputes the chunk's factors from the inputs, so a training call keeps only q, k, beta, Tw and w by chunks. Registered
 with torch.library (fake kernels), called directly in eager mode, as the other Triton ops
 (``common/triton_ops.py``).
 """
@@ -12,7 +12,6 @@ with torch.library (fake kernels), called directly in eager mode, as the other T
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..common.registered_ops import define_op
 from ..common.triton_ops import eager_backward, op_function
@@ -27,48 +26,43 @@ LAUNCH = {"fwd_warps": 4, "fwd_stages": 1, "bwd_warps": 4, "bwd_stages": 1, "pre
 launch_overrides("path_attn_ut", LAUNCH)
 
 
-def _chunks(x: torch.Tensor, N: int, C: int) -> torch.Tensor:
-    """[B, T, H, D] -> [B, H, N, C, D], zero-padded to N C positions."""
-    return F.pad(x, (0, 0, 0, 0, 0, N * C - x.shape[1])).transpose(1, 2).unflatten(2, (N, C))
-
-
 def ut_forward(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor, g: torch.Tensor, scale: float,
-               C: int, full: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(Q^, intra, E, K^, Tw) from q, k, w [B, T, H, K] and beta, g [B, T, H] (contiguous, one of bf16 / fp16 /
-    float32): Q^, K^, Tw [B, H, N C, K] and E = W^T Tw [B, H, N, K, K] in q's dtype (float32 with ``full``),
-    intra [B, H, N, C, C] float32; N = ceil(T / C), the last chunk zero-padded (w = b = 0: its factors are I).
-    Tw is what the backward pass reads of the forward."""
+               C: int, full: bool
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(Q^, intra, E, K^, Tw, Wc) from q, k, w [B, T, H, K] and beta, g [B, T, H] (contiguous; q, k, w of one dtype,
+    bf16 / fp16 / float32): Q^, K^, Tw and Wc (w by chunks) [B, H, N C, K] and E = W^T Tw [B, H, N, K, K] in q's
+    dtype (float32 with ``full``), intra [B, H, N, C, C] float32; N = ceil(T / C), the last chunk zero-padded
+    (w = b = 0: its factors are I). Tw and Wc are what the backward pass reads of the forward."""
     B, T, H, K = q.shape
     N = cdiv(T, C)
     dt = torch.float32 if full else q.dtype
-    qh, kh, tw = (q.new_empty(B, H, N * C, K, dtype=dt) for _ in range(3))
+    qh, kh, tw, wc = (q.new_empty(B, H, N * C, K, dtype=dt) for _ in range(4))
     intra = q.new_empty(B, H, N, C, C, dtype=torch.float32)
     ut_fwd_kernel[(N, B * H)](
-        q=q, k=k, w=w, beta=beta, g=g, qh=qh, kh=kh, intra=intra, tw=tw, scale=scale, T=T, N=N, H=H, K=K, C=C,
-        BJ=_columns(K, q.dtype), PREC=_precision(q.dtype), **launch_options(LAUNCH, "fwd", q.dtype, 1))
-    E = _chunks(w.to(dt), N, C).transpose(-1, -2) @ tw.unflatten(2, (N, C))
-    return qh, intra, E, kh, tw
+        q=q, k=k, w=w, beta=beta, g=g, qh=qh, kh=kh, intra=intra, tw=tw, wc=wc, scale=scale, T=T, N=N, H=H, K=K,
+        C=C, BJ=_columns(K, q.dtype), PREC=_precision(q.dtype), **launch_options(LAUNCH, "fwd", q.dtype, 1))
+    E = wc.unflatten(2, (N, C)).transpose(-1, -2) @ tw.unflatten(2, (N, C))
+    return qh, intra, E, kh, tw, wc
 
 
-def ut_backward(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor, tw: torch.Tensor,
+def ut_backward(q: torch.Tensor, k: torch.Tensor, wc: torch.Tensor, beta: torch.Tensor, tw: torch.Tensor,
                 dqh: torch.Tensor, dintra: torch.Tensor, dE: torch.Tensor, dkh: torch.Tensor, scale: float, C: int
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of q, k, w [B, T, H, K] and beta, g [B, T, H] (float32) from those of the forward's outputs."""
+    """Gradients of q, k, w [B, T, H, K] (in q's dtype) and beta, g [B, T, H] (in beta's) from those of the
+    forward's outputs; wc, tw: the forward's."""
     B, T, H, K = q.shape
     N = cdiv(T, C)
-    f32 = dict(device=q.device, dtype=torch.float32)
-    dq, dk, dw = (torch.empty(B, T, H, K, **f32) for _ in range(3))
-    dbeta, dg = torch.empty(B, T, H, **f32), torch.empty(B, T, H, **f32)
-    # E = W^T Tw: dTw = W dE, dW = Tw dE^T, as batched products in the input's precision (E reached the flash pass
+    dq, dk, dw = torch.empty_like(q), torch.empty_like(q), torch.empty_like(q)
+    dbeta, dg = torch.empty_like(beta), torch.empty_like(beta)
+    # E = W^T Tw: dTw = W dE, dW = Tw dE^T, as batched products in the forward's precision (E reached the flash pass
     # in it: its gradient carries no more)
-    mdt = q.dtype
-    dE = dE.to(mdt)
-    dtw = (_chunks(w.to(mdt), N, C) @ dE).flatten(2, 3)
+    dE = dE.to(wc.dtype)
+    dtw = wc.unflatten(2, (N, C)) @ dE
+    dwe = tw.unflatten(2, (N, C)) @ dE.transpose(-1, -2)
     ut_bwd_kernel[(N, B * H)](
-        q=q, k=k, w=w, beta=beta, dqh=dqh.contiguous(), dkh=dkh.contiguous(), dintra=dintra.contiguous(), dtw=dtw,
-        dq=dq, dk=dk, dw=dw, dbeta=dbeta, dg=dg, scale=scale, T=T, N=N, H=H, K=K, C=C, BJ=_columns(K, q.dtype),
-        PREC=_precision(q.dtype), **launch_options(LAUNCH, "bwd", q.dtype, 1))
-    dw += (tw.unflatten(2, (N, C)).to(mdt) @ dE.transpose(-1, -2)).flatten(2, 3).transpose(1, 2)[:, :T]
+        q=q, k=k, wc=wc, beta=beta, dqh=dqh.contiguous(), dkh=dkh.contiguous(), dintra=dintra.contiguous(), dtw=dtw,
+        dwe=dwe, dq=dq, dk=dk, dw=dw, dbeta=dbeta, dg=dg, scale=scale, T=T, N=N, H=H, K=K, C=C,
+        BJ=_columns(K, q.dtype), PREC=_precision(q.dtype), **launch_options(LAUNCH, "bwd", q.dtype, 1))
     return dq, dk, dw, dbeta, dg
 
 
@@ -90,12 +84,12 @@ def _fwd_fake(q, k, w, beta, g, scale, C, full):
     dt = torch.float32 if full else q.dtype
     rows = lambda: q.new_empty(B, H, N * C, K, dtype=dt)
     return rows(), q.new_empty(B, H, N, C, C, dtype=torch.float32), q.new_empty(B, H, N, K, K, dtype=dt), rows(), \
-        rows()
+        rows(), rows()
 
 
-def _bwd_fake(q, k, w, beta, tw, dqh, dintra, dE, dkh, scale, C):
-    f32 = lambda x: torch.empty_like(x, dtype=torch.float32)
-    return f32(q), f32(k), f32(w), f32(beta), f32(beta)
+def _bwd_fake(q, k, wc, beta, tw, dqh, dintra, dE, dkh, scale, C):
+    return torch.empty_like(q), torch.empty_like(q), torch.empty_like(q), torch.empty_like(beta), \
+        torch.empty_like(beta)
 
 
 _fwd_op = define_op("path_attn_ut_fwd", ut_forward, _fwd_fake)
@@ -104,12 +98,12 @@ _bwd_op = define_op("path_attn_ut_bwd", ut_backward, _bwd_fake)
 
 def _setup_context(ctx, inputs, output):
     q, k, w, beta, g, scale, C, _ = inputs
-    ctx.save_for_backward(q, k, w, beta, output[4])
-    ctx.scale, ctx.C, ctx.g_dtype = scale, C, g.dtype
+    ctx.save_for_backward(q, k, beta, output[4], output[5])
+    ctx.scale, ctx.C = scale, C
 
 
-def _backward_rule(ctx, dqh, dintra, dE, dkh, dtw):
-    q, k, w, beta, tw = ctx.saved_tensors
+def _backward_rule(ctx, dqh, dintra, dE, dkh, dtw, dwc):
+    q, k, beta, tw, wc = ctx.saved_tensors
     grads = [dqh, dintra, dE, dkh]
     if all(x is None for x in grads):
         return (None,) * 8
@@ -118,18 +112,18 @@ def _backward_rule(ctx, dqh, dintra, dE, dkh, dtw):
     shapes = [(B, H, N * ctx.C, K), (B, H, N, ctx.C, ctx.C), (B, H, N, K, K), (B, H, N * ctx.C, K)]
     grads = [q.new_zeros(s, dtype=torch.float32) if x is None else x for x, s in zip(grads, shapes)]
     run = ut_backward if eager_backward(ctx) else _bwd_op
-    dq, dk, dw, dbeta, dg = run(q, k, w, beta, tw, *grads, ctx.scale, ctx.C)
-    return (dq.to(q.dtype), dk.to(k.dtype), dw.to(w.dtype), dbeta.to(beta.dtype), dg.to(ctx.g_dtype), None, None,
-            None)
+    return (*run(q, k, wc, beta, tw, *grads, ctx.scale, ctx.C), None, None, None)
 
 
 _ut_differentiable = op_function("PathUTTriton", ut_forward, _fwd_op, _setup_context, _backward_rule,
-                                 non_differentiable=(4,))
+                                 non_differentiable=(4, 5))
 
 
 def ut_transform_triton(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor, g: torch.Tensor,
                         scale: float, C: int, full: bool = False
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Differentiable (Q^, intra, E, K^) of :func:`ut_forward` (inputs made contiguous here)."""
-    q, k, w, beta, g = (x.contiguous() for x in (q, k, w, beta, g))
+    # the kernels write q, k and w's gradients in q's dtype, beta and g's in beta's (conversions differentiate)
+    q, k, w = (x.to(q.dtype).contiguous() for x in (q, k, w))
+    beta, g = beta.contiguous(), g.to(beta.dtype).contiguous()
     return _ut_differentiable(q, k, w, beta, g, float(scale), int(C), bool(full))[:4]
