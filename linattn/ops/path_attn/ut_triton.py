@@ -48,12 +48,12 @@ def ut_forward(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.Te
 def ut_backward(q: torch.Tensor, k: torch.Tensor, wc: torch.Tensor, beta: torch.Tensor, tw: torch.Tensor,
                 dqh: torch.Tensor, dintra: torch.Tensor, dE: torch.Tensor, dkh: torch.Tensor, scale: float, C: int
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of q, k, w [B, T, H, K] (in q's dtype) and beta, g [B, T, H] (in beta's) from those of the
-    forward's outputs; wc, tw: the forward's."""
+    """Gradients of q, k, w [B, T, H, K] (in q's dtype), beta [B, T, H] (in its dtype) and g (float32) from those
+    of the forward's outputs; wc, tw: the forward's."""
     B, T, H, K = q.shape
     N = cdiv(T, C)
     dq, dk, dw = torch.empty_like(q), torch.empty_like(q), torch.empty_like(q)
-    dbeta, dg = torch.empty_like(beta), torch.empty_like(beta)
+    dbeta, dg = torch.empty_like(beta), torch.empty_like(beta, dtype=torch.float32)  # dg: in g's dtype later
     # E = W^T Tw: dTw = W dE, dW = Tw dE^T, as batched products in the forward's precision (E reached the flash pass
     # in it: its gradient carries no more)
     dE = dE.to(wc.dtype)
@@ -89,7 +89,7 @@ def _fwd_fake(q, k, w, beta, g, scale, C, full):
 
 def _bwd_fake(q, k, wc, beta, tw, dqh, dintra, dE, dkh, scale, C):
     return torch.empty_like(q), torch.empty_like(q), torch.empty_like(q), torch.empty_like(beta), \
-        torch.empty_like(beta)
+        torch.empty_like(beta, dtype=torch.float32)
 
 
 _fwd_op = define_op("path_attn_ut_fwd", ut_forward, _fwd_fake)
@@ -99,7 +99,7 @@ _bwd_op = define_op("path_attn_ut_bwd", ut_backward, _bwd_fake)
 def _setup_context(ctx, inputs, output):
     q, k, w, beta, g, scale, C, _ = inputs
     ctx.save_for_backward(q, k, beta, output[4], output[5])
-    ctx.scale, ctx.C = scale, C
+    ctx.scale, ctx.C, ctx.g_dtype = scale, C, g.dtype
 
 
 def _backward_rule(ctx, dqh, dintra, dE, dkh, dtw, dwc):
@@ -112,7 +112,8 @@ def _backward_rule(ctx, dqh, dintra, dE, dkh, dtw, dwc):
     shapes = [(B, H, N * ctx.C, K), (B, H, N, ctx.C, ctx.C), (B, H, N, K, K), (B, H, N * ctx.C, K)]
     grads = [q.new_zeros(s, dtype=torch.float32) if x is None else x for x, s in zip(grads, shapes)]
     run = ut_backward if eager_backward(ctx) else _bwd_op
-    return (*run(q, k, wc, beta, tw, *grads, ctx.scale, ctx.C), None, None, None)
+    dq, dk, dw, dbeta, dg = run(q, k, wc, beta, tw, *grads, ctx.scale, ctx.C)
+    return dq, dk, dw, dbeta, dg.to(ctx.g_dtype), None, None, None
 
 
 _ut_differentiable = op_function("PathUTTriton", ut_forward, _fwd_op, _setup_context, _backward_rule,
@@ -123,7 +124,7 @@ def ut_transform_triton(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta:
                         scale: float, C: int, full: bool = False
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Differentiable (Q^, intra, E, K^) of :func:`ut_forward` (inputs made contiguous here)."""
-    # the kernels write q, k and w's gradients in q's dtype, beta and g's in beta's (conversions differentiate)
+    # the kernels write q, k and w's gradients in q's dtype (a conversion differentiates)
     q, k, w = (x.to(q.dtype).contiguous() for x in (q, k, w))
-    beta, g = beta.contiguous(), g.to(beta.dtype).contiguous()
+    beta, g = beta.contiguous(), g.contiguous()
     return _ut_differentiable(q, k, w, beta, g, float(scale), int(C), bool(full))[:4]
