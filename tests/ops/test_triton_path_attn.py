@@ -79,6 +79,19 @@ def test_training_call_keeps_no_ut_intermediates(blocks):
     assert 0 < sum(saved) <= allowed, (sum(saved), allowed)
 
 
+@pytest.mark.parametrize("blocks", ["16"], indirect=True)
+def test_float64_inputs(blocks):
+    """float64 inputs take the PyTorch UT transform (in float64; the flash pass in float32): a final state with a
+    cache, and a training call (the transform under a checkpoint)."""
+    xs = make(1, 40, 2, 16, 12, T0=5, dtype=torch.float64, seed=8)
+    check_backends_agree(run, xs, NAMES, ["triton"], tol=1e-5)
+
+    def output_only(q, k, v, w, beta, g, k0, v0, d0, backend):
+        return (path_attn(q, k, v, w, beta, g, backend=backend)[0],)
+
+    check_backends_agree(output_only, xs[:6] + [None] * 3, NAMES, ["triton"], tol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_ut_kernels_match_the_pytorch_transform(dtype):
     """The UT transform's kernels against chunk.ut_transform in float64, forward and backward: K = 40 in two

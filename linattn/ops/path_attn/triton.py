@@ -140,6 +140,41 @@ def _pad_time(x: torch.Tensor, length: int) -> torch.Tensor:
     return F.pad(x, (0, 0) * (x.dim() - 2) + (0, length - x.shape[1]))
 
 
+def _kernel_transform(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, beta: torch.Tensor,
+                      g: torch.Tensor, scale: float, C: int, final: bool) -> tuple:
+    """The flash pass's chunk inputs (Q^, intra, E, K^, V by chunks; E: the chunk's product is P = I - E) from the UT
+    transform's kernels, in the input dtype; with ``final`` also the transform in float32 for the final cache, else
+    None."""
+    qh, intra, E, kh = ut_transform_triton(q, k, w, beta, g, scale, C, full=final)
+    N = intra.shape[2]
+    vc = _pad_time(v, N * C).transpose(1, 2)
+    ut = None
+    if final:
+        ut = UTTransform(Qhat=qh, intra=intra, Khat=kh.unflatten(2, (N, C)), E=E,
+                         Vc=vc.float().unflatten(2, (N, C)), Gl=chunk_local_cumsum(g.float(), C).permute(0, 3, 1, 2))
+    qh, E, kh, vc = (x.to(q.dtype).contiguous() for x in (qh, E, kh, vc))
+    return qh, intra, E, kh, vc, ut
+
+
+def _torch_transform(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, beta: torch.Tensor,
+                     g: torch.Tensor, scale: float, C: int, final: bool) -> tuple:
+    """As :func:`_kernel_transform` for float64 inputs: :func:`chunk.ut_transform` in float64, the flash pass's
+    inputs in float32."""
+    q, k, v, w, beta, g = (x.double() for x in (q, k, v, w, beta, g))
+    B, _, H, _ = q.shape
+    flat = lambda x: x.reshape(B, H, -1, x.shape[-1]).float().contiguous()
+
+    def transformed(q, k, v, w, beta, g):
+        ut = ut_transform(q, k, v, w, beta, g, scale, C)
+        return flat(ut.Qhat), ut.intra.float().contiguous(), ut.E.float().contiguous(), flat(ut.Khat), flat(ut.Vc), ut
+
+    if torch.is_grad_enabled() and not final:
+        # the UT transform's intermediates (a dozen [C, K] and [C, C] products per chunk) are recomputed in the
+        # backward pass instead of kept: O(T C K) work against the flash pass's O(T^2 K)
+        return *checkpoint(lambda *x: transformed(*x)[:5], q, k, v, w, beta, g, use_reentrant=False), None
+    return transformed(q, k, v, w, beta, g)
+
+
 def path_attn_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, beta: torch.Tensor,
                      g: torch.Tensor | None = None, *, scale: float, initial_state: KVCache | None = None,
                      output_final_state: bool = False, chunk_size: int = 64) -> tuple[torch.Tensor, KVCache | None]:
@@ -154,35 +189,9 @@ def path_attn_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch
     dt = in_dtype if in_dtype in KERNEL_DTYPES else torch.float32
     C = LAUNCH["C"]
     k0, v0, d0 = _past(initial_state, k, V, sdt)
-    if in_dtype in KERNEL_DTYPES:
-        g = torch.zeros_like(beta) if g is None else g
-        # the final cache is built from the transform in float32; the flash pass reads it in the input dtype
-        qh, intra, E, kh = ut_transform_triton(q, k, w, beta, g, scale, C, full=output_final_state)
-        N = intra.shape[2]
-        vc = _pad_time(v, N * C).transpose(1, 2)
-        if output_final_state:
-            Gl = chunk_local_cumsum(g.to(sdt), C).permute(0, 3, 1, 2)
-            ut = UTTransform(Qhat=qh, intra=intra, Khat=kh.unflatten(2, (N, C)), E=E,
-                             Vc=vc.to(sdt).unflatten(2, (N, C)), Gl=Gl)
-        qh, E, kh, vc = (x.to(dt).contiguous() for x in (qh, E, kh, vc))
-    else:  # float64: the UT transform in PyTorch, in float64
-        q, k, v, w, beta = (x.to(sdt) for x in (q, k, v, w, beta))
-        g = torch.zeros_like(beta) if g is None else g.to(sdt)
-        flat = lambda x: x.reshape(B, H, -1, x.shape[-1]).to(dt).contiguous()
-
-        def transformed(q, k, v, w, beta, g):
-            """The flash pass's chunk inputs (E: the chunk's product of factors is P = I - E)."""
-            ut = ut_transform(q, k, v, w, beta, g, scale, C)
-            return flat(ut.Qhat), ut.intra.float().contiguous(), ut.E.to(dt).contiguous(), flat(ut.Khat), \
-                flat(ut.Vc), ut
-
-        if torch.is_grad_enabled() and not output_final_state:
-            # the UT transform's intermediates (a dozen [C, K] and [C, C] products per chunk) are recomputed in
-            # the backward pass instead of kept: O(T C K) work against the flash pass's O(T^2 K)
-            qh, intra, E, kh, vc = checkpoint(lambda *x: transformed(*x)[:5], q, k, v, w, beta, g,
-                                              use_reentrant=False)
-        else:
-            qh, intra, E, kh, vc, ut = transformed(q, k, v, w, beta, g)
+    g = torch.zeros_like(beta) if g is None else g
+    chunk_inputs = _kernel_transform if in_dtype in KERNEL_DTYPES else _torch_transform
+    qh, intra, E, kh, vc, ut = chunk_inputs(q, k, v, w, beta, g, scale, C, output_final_state)
     N = intra.shape[2]
     S0, V0, D0 = (x.transpose(1, 2) for x in (k0, v0, d0))  # cache [B, H, T0, *]
     G_new = torch.cumsum(_pad_time(g, N * C).transpose(1, 2).to(torch.float64), dim=-1)
