@@ -89,8 +89,8 @@ def path_flash_backward(qh: torch.Tensor, intra: torch.Tensor, E: torch.Tensor, 
     dv, ds0, dv0 = torch.zeros(B, H, NC, V, **f32), torch.zeros(B, H, T0, K, **f32), torch.zeros(B, H, T0, V, **f32)
     dG = torch.zeros(B, H, T0 + NC, **f32)
     nprog = _programs(qh.device, N * B * H)
-    qscr = torch.empty(nprog, N, C, block(K), **f32)
-    sscr = torch.empty(nprog, N, C, C, **f32)
+    qscr = qh.new_empty(nprog, N, C, block(K))  # the chain's queries and dS, in the dtype the products read
+    sscr = qh.new_empty(nprog, N, C, C)
     path_bwd_kernel[(nprog,)](
         qh=qh, intra=intra, E=E, kh=kh, v=v, s0=s0, v0=v0, G=G, do=do, lse=lse, delta=delta, dqh=dqh,
         dintra=dintra, dE=dE, dkh=dkh, dv=dv, ds0=ds0, dv0=dv0, dG=dG, qscr=qscr, sscr=sscr, scale=scale, N=N,

@@ -15,10 +15,11 @@ the base-2 log-sum-exp are stored.
 
 Backward (a fixed number of programs, each taking query blocks in turn, so that its scratch stays bounded):
 pass 1 walks j = a-1 .. 0 as the forward, storing Q_{a,j} and dS_{a,j} = P (dP - delta) in the program's scratch
+(in the input dtype, in which the products read them)
 and adding dV_j += P^T dO, dK^_j += scale dS^T Q_{a,j} and the gates' column sums with atomic adds; the cache
 ends it with W = scale dS_{a,-1} S0. Pass 2 walks j = 0 .. a-1 up the chain's adjoint, reading the scratch:
 dE_j -= Q_{a,j}^T W, W <- W - W E_j^T + scale dS_{a,j} K^_j; finally dQ^_a = W. Memory: the scratch is
-programs x N x C x (K + C) float32, linear in T; nothing of size T x T.
+programs x N x C x (K + C) in the input dtype, linear in T; nothing of size T x T.
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ def path_bwd_kernel(qh, intra, E, kh, v, s0, v0, G, do, lse, delta, dqh, dintra,
     """Grid (NPROG,): every (query block, batch*head) in turn. Gradients (float32, zero-initialised, added to
     atomically where query blocks share them): dqh, dkh [B, H, N C, K]; dintra [B, H, N, C, C]; dE [B, H, N, K, K];
     dv [B, H, N C, V]; ds0, dv0 like s0, v0; dG [B, H, T0 + N C]. qscr [NPROG, N, C, BK], sscr [NPROG, N, C, C]
-    float32: the program's scratch."""
+    in qh's dtype: the program's scratch (the chain's queries and dS, rounded as the products read them)."""
     pid = tl.program_id(0)
     NC = N * C
     L = T0 + NC
@@ -143,14 +144,14 @@ def path_bwd_kernel(qh, intra, E, kh, v, s0, v0, G, do, lse, delta, dqh, dintra,
         for i in range(0, a):  # pass 1: down the chain
             j = a - 1 - i
             cols = j * C + o_c
-            tl.store(qs + (j * C + o_c[:, None]) * BK + o_k[None, :], q_cur)
             kj = tl.load(kb + cols[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
             vj = tl.load(vb + cols[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
             qd = q_cur.to(kj.dtype)
+            tl.store(qs + (j * C + o_c[:, None]) * BK + o_k[None, :], qd)
             s = mm(qd, tl.trans(kj), PREC, UP) * scale2 + _gate_bias(Grow, Gb, T0 + j * C, T0 + cols, L, scale2)
             p = tl.exp2(s - lse_a[:, None])
             ds = p * (mm(do_a, tl.trans(vj), PREC, UP) - delta_a[:, None])
-            tl.store(ss + (j * C + o_c[:, None]) * C + o_c[None, :], ds)
+            tl.store(ss + (j * C + o_c[:, None]) * C + o_c[None, :], ds.to(ss.dtype.element_ty))
             tl.atomic_add(dv + (i_bh * NC + cols[:, None]) * V + o_v[None, :],
                           mm(tl.trans(p).to(do_a.dtype), do_a, PREC, UP), mask=m_v[None, :], sem="relaxed")
             tl.atomic_add(dkh + (i_bh * NC + cols[:, None]) * K + o_k[None, :],
@@ -189,11 +190,11 @@ def path_bwd_kernel(qh, intra, E, kh, v, s0, v0, G, do, lse, delta, dqh, dintra,
                          mask=m_k[:, None] & m_k[None, :], other=0.0)
             Wd = W.to(Ej.dtype)
             tl.atomic_add(dE + (i_bh * N + j) * K * K + o_k[:, None] * K + o_k[None, :],
-                          -mm(tl.trans(Qj.to(Ej.dtype)), Wd, PREC, UP), mask=m_k[:, None] & m_k[None, :],
+                          -mm(tl.trans(Qj), Wd, PREC, UP), mask=m_k[:, None] & m_k[None, :],
                           sem="relaxed")
             dsj = tl.load(ss + (j * C + o_c[:, None]) * C + o_c[None, :])
             cols = j * C + o_c
             kj = tl.load(kb + cols[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
-            W = W - mm(Wd, tl.trans(Ej), PREC, UP) + mm(dsj.to(kj.dtype), kj, PREC, UP) * scale
+            W = W - mm(Wd, tl.trans(Ej), PREC, UP) + mm(dsj, kj, PREC, UP) * scale
         tl.store(dqh + (i_bh * NC + rows[:, None]) * K + o_k[None, :], W, mask=m_k[None, :])
         tl.debug_barrier()  # the next query block overwrites the scratch
