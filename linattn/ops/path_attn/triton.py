@@ -16,11 +16,10 @@ Functions that call them directly in eager mode.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..common.checks import compute_dtype
-from ..common.chunking import chunk_local_cumsum
+from ..common.chunking import chunk_local_cumsum, pad_time
 from ..common.kv_cache import KVCache
 from ..common.registered_ops import define_op
 from ..common.triton_ops import eager_backward, op_function
@@ -133,13 +132,6 @@ _path_differentiable = op_function("PathAttnTriton", path_flash_forward, _fwd_op
                                    non_differentiable=(1,))
 
 
-def _pad_time(x: torch.Tensor, length: int) -> torch.Tensor:
-    """x [B, T, ...] zero-padded to ``length`` positions; x itself (no copy) when T is already that long."""
-    if x.shape[1] == length:
-        return x
-    return F.pad(x, (0, 0) * (x.dim() - 2) + (0, length - x.shape[1]))
-
-
 def _kernel_transform(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, beta: torch.Tensor,
                       g: torch.Tensor, scale: float, C: int, final: bool) -> tuple:
     """The flash pass's chunk inputs (Q^, intra, E, K^, V by chunks; E: the chunk's product is P = I - E) from the UT
@@ -147,7 +139,7 @@ def _kernel_transform(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torc
     None."""
     qh, intra, E, kh = ut_transform_triton(q, k, w, beta, g, scale, C, full=final)
     N = intra.shape[2]
-    vc = _pad_time(v, N * C).transpose(1, 2)
+    vc = pad_time(v, C).transpose(1, 2)
     ut = None
     if final:
         ut = UTTransform(Qhat=qh, intra=intra, Khat=kh.unflatten(2, (N, C)), E=E,
@@ -192,9 +184,8 @@ def path_attn_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch
     g = torch.zeros_like(beta) if g is None else g
     chunk_inputs = _kernel_transform if in_dtype in KERNEL_DTYPES else _torch_transform
     qh, intra, E, kh, vc, ut = chunk_inputs(q, k, v, w, beta, g, scale, C, output_final_state)
-    N = intra.shape[2]
     S0, V0, D0 = (x.transpose(1, 2) for x in (k0, v0, d0))  # cache [B, H, T0, *]
-    G_new = torch.cumsum(_pad_time(g, N * C).transpose(1, 2).to(torch.float64), dim=-1)
+    G_new = torch.cumsum(pad_time(g, C).transpose(1, 2).to(torch.float64), dim=-1)
     G = torch.cat([-D0.to(torch.float64), G_new], dim=-1).contiguous()  # the cache's end at G = 0
     o, _ = _path_differentiable(qh, intra, E, kh, vc, S0.to(dt).contiguous(), V0.to(dt).contiguous(), G,
                                 float(scale))
