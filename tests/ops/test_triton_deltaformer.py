@@ -107,3 +107,33 @@ def test_a_bad_panel_setting_is_named(panel, monkeypatch):
     monkeypatch.setitem(df_triton.LAUNCH, "panel", panel)
     with pytest.raises(ValueError, match="panel must be an int >= 0"):
         run(*make(1, 20, 1, 8, 8), "triton")
+
+
+@pytest.fixture
+def sdpa_passes(monkeypatch):
+    """The plain attention passes through SDPA (sdpa_passes.py) wherever there is no cache, on any device: on the
+    CPU SDPA's math kernel, on CUDA its fused kernels (there the route is the default for bf16 / fp16)."""
+    from linattn.ops.deltaformer import triton as df_triton
+
+    monkeypatch.setattr(df_triton, "sdpa_passes_apply", lambda x, cached: cached == 0)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 16, 16), (2, 37, 2, 8, 20), (1, 70, 2, 16, 16)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_sdpa_passes_match_recurrent_fp32(shape, sdpa_passes):
+    check_backends_agree(run, make(*shape), NAMES, ["triton"], tol=1e-5)
+
+
+@pytest.mark.parametrize("route", ["default", "sdpa"])
+def test_bf16_without_cache_against_float32_recurrent(route, request):
+    """bf16 with no cache: on CUDA the SDPA passes by default; "sdpa" forces them on the CPU as well."""
+    if route == "sdpa":
+        request.getfixturevalue("sdpa_passes")
+    xs = make(2, 45, 2, 16, 16, dtype=torch.bfloat16, seed=4)
+    ref_out, ref_grad = grads(lambda *a: run(*a, "recurrent"), [None if x is None else x.float() for x in xs])
+    out, grad = grads(lambda *a: run(*a, "triton"), xs)
+    assert out[0].dtype == torch.bfloat16
+    for i, (a, e) in enumerate(zip(out, ref_out)):
+        assert_close(a, e, 5e-3, f"bf16 output {i}", metric="rmse")
+    for name, a, e in zip(NAMES[:4], grad, ref_grad):  # no cache: no k0, u0
+        assert_close(a, e, 1e-2, f"bf16 grad of {name}", metric="rmse")

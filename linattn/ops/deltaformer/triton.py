@@ -9,7 +9,9 @@ strictly before t (forgetting_attn's flash forward with strict visibility, no ga
 attention over (K, U) (the flash kernels without gates). The solve is an autograd Function whose backward runs
 the adjoint kernel (psi = (I + A)^-T dU) and then the flash backward kernels with strict visibility for the kernel
 logits' share of dk (the attention backward with dO = -b psi, O = r; see ``triton_kernels.py``); the attention's
-backward is forgetting_attn's. Memory: U, r (float32) and the log-normalisers are kept: linear in T.
+backward is forgetting_attn's. On CUDA with bf16 / fp16 inputs and no cache, the output attention and the kernel
+logits' backward run through torch's SDPA instead (``sdpa_passes.py``: its fused kernels are faster). Memory: U,
+r (float32) and the log-normalisers are kept: linear in T.
 Both steps are ops registered with torch.library, with fake kernels (torch.compile(fullgraph=True) traces them),
 differentiated by autograd Functions that call the implementations directly in eager mode (common/triton_ops.py).
 
@@ -26,6 +28,7 @@ from ..common.registered_ops import define_op
 from ..common.triton_ops import eager_backward, op_function
 from ..common.triton_utils import block, cdiv, dot_precision, launch_options, launch_overrides, upcast_dots
 from ..forgetting_attn.triton import KERNEL_DTYPES, MAX_HEAD_DIM, fox_attention, fox_backward, fox_forward
+from .sdpa_passes import output_attention, sdpa_passes_apply, strict_attention_key_grad
 from .triton_kernels import (
     deltaformer_psi_kernel,
     deltaformer_psi_update_kernel,
@@ -40,10 +43,12 @@ from .triton_kernels import (
 # program). On an H200 (bf16, B 4, H 16, K = V = 128; one process per panel size) the op's forward and backward
 # took 18.7 / 17.7 / 16.1 / 15.3 / 15.6 / 16.4 ms at T = 4096 with panels of 0 (one pass) / 2 / 4 / 8 / 16 / 32
 # chunks of 64 rows, and 237.8 / 215.3 / 189.8 / 179.5 / 175.0 / 175.9 ms at T = 16384; the model's step (8 x 2048)
-# 0.77x the Transformer's with panels of 8 against 0.70x with 4 (separate runs).
+# 0.77x the Transformer's with panels of 8 against 0.70x with 4 (separate runs). Then, at T = 4096 in one session:
+# the solve and its adjoint unpipelined (stages 1) 12.26 against 12.59 ms, and with update blocks of 128 (the
+# adjoint's updates 1.46 against 1.91 ms in a kernel sweep) 11.82 ms.
 # LINATTN_TRITON_LAUNCH='{"deltaformer": {...}}' overrides them.
-LAUNCH = {"C": 64, "BN": 64, "BV": 64, "update_BV": 64, "panel": 8, "solve_warps": 4, "solve_stages": 2,
-          "psi_warps": 4, "psi_stages": 2, "update_warps": 4, "update_stages": 2}
+LAUNCH = {"C": 64, "BN": 64, "BV": 64, "update_BV": 128, "panel": 8, "solve_warps": 4, "solve_stages": 1,
+          "psi_warps": 4, "psi_stages": 1, "update_warps": 4, "update_stages": 2}
 launch_overrides("deltaformer", LAUNCH)
 
 
@@ -133,10 +138,12 @@ def solve_backward(k_all: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor, U
     # the kernel logits' gradient is an attention backward: queries and keys k, values U, dO = -b psi, O = r
     dt = k_all.dtype
     do = -(beta[..., None] * psi)
+    dbeta = -(psi * r).sum(-1)
+    if sdpa_passes_apply(k_all, T0):
+        return strict_attention_key_grad(k_all, U.to(dt), do, scale), psi, dbeta, dU[:, :0].float()
     dq, dk, du_kernel, _ = fox_backward(k_all[:, T0:].contiguous(), k_all, U.to(dt), None, r.to(dt), lse, do,
                                         scale, 0, strict=True)
     dk[:, T0:] += dq  # in dk's dtype: the sum is rounded once, as a float32 sum rounded back would be
-    dbeta = -(psi * r).sum(-1)
     du_cache = dU[:, :T0].float() + du_kernel[:, :T0].float()
     return dk, psi, dbeta, du_cache
 
@@ -198,7 +205,10 @@ def deltaformer_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: 
         k_all = k.to(dt).contiguous()
         u_cache = k.new_zeros(B, 0, H, V, dtype=torch.float32)
     U, _, _ = _solve_differentiable(k_all, v.to(dt).contiguous(), beta.float().contiguous(), u_cache, float(scale))
-    o = fox_attention(q.to(dt).contiguous(), k_all, U.to(dt), None, scale)
+    if sdpa_passes_apply(k_all, k_all.shape[1] - T):
+        o = output_attention(q.to(dt), k_all, U.to(dt), scale)
+    else:
+        o = fox_attention(q.to(dt).contiguous(), k_all, U.to(dt), None, scale)
     state = None
     if output_final_state:
         keys = k.to(sdt) if initial_state is None else torch.cat([initial_state.k.to(sdt), k.to(sdt)], dim=1)

@@ -1,0 +1,54 @@
+"""deltaformer's two plain attention passes through torch's scaled_dot_product_attention (SDPA) on CUDA.
+
+Of the Triton backend's three attention passes, two are plain softmax attention with no gate bias, which SDPA's
+fused CUDA kernels (flash / cuDNN) run faster than the forgetting_attn kernels:
+
+- the output attention  o_t = sum_{s<=t} softmax_{s<=t}(scale q_t.k_s) u_s  (forward and backward), run as
+  softmax_attn's "parallel" kernel with its confinement guard (non-finite keys or u's reach no earlier query);
+- the backward of the kernel logits  r_t = sum_{s<t} softmax_{s<t}(scale k_t.k_s) u_s : the gradient of r with
+  respect to the keys, for dr = -b psi. Strict visibility is causal attention shifted by one position: row t of
+  r is row t-1 of causal attention of the queries k_1..k_{T-1} over the keys k_0..k_{T-2} and values
+  u_0..u_{T-2} (row 0 sees nothing and has no gradient). SDPA recomputes that forward (r itself, up to rounding)
+  and differentiates it.
+
+The forward's kernel-row normalisers stay on forgetting_attn's kernel (SDPA does not return them), and so does
+everything with a cache (SDPA's causal mask is aligned to the first key, not to the cache's end) and float32
+inputs (SDPA would run them in another precision than the rest of the backend).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..softmax_attn.core import HALF, run_attention
+
+
+def sdpa_passes_apply(x: torch.Tensor, cached: int) -> bool:
+    """Whether the passes run through SDPA: CUDA half-precision inputs (``x``, in the dtype the passes run in) and no
+    cache (``cached`` positions before the new ones)."""
+    return x.is_cuda and x.dtype in HALF and cached == 0
+
+
+def output_attention(q: torch.Tensor, k: torch.Tensor, u: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal softmax attention o [B, T, H, V] of q, k [B, T, H, K] over u [B, T, H, V] (one dtype), differentiable."""
+    o, _ = run_attention("parallel", q, k, u, None, scale=scale, causal=True, window_size=None, rope=None,
+                         alibi=False, initial_state=None, output_final_state=False, chunk_size=64)
+    return o
+
+
+def strict_attention_key_grad(k: torch.Tensor, u: torch.Tensor, dr: torch.Tensor, scale: float) -> torch.Tensor:
+    """dk [B, T, H, K] (k's dtype) of r = strict causal attention of k over itself with values u (module docstring),
+    for the gradient ``dr`` of r: k as queries and as keys together; u gets none."""
+    dk = torch.zeros_like(k)
+    if k.shape[1] < 2:
+        return dk
+    with torch.enable_grad():
+        queries = k[:, 1:].detach().transpose(1, 2).requires_grad_()
+        keys = k[:, :-1].detach().transpose(1, 2).requires_grad_()
+        r = F.scaled_dot_product_attention(queries, keys, u[:, :-1].detach().transpose(1, 2), is_causal=True,
+                                           scale=scale)
+        dq, dkeys = torch.autograd.grad(r, (queries, keys), dr[:, 1:].to(r.dtype).transpose(1, 2))
+    dk[:, :-1] = dkeys.transpose(1, 2)
+    dk[:, 1:] += dq.transpose(1, 2)
+    return dk
