@@ -115,7 +115,7 @@ def sdpa_passes(monkeypatch):
     CPU SDPA's math kernel, on CUDA its fused kernels (there the route is the default for bf16 / fp16)."""
     from linattn.ops.deltaformer import triton as df_triton
 
-    monkeypatch.setattr(df_triton, "sdpa_passes_apply", lambda x, cached: cached == 0)
+    monkeypatch.setattr(df_triton, "sdpa_passes_apply", lambda k, v_dim, cached: cached == 0)
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 1, 16, 16), (2, 37, 2, 8, 20), (1, 70, 2, 16, 16)],

@@ -12,8 +12,9 @@ fused CUDA kernels (flash / cuDNN) run faster than the forgetting_attn kernels:
   and differentiates it.
 
 The forward's kernel-row normalisers stay on forgetting_attn's kernel (SDPA does not return them), and so does
-everything with a cache (SDPA's causal mask is aligned to the first key, not to the cache's end) and float32
-inputs (SDPA would run them in another precision than the rest of the backend).
+everything with a cache (SDPA's causal mask is aligned to the first key, not to the cache's end), float32 inputs
+(SDPA would run them in another precision than the rest of the backend) and head dims SDPA's fused kernels may not
+take (:func:`sdpa_passes_apply`).
 """
 
 from __future__ import annotations
@@ -24,10 +25,13 @@ import torch.nn.functional as F
 from ..softmax_attn.core import HALF, run_attention
 
 
-def sdpa_passes_apply(x: torch.Tensor, cached: int) -> bool:
-    """Whether the passes run through SDPA: CUDA half-precision inputs (``x``, in the dtype the passes run in) and no
-    cache (``cached`` positions before the new ones)."""
-    return x.is_cuda and x.dtype in HALF and cached == 0
+def sdpa_passes_apply(k: torch.Tensor, v_dim: int, cached: int) -> bool:
+    """Whether the passes run through SDPA: CUDA half-precision keys ``k`` (in the dtype the passes run in), no cache
+    (``cached`` positions before the new ones), and head dims that SDPA's fused kernels take (equal key and value
+    dims, a multiple of 8, at most 256; other shapes could fall back to its math kernel, whose memory grows with
+    T^2)."""
+    K = k.shape[-1]
+    return k.is_cuda and k.dtype in HALF and cached == 0 and K == v_dim and K % 8 == 0 and K <= 256
 
 
 def output_attention(q: torch.Tensor, k: torch.Tensor, u: torch.Tensor, scale: float) -> torch.Tensor:

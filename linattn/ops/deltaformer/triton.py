@@ -139,7 +139,7 @@ def solve_backward(k_all: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor, U
     dt = k_all.dtype
     do = -(beta[..., None] * psi)
     dbeta = -(psi * r).sum(-1)
-    if sdpa_passes_apply(k_all, T0):
+    if sdpa_passes_apply(k_all, V, T0):
         return strict_attention_key_grad(k_all, U.to(dt), do, scale), psi, dbeta, dU[:, :0].float()
     dq, dk, du_kernel, _ = fox_backward(k_all[:, T0:].contiguous(), k_all, U.to(dt), None, r.to(dt), lse, do,
                                         scale, 0, strict=True)
@@ -205,7 +205,7 @@ def deltaformer_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: 
         k_all = k.to(dt).contiguous()
         u_cache = k.new_zeros(B, 0, H, V, dtype=torch.float32)
     U, _, _ = _solve_differentiable(k_all, v.to(dt).contiguous(), beta.float().contiguous(), u_cache, float(scale))
-    if sdpa_passes_apply(k_all, k_all.shape[1] - T):
+    if sdpa_passes_apply(k_all, V, k_all.shape[1] - T):
         o = output_attention(q.to(dt), k_all, U.to(dt), scale)
     else:
         o = fox_attention(q.to(dt).contiguous(), k_all, U.to(dt), None, scale)
