@@ -68,7 +68,8 @@ def _cmd_bench_ops(args: argparse.Namespace) -> int:
 
     def on_row(row) -> None:  # print and save as we go: a long run interrupted keeps what it measured
         done.append(row)
-        print(f"  {row.op} T={row.T} {row.impl}: fwd {row.fwd_ms} ms, fwd+bwd {row.fwdbwd_ms} ms {row.note}",
+        print(f"  {row.op} T={row.T} {row.impl}: fwd {row.fwd_ms} ms, fwd+bwd {row.fwdbwd_ms} ms "
+              f"({row.fwdbwd_b2b_ms} ms back to back) {row.note}",
               file=sys.stderr, flush=True)
         if args.out:
             with open(args.out, "w") as f:

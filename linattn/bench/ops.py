@@ -1,6 +1,8 @@
 """``linattn bench ops``: per op and sequence length, forward and forward+backward time of every
 backend, torch SDPA (causal flash attention) and FLA (when importable) in the same process, with
-ratios and peak memory.
+ratios and peak memory. Forward+backward is timed twice: each call synchronised (the ratios' figure), and calls
+back to back with one synchronisation at the end, the rate of a training loop (host-bound small calls show their
+host time there).
 
 Speed-ups are reported as ``other_time / our_time`` (above 1: ours is faster).
 """
@@ -16,7 +18,7 @@ import torch.nn.functional as F
 from linattn.ops import get_op
 
 from .memprobe import probe
-from .timing import cuda_peak_mb, median_ms
+from .timing import back_to_back_ms, cuda_peak_mb, median_ms
 
 # FLA's kernels for the ops that have one (chunk kernels; the parallel ones of the softmax family), same argument
 # names and [B, T, H, K] layout.
@@ -73,6 +75,9 @@ class BenchRow:
     fwd_ms: float | None
     fwdbwd_ms: float | None
     peak_mb: float | None
+    # forward+backward per call in a loop synchronised once at its end (timing.back_to_back_ms): below fwdbwd_ms
+    # (each call synchronised) by the device's latency, or by nothing when the call is host-bound
+    fwdbwd_b2b_ms: float | None = None
     note: str = ""
 
 
@@ -93,7 +98,7 @@ def fla_output(result):
 
 
 def _timed(call, inputs: dict, device: torch.device, repeats: int, budget_s: float, memory: bool,
-           fwdbwd: bool) -> tuple[float, float | None, float | None]:
+           fwdbwd: bool) -> tuple[float, float | None, float | None, float | None]:
     leaves = {n: (x.detach().requires_grad_(True) if isinstance(x, torch.Tensor) and x.is_floating_point() else x)
               for n, x in inputs.items()}
 
@@ -110,8 +115,10 @@ def _timed(call, inputs: dict, device: torch.device, repeats: int, budget_s: flo
 
     fwd_ms = median_ms(fwd, device, repeats, budget_s=budget_s)
     fb_ms = median_ms(fwd_bwd, device, repeats, budget_s=budget_s) if fwdbwd else None
+    # the loop is as long as the repeats, unless the calls are short (then 20 calls, to see the host's rate)
+    b2b_ms = back_to_back_ms(fwd_bwd, device, max(repeats, 20) if fb_ms < 10 else repeats) if fwdbwd else None
     peak = cuda_peak_mb(fwd_bwd if fwdbwd else fwd, device) if memory and device.type == "cuda" else None
-    return fwd_ms, fb_ms, peak
+    return fwd_ms, fb_ms, peak, b2b_ms
 
 
 def bench_op(op: str, T: int, impl: str, *, B: int, H: int, K: int, V: int, dtype: torch.dtype,
@@ -137,12 +144,12 @@ def bench_op(op: str, T: int, impl: str, *, B: int, H: int, K: int, V: int, dtyp
             return None
         call = lambda x: spec.fn(**x, **OP_KWARGS.get(op, {}), backend=impl)[0]
     try:
-        fwd_ms, fb_ms, peak = _timed(call, inputs, device, repeats, budget_s, memory, fwdbwd)
+        fwd_ms, fb_ms, peak, b2b_ms = _timed(call, inputs, device, repeats, budget_s, memory, fwdbwd)
     except Exception as err:  # e.g. FLA refusing a kernel on this GPU: report it, keep going
         return BenchRow(op, T, impl, None, None, None, note=f"{type(err).__name__}: {str(err)[:80]}")
     if memory and device.type == "cpu" and impl in spec.backends and impl != "recurrent":
         peak = probe(op, impl, B, T, H, K, V, "fwdbwd" if fwdbwd else "fwd")  # fresh process: a clean peak
-    return BenchRow(op, T, impl, fwd_ms, fb_ms, peak)
+    return BenchRow(op, T, impl, fwd_ms, fb_ms, peak, b2b_ms)
 
 
 def run_ops_bench(ops: list[str], lengths: list[int], impls: list[str], *, B: int, H: int, K: int, V: int,
@@ -195,8 +202,9 @@ def format_table(rows: list[BenchRow]) -> str:
     """Markdown table with, per row, speed-ups (fwd+bwd) over recurrent, SDPA and FLA at the same T."""
     by_key = {(r.op, r.T, r.impl): r for r in rows}
     sdpa = {r.T: r for r in rows if r.impl == "sdpa"}
-    lines = ["| op | T | impl | fwd ms | fwd+bwd ms | peak MiB | x recurrent | x sdpa | x fla | note |",
-             "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines = ["| op | T | impl | fwd ms | fwd+bwd ms | fwd+bwd ms, back to back | peak MiB | x recurrent | x sdpa "
+             "| x fla | note |",
+             "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
 
     def ratio(other: BenchRow | None, r: BenchRow) -> str:
         if other is None or other.fwdbwd_ms is None or r.fwdbwd_ms is None:
@@ -208,7 +216,8 @@ def format_table(rows: list[BenchRow]) -> str:
         fla = by_key.get((r.op, r.T, "fla"))
         own = r.impl not in ("sdpa",)
         lines.append(
-            f"| {r.op} | {r.T} | {r.impl} | {_fmt(r.fwd_ms)} | {_fmt(r.fwdbwd_ms)} | {_fmt(r.peak_mb, 1)} | "
+            f"| {r.op} | {r.T} | {r.impl} | {_fmt(r.fwd_ms)} | {_fmt(r.fwdbwd_ms)} | {_fmt(r.fwdbwd_b2b_ms)} | "
+            f"{_fmt(r.peak_mb, 1)} | "
             f"{ratio(rec, r) if own and r.impl != 'recurrent' else '-'} | "
             f"{ratio(sdpa.get(r.T), r) if own else '-'} | "
             f"{ratio(fla, r) if own and r.impl not in ('fla',) else '-'} | {r.note} |"

@@ -42,6 +42,20 @@ def median_ms(fn: Callable[[], object], device: torch.device, repeats: int = 5, 
     return statistics.median(times)
 
 
+def back_to_back_ms(fn: Callable[[], object], device: torch.device, calls: int = 20) -> float:
+    """Wall time per call of ``fn()`` called ``calls`` times in a row with one synchronisation at the end (after one
+    untimed call), in milliseconds: the rate at which a loop of such calls runs when nothing waits for their
+    results, as a training loop. When the host issues work faster than the device does it, this is the device's
+    time per call; when a call is host-bound (small shapes), it is the host's."""
+    fn()
+    synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    synchronize(device)
+    return (time.perf_counter() - t0) * 1e3 / calls
+
+
 def cuda_peak_mb(fn: Callable[[], object], device: torch.device) -> float:
     """Peak CUDA memory allocated during ``fn()`` above what was allocated before, in MiB."""
     torch.cuda.synchronize(device)

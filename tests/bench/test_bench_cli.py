@@ -15,9 +15,10 @@ def test_ops_bench_rows_and_table():
                          dtype=torch.float32, device=torch.device("cpu"), repeats=1, memory=False, progress=False)
     impls = {(r.T, r.impl) for r in rows}
     assert {(16, "recurrent"), (16, "parallel"), (16, "sdpa"), (33, "parallel")} <= impls
-    assert all(r.fwd_ms > 0 and r.fwdbwd_ms > 0 for r in rows)
+    assert all(r.fwd_ms > 0 and r.fwdbwd_ms > 0 and r.fwdbwd_b2b_ms > 0 for r in rows)
     table = format_table(rows)
     assert table.count("\n") == len(rows) + 1 and "x recurrent" in table
+    assert all(line.count("|") == 12 for line in table.splitlines())  # 11 columns: back to back beside fwd+bwd
 
 
 def test_recurrent_skipped_above_limit():
@@ -70,3 +71,16 @@ def test_auto_backend_choice():
             assert spec.resolve("auto", cuda, 128) is spec.implementations["chunk"], name
         gla = get_op("gla")
         assert gla.resolve("auto", cuda, 128) is gla.implementations["triton"]
+
+
+def test_back_to_back_is_per_call():
+    """back_to_back_ms divides one loop's time by its calls: a call that sleeps 5 ms reads about 5 ms, not 5 x
+    calls."""
+    import time
+
+    from linattn.bench.timing import back_to_back_ms
+
+    calls = []
+    ms = back_to_back_ms(lambda: (calls.append(1), time.sleep(0.005)), torch.device("cpu"), calls=4)
+    assert len(calls) == 5  # one untimed call, then four
+    assert 4.5 < ms < 20
