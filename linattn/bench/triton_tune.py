@@ -13,7 +13,9 @@ is then the one whose kernels took least. Every run's outputs and gradients are 
 ``LAUNCH``): a candidate that changes the numbers beyond rounding is reported as wrong and never chosen. Beyond
 rounding means not finite, or a relative error above the limit: 1e-2, or twice run 0's own distance from the same
 call on float32 inputs where that is larger (two results each that close to the exact one are within twice it of
-each other). Results print as they come; ``--out`` writes them as JSON.
+each other). A setting that fails to run (Triton refusing a launch whose tiles exceed the GPU's shared memory)
+is recorded with its error and never chosen. Results print as they come, and ``--out`` is rewritten after each
+run (marked "partial" until the sweep ends), so a sweep cut short by a time limit keeps what it measured.
 A launch that miscompiles into an illegal memory access kills the process: check risky settings with
 ``linattn.bench.launch_check`` (a process per setting) first.
 """
@@ -25,6 +27,7 @@ import importlib
 import json
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -132,10 +135,15 @@ def _ttt_grid() -> dict[str, list[dict]]:
 
 def _fox_grid() -> dict[str, list[dict]]:
     """forgetting_attn's candidates: each kernel's warps and stages with one block size of its own (the query rows
-    per dK/dV step, the keys per forward and dQ step); delta, a row sum, only its warps."""
-    return {"fwd": _candidates("fwd", warps=(4, 8), blocks=("fwd_BN", (32, 64))),
+    per dK/dV step, the keys per forward and dQ step); delta, a row sum, only its warps. Steps of 128 keys only at 8
+    warps and 2 stages: compiled for sm_90 (Triton 3.6, K = V = 128, bf16) the forward needs 162 KB of shared memory
+    there (952 bytes of spills) and dQ 194 KB (none); with 3 stages both exceed an H100's 227 KB, and at 4 warps
+    both spill over 2 KB."""
+    wide = {"fwd": [{"fwd_BN": 128, "fwd_warps": 8, "fwd_stages": 2}],
+            "dq": [{"dq_BN": 128, "dq_warps": 8, "dq_stages": 2}]}
+    return {"fwd": _candidates("fwd", warps=(4, 8), blocks=("fwd_BN", (32, 64))) + wide["fwd"],
             "dkv": _candidates("dkv", warps=(4, 8), stages=(2, 3), blocks=("dkv_BM", (32, 64))),
-            "dq": _candidates("dq", warps=(4, 8), blocks=("dq_BN", (32, 64))),
+            "dq": _candidates("dq", warps=(4, 8), blocks=("dq_BN", (32, 64))) + wide["dq"],
             "delta": [{}, {"delta_warps": 8}]}
 
 
@@ -192,9 +200,11 @@ def _run(op: str, inputs: dict, repeats: int) -> tuple[list[torch.Tensor], dict[
 
 
 def tune(family: str, grid: dict[str, list[dict]], *, B: int = 4, T: int = 16384, H: int = 16, K: int = 128,
-         V: int = 128, repeats: int = 3, device: str = "cuda", op: str | None = None, on_row=print) -> dict:
+         V: int = 128, repeats: int = 3, device: str = "cuda", op: str | None = None,
+         on_row: Callable[[dict], object] = print) -> dict:
     """{"runs": [...], "best": {group: setting}}: see the module docstring. ``op``: the op run on the family's
-    kernels (default: the family's own; e.g. delta_rule on gated_delta_rule's kernels, compiled without the gate)."""
+    kernels (default: the family's own; e.g. delta_rule on gated_delta_rule's kernels, compiled without the gate).
+    ``on_row(row)`` is called with each run's row as it is measured (a run that raised: its "error", not ok)."""
     op = op or FAMILY_OPS.get(family, family)
     module = launch_module(family)
     default = dict(module.LAUNCH)
@@ -209,7 +219,16 @@ def tune(family: str, grid: dict[str, list[dict]], *, B: int = 4, T: int = 16384
             module.LAUNCH.update(default)
             for c in setting.values():
                 module.LAUNCH.update(c)
-            results, times = _run(op, inputs, repeats)
+            try:
+                results, times = _run(op, inputs, repeats)
+            except Exception as err:  # e.g. a setting whose tiles exceed the GPU's shared memory (Triton refuses
+                if reference is None:  # to launch it): recorded, and the sweep goes on; run 0 must run
+                    raise
+                row = {"run": i, "setting": setting, "kernels_ms": {}, "total_ms": None,
+                       "error": f"{type(err).__name__}: {str(err)[:200]}", "ok": False}
+                runs.append(row)
+                on_row(row)
+                continue
             if reference is None:
                 reference = results
                 rounding = _float32_distance(op, inputs, results)
@@ -220,7 +239,7 @@ def tune(family: str, grid: dict[str, list[dict]], *, B: int = 4, T: int = 16384
             row = {"run": i, "setting": setting, "kernels_ms": kernels, "total_ms": round(sum(times.values()), 4),
                    "err_vs_run0": err, "ok": finite and err <= limit}
             runs.append(row)
-            on_row(json.dumps(row))
+            on_row(row)
     finally:
         module.LAUNCH.clear()
         module.LAUNCH.update(default)
@@ -250,6 +269,11 @@ def _float32_distance(op: str, inputs: dict, results: list[torch.Tensor]) -> flo
     return max(_relative_error(a, b) for a, b in zip(results, exact))
 
 
+def _write(path: str, result: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--family", choices=sorted(KERNEL_GROUPS), default="gated_delta_rule")
@@ -260,10 +284,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     grid = json.loads(a.grid) if a.grid else default_grid(a.family)
-    result = tune(a.family, grid, B=a.B, T=a.T, H=a.H, K=a.K, V=a.V, repeats=a.repeats, op=a.op)
+    done: list[dict] = []
+
+    def on_row(row: dict) -> None:  # printed and saved as they come: a sweep cut short keeps its runs
+        done.append(row)
+        print(json.dumps(row), flush=True)
+        if a.out:
+            _write(a.out, {"family": a.family, "partial": True, "runs": done})
+
+    result = tune(a.family, grid, B=a.B, T=a.T, H=a.H, K=a.K, V=a.V, repeats=a.repeats, op=a.op, on_row=on_row)
     if a.out:
-        with open(a.out, "w") as f:
-            json.dump(result, f, indent=1)
+        _write(a.out, result)
     print(f"{a.family}: run 0 is {result['float32_distance']:.2e} from float32 inputs; candidates may differ from it "
           f"by {result['limit']:.2e}")
     for group, b in result["best"].items():

@@ -1,5 +1,6 @@
 """The kernel tools of linattn.bench: per-kernel profile, launch tuning, and the sm_90 resource report."""
 
+import json
 import os
 import subprocess
 import sys
@@ -94,3 +95,49 @@ def test_resource_report_compiles_the_kernels_for_sm90_without_a_gpu():
     assert [r[1] for r in rows] == ["_state_fwd_kernel", "chunk_output_kernel", "_state_bwd_kernel",
                                     "_grads_bwd_kernel"]
     assert all(int(r[4]) > 0 for r in rows)  # registers read back from the cubin
+
+
+def test_tune_records_a_setting_that_fails_and_goes_on(monkeypatch):
+    """A setting that raises (as Triton does for tiles beyond the GPU's shared memory) becomes a row with its error,
+    never chosen; the runs after it still run. Run 0 raising is an error: there is nothing to compare with."""
+    calls = []
+
+    def fake_run(op, inputs, repeats):
+        module = triton_tune.launch_module("gated_delta_rule")
+        calls.append(module.LAUNCH["scan_warps"])
+        if module.LAUNCH["scan_warps"] == 8:
+            raise RuntimeError("out of resources: shared memory")
+        return [torch.ones(3)], {"_state_fwd_kernel": float(module.LAUNCH["scan_warps"])}
+
+    monkeypatch.setattr(triton_tune, "_run", fake_run)
+    monkeypatch.setattr(triton_tune, "_inputs", lambda *a: {})
+    monkeypatch.setattr(triton_tune, "_float32_distance", lambda *a: 0.0)
+    rows = []
+    grid = {"scan": [{}, {"scan_warps": 8}, {"scan_warps": 2}]}
+    result = triton_tune.tune("gated_delta_rule", grid, device="cpu", on_row=rows.append)
+    assert calls == [triton_tune.launch_module("gated_delta_rule").LAUNCH["scan_warps"], 8, 2]
+    assert [r["ok"] for r in rows] == [True, False, True] and "out of resources" in rows[1]["error"]
+    assert result["runs"] == rows
+    assert result["best"]["scan"]["setting"] == {"scan_warps": 2}  # the fastest of the runs that ran
+    with pytest.raises(RuntimeError, match="out of resources"):
+        triton_tune.tune("gated_delta_rule", {"scan": [{"scan_warps": 8}]}, device="cpu", on_row=rows.append)
+
+
+def test_tune_cli_saves_each_run_as_it_comes(monkeypatch, tmp_path):
+    """--out holds the runs measured so far ("partial") while the sweep goes on, the whole result at its end."""
+    out = tmp_path / "tune.json"
+    seen = []
+
+    def fake_run(op, inputs, repeats):
+        if out.exists():
+            seen.append(json.loads(out.read_text()))
+        return [torch.ones(3)], {"_state_fwd_kernel": 1.0}
+
+    monkeypatch.setattr(triton_tune, "_run", fake_run)
+    monkeypatch.setattr(triton_tune, "_inputs", lambda *a: {})
+    monkeypatch.setattr(triton_tune, "_float32_distance", lambda *a: 0.0)
+    grid = json.dumps({"scan": [{}, {"scan_warps": 2}, {"scan_warps": 8}]})
+    triton_tune.main(["--family", "gated_delta_rule", "--grid", grid, "--out", str(out)])
+    assert [len(s["runs"]) for s in seen] == [1, 2] and all(s["partial"] for s in seen)
+    final = json.loads(out.read_text())
+    assert "partial" not in final and len(final["runs"]) == 3
