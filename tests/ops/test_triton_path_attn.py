@@ -13,7 +13,9 @@ from linattn.testing import assert_close, check_backends_agree, grads, l2norm, l
 pytestmark = [pytest.mark.triton, pytest.mark.skipif(not triton_available(), reason="triton not installed")]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 NAMES = ["q", "k", "v", "w", "beta", "g", "k0", "v0", "d0"]
-SETTINGS = {"16": {"C": 16, "BN": 16, "programs": 2}, "32": {"C": 32, "BN": 16, "programs": 3}}
+SETTINGS = {"16": {"C": 16, "BN": 16, "programs": 2}, "32": {"C": 32, "BN": 16, "programs": 3},
+            # the flash pass on blocks of two 16-position chunks (merge.py); T = 37 and 50: an odd number of chunks
+            "merged": {"C": 16, "BN": 16, "programs": 2, "merge": 2}}
 
 
 @pytest.fixture
@@ -121,7 +123,7 @@ def test_ut_kernels_match_the_pytorch_transform(dtype):
         assert_close(a.double(), e, tol, f"{dtype} grad of {name}", metric=metric)
 
 
-@pytest.mark.parametrize("blocks", ["16"], indirect=True)
+@pytest.mark.parametrize("blocks", ["16", "merged"], indirect=True)
 def test_without_gate(blocks):
     check_backends_agree(run, make(2, 41, 2, 16, 8, T0=3, gate=False, seed=1), NAMES, ["triton"], tol=1e-5)
 
@@ -131,7 +133,7 @@ def test_default_blocks():
     check_backends_agree(run, make(1, 150, 1, 32, 32, T0=70, seed=2), NAMES, ["triton"], tol=1e-5)
 
 
-@pytest.mark.parametrize("blocks", ["32"], indirect=True)
+@pytest.mark.parametrize("blocks", ["32", "merged"], indirect=True)
 def test_bf16_against_float32_recurrent(blocks):
     xs = make(2, 45, 2, 16, 16, T0=6, dtype=torch.bfloat16, seed=3)
     ref_out, ref_grad = grads(lambda *a: run(*a, "recurrent"), [None if x is None else x.float() for x in xs])
@@ -171,3 +173,12 @@ def test_bf16_long_query_chain(blocks):
     with torch.no_grad():
         out = run(*xs, "triton")
     assert_close(out[0], ref[0], 5e-3, "bf16 output after a long chain", metric="rmse")
+
+
+@pytest.mark.parametrize("merge", [0, 3, True, "2"])
+def test_a_bad_merge_setting_is_named(merge, monkeypatch):
+    from linattn.ops.path_attn import triton as path_triton
+
+    monkeypatch.setitem(path_triton.LAUNCH, "merge", merge)
+    with pytest.raises(ValueError, match="merge must be 1 or 2"):
+        run(*make(1, 20, 1, 8, 8), "triton")

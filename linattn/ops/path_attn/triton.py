@@ -35,14 +35,33 @@ from ..common.triton_utils import (
 from ..forgetting_attn.triton import KERNEL_DTYPES, MAX_HEAD_DIM
 from ..forgetting_attn.triton_kernels import fox_delta_kernel
 from .chunk import UTTransform, _final_state, ut_transform
+from .merge import merge_chunk_pairs
 from .reference import _past
 from .triton_kernels import path_bwd_kernel, path_fwd_kernel
 from .ut_triton import ut_transform_triton
 
-# "C": the chunk (query and key block) of the flash pass; "BN": cached keys per step; "programs": backward programs
-# (0: one per SM on CUDA). LINATTN_TRITON_LAUNCH='{"path_attn": {...}}' overrides them.
-LAUNCH = {"C": 64, "BN": 64, "programs": 0, "fwd_warps": 8, "fwd_stages": 2, "bwd_warps": 8, "bwd_stages": 1}
+# "C": the chunk of the UT transform, and the query and key block of the flash pass; "merge": 2 runs the flash pass
+# on blocks of two chunks (merge.py: half the steps down the query chain, each twice the size), with the settings
+# "fwd2_*" and "bwd2_*" (compiled for sm_90 at C = 64, K = V = 128, bf16, 128-row blocks need one stage: two take
+# 230 KB of shared memory in the forward); 1 keeps the chunks; "BN": cached keys per step; "programs": backward
+# programs (0: one per SM on CUDA). LINATTN_TRITON_LAUNCH='{"path_attn": {...}}' overrides them.
+LAUNCH = {"C": 64, "merge": 1, "BN": 64, "programs": 0, "fwd_warps": 8, "fwd_stages": 2, "bwd_warps": 8,
+          "bwd_stages": 1, "fwd2_warps": 8, "fwd2_stages": 1, "bwd2_warps": 8, "bwd2_stages": 1}
 launch_overrides("path_attn", LAUNCH)
+
+
+def _merge() -> int:
+    """Chunks per block of the flash pass (LAUNCH["merge"]: 1 or 2)."""
+    merge = LAUNCH["merge"]
+    if merge not in (1, 2) or isinstance(merge, bool):
+        raise ValueError(f"path_attn launch setting merge must be 1 or 2 (chunks per flash block), got {merge!r}")
+    return merge
+
+
+def _group(kernel: str, C: int) -> str:
+    """The LAUNCH group of a flash kernel running blocks of C rows: "fwd" / "bwd" for blocks of one chunk, "fwd2" /
+    "bwd2" for merged ones."""
+    return kernel if C == LAUNCH["C"] else kernel + "2"
 
 
 def _programs(device: torch.device, work: int) -> int:
@@ -67,7 +86,7 @@ def path_flash_forward(qh: torch.Tensor, intra: torch.Tensor, E: torch.Tensor, k
     path_fwd_kernel[(N, B * H)](
         qh=qh, intra=intra, E=E, kh=kh, v=v, s0=s0, v0=v0, G=G, o=o, lse=lse, scale=scale, N=N, T0=T0, K=K, V=V, C=C,
         BN=LAUNCH["BN"], BK=block(K), BV=block(V), PREC=dot_precision(qh.dtype), UP=upcast_dots(qh.dtype),
-        **launch_options(LAUNCH, "fwd", qh.dtype, 1))
+        **launch_options(LAUNCH, _group("fwd", C), qh.dtype, 1))
     return o, lse
 
 
@@ -94,7 +113,8 @@ def path_flash_backward(qh: torch.Tensor, intra: torch.Tensor, E: torch.Tensor, 
         qh=qh, intra=intra, E=E, kh=kh, v=v, s0=s0, v0=v0, G=G, do=do, lse=lse, delta=delta, dqh=dqh,
         dintra=dintra, dE=dE, dkh=dkh, dv=dv, ds0=ds0, dv0=dv0, dG=dG, qscr=qscr, sscr=sscr, scale=scale, N=N,
         T0=T0, BH=B * H, NPROG=nprog, K=K, V=V, C=C, BN=LAUNCH["BN"], BK=block(K), BV=block(V),
-        PREC=dot_precision(qh.dtype), UP=upcast_dots(qh.dtype), **launch_options(LAUNCH, "bwd", qh.dtype, 1))
+        PREC=dot_precision(qh.dtype), UP=upcast_dots(qh.dtype), **launch_options(LAUNCH, _group("bwd", C), qh.dtype,
+                                                                                  1))
     return dqh, dintra, dE, dkh, dv, ds0, dv0, dG.double()
 
 
@@ -179,7 +199,7 @@ def path_attn_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch
         raise ValueError(f"backend='triton' takes head dims K, V <= {MAX_HEAD_DIM}, got K = {K}, V = {V}")
     in_dtype, sdt = q.dtype, compute_dtype(q)
     dt = in_dtype if in_dtype in KERNEL_DTYPES else torch.float32
-    C = LAUNCH["C"]
+    C, merge = LAUNCH["C"], _merge()
     k0, v0, d0 = _past(initial_state, k, V, sdt)
     g = torch.zeros_like(beta) if g is None else g
     chunk_inputs = _kernel_transform if in_dtype in KERNEL_DTYPES else _torch_transform
@@ -187,6 +207,10 @@ def path_attn_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch
     S0, V0, D0 = (x.transpose(1, 2) for x in (k0, v0, d0))  # cache [B, H, T0, *]
     G_new = torch.cumsum(pad_time(g, C).transpose(1, 2).to(torch.float64), dim=-1)
     G = torch.cat([-D0.to(torch.float64), G_new], dim=-1).contiguous()  # the cache's end at G = 0
+    flash = (qh, intra, E, kh, vc, G)
+    if merge == 2:
+        flash = tuple(x.contiguous() for x in merge_chunk_pairs(*flash, float(scale)))
+    qh, intra, E, kh, vc, G = flash
     o, _ = _path_differentiable(qh, intra, E, kh, vc, S0.to(dt).contiguous(), V0.to(dt).contiguous(), G,
                                 float(scale))
     o = o[:, :, :T].transpose(1, 2).to(in_dtype)
