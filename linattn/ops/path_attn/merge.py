@@ -3,7 +3,8 @@
 The UT transform works on chunks of C positions (its [C, C] inverse and its sweeps over K's columns bound C), and
 the flash pass walks a query block's chain back one block at a time: per (query block, earlier block) pair a
 [C, K] x [K, K] product and, in the backward pass, atomic adds of [K, K], [C, K] and [C, V] gradients. Merging
-chunks 2c and 2c+1 (a, b below) into one block of 2C rows halves the pairs' number and doubles their size:
+chunks 2c and 2c+1 (a, b below) into one block of 2C rows leaves a quarter of the pairs, each with twice the rows
+and keys: half the chain's products and half the [C, K] and [C, V] adds in all, a quarter of the [K, K] ones:
 
     P_blk = P_b P_a,  so  E_blk = I - P_b P_a = E_a + E_b - E_b E_a
     Q^_blk = [Q^_a ; Q^_b P_a]          (queries moved to the block's start: b's rows also through a)
