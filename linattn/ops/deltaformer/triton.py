@@ -137,7 +137,8 @@ def solve_backward(k_all: torch.Tensor, beta: torch.Tensor, lse: torch.Tensor, U
                     HAS_ACC=c1 < NC, **by_update, **update)
     # the kernel logits' gradient is an attention backward: queries and keys k, values U, dO = -b psi, O = r
     dt = k_all.dtype
-    do = -(beta[..., None] * psi)
+    # dO = -b psi, written once in the dtype the attention's backward reads it in (the float32 product rounded once)
+    do = torch.mul(psi, beta.neg()[..., None], out=torch.empty_like(psi, dtype=dt))
     dbeta = -(psi * r).sum(-1)
     if sdpa_passes_apply(k_all, V, T0):
         return strict_attention_key_grad(k_all, U.to(dt), do, scale), psi, dbeta, dU[:, :0].float()
