@@ -90,12 +90,18 @@ def test_strong_and_large_cumulative_gates(blocks):
     q, k, v, _, *_ = make(1, 50, 2, 2, 16, 16, 0, seed=3)
     o, _ = forgetting_attn(q, k, v, torch.full((1, 50, 2), -20.0, device=DEVICE), backend="triton")
     assert_close(o, v, 1e-5, "g = -20: o = v")
+    _large_cumulative_gates_agree(1e-5)
+
+
+def _large_cumulative_gates_agree(tol: float) -> None:
+    """g in [-8, 0) over 400 tokens (|G| reaches ~1600): the triton backend's output and gradients against the
+    float64 recurrence."""
     xs = make(1, 400, 1, 1, 16, 16, 0, seed=4, low=-8.0)
     ref_out, ref_grad = grads(lambda *a: run(*a, "recurrent"), [None if x is None else x.double() for x in xs])
     out, grad = grads(lambda *a: run(*a, "triton"), xs)
-    assert_close(out[0], ref_out[0], 1e-5, "output at |G| ~ 1600")
+    assert_close(out[0], ref_out[0], tol, "output at |G| ~ 1600")
     for name, a, e in zip(NAMES[:4], grad, ref_grad):
-        assert_close(a, e, 1e-5, f"grad of {name} at |G| ~ 1600")
+        assert_close(a, e, tol, f"grad of {name} at |G| ~ 1600")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -175,3 +181,57 @@ def test_kernels_without_gates_equal_zero_gates(blocks, window):
     assert_close(o, o_ref, 1e-6, "o")
     for name, a, b in zip("qkv", got[:3], ref[:3]):
         assert_close(a, b, 1e-6, "d" + name)
+
+
+@pytest.fixture
+def folded(monkeypatch):
+    """The gate folded into the keys, through SDPA (folded_gate.py), for every call it can take (no window, no
+    cache) on any device and dtype: on the CPU SDPA's math kernel, on CUDA its fused kernels."""
+    from linattn.ops.forgetting_attn import triton as fox_triton
+
+    monkeypatch.setattr(fox_triton, "folded_gate_applies",
+                        lambda q, V, window, cached, enabled: not window and not cached)
+
+
+@pytest.mark.parametrize("case", [(1, 1, 2, 1, 16, 16, 0), (2, 37, 4, 2, 8, 12, 0), (1, 45, 2, 2, 20, 16, 0)],
+                         ids=lambda c: "x".join(map(str, c)))
+def test_folded_gate_matches_recurrent_fp32(case, folded):
+    """Outputs and the gradients of q, k, v and g (GQA, K != V, K + 3 not a multiple of 8); a window or a cache
+    keeps the kernels (the rows of the second call)."""
+    check_backends_agree(run, make(*case), NAMES, ["triton"], tol=1e-5)
+    xs = make(1, 30, 2, 1, 8, 8, 9, seed=1)
+    check_backends_agree(lambda *a, backend: run(*a, backend, window_size=4), xs, NAMES, ["triton"], tol=1e-5)
+
+
+def test_folded_gate_keeps_large_cumulative_gates(folded):
+    """|G| reaches ~1600 (g in [-8, 0) over 400 tokens): the three bf16 parts of -G / scale carry it to float32
+    precision, where one bf16 number would be off by up to 8 / scale. float32 is this route's limit: the logits
+    scale q.k - G_s sum in float32 at |G_s| ~ 1600, 1e-4 off at most (measured 3e-5 here), where the kernels, forming
+    the bias from float64 G per tile, reach 1e-5 (test_strong_and_large_cumulative_gates). The route takes bf16
+    calls only, whose rounding is larger."""
+    _large_cumulative_gates_agree(1e-4)
+
+
+def test_folded_gate_bf16_against_float32_recurrent(folded):
+    xs = make(2, 45, 2, 1, 16, 16, 0, dtype=torch.bfloat16, seed=5)
+    ref_out, ref_grad = grads(lambda *a: run(*a, "recurrent"), [None if x is None else x.float() for x in xs])
+    out, grad = grads(lambda *a: run(*a, "triton"), xs)
+    assert out[0].dtype == torch.bfloat16
+    for i, (a, e) in enumerate(zip(out, ref_out)):
+        assert_close(a, e, 5e-3, f"bf16 output {i}", metric="rmse")
+    for name, a, e in zip(NAMES[:4], grad, ref_grad):
+        assert_close(a, e, 1e-2, f"bf16 grad of {name}", metric="rmse")
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_folded_gate_split_is_exact(compiled):
+    """The bf16 parts of x sum to x exactly, also where one bf16 number is far off, and under torch.compile (which
+    may drop a round trip through bf16 as a no-op)."""
+    from linattn.ops.forgetting_attn.folded_gate import _SplitBF16
+
+    x = torch.tensor([1.0e4 / 3, -12345.678, 0.1, -7.0e-3, 0.0], dtype=torch.float32)
+    split = lambda x: _SplitBF16.apply(x, torch.float32)
+    parts = (torch.compile(split, fullgraph=True) if compiled else split)(x)
+    assert torch.equal(parts, parts.bfloat16().float())  # bf16 values
+    assert torch.equal(parts.double().sum(-1), x.double())
+    assert (parts[:, 0].double() - x.double()).abs().max() > 1  # one bf16 alone: off by more than 1 at ~1e4
