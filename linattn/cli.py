@@ -14,7 +14,7 @@ import sys
 
 from linattn.compile_modes import TORCH_COMPILE_MODES
 from linattn.errors import ConfigError, UserError
-from linattn.validation import check_device, int_arg
+from linattn.validation import check_device, int_arg, json_object_arg
 
 USER_ERROR_EXIT = 2
 
@@ -76,7 +76,7 @@ def _cmd_bench_ops(args: argparse.Namespace) -> int:
                 json.dump({"header": header, "rows": rows_as_dicts(done)}, f, indent=1)
 
     rows = run_ops_bench(ops, lengths, impls, dtype=dtype, device=torch.device(args.device),
-                         repeats=args.repeats, memory=not args.no_memory, on_row=on_row,
+                         repeats=args.repeats, memory=not args.no_memory, on_row=on_row, launches=args.launch,
                          progress=not args.no_progress, **shape)
     print(header + "\n\n" + format_table(rows))
     return 0
@@ -186,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int_arg(1), default=5)
     p.add_argument("--no-memory", action="store_true", help="skip peak-memory measurement")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--launch", action="append", default=[], type=json_object_arg,
+                   help="a triton_launch JSON object, e.g. '{\"path_attn\": {\"merge\": 2}}': one more triton "
+                        "row per op and length, run under it in the same process (repeatable)")
     p.add_argument("--out", help="also write the rows as JSON to this file")
     p.set_defaults(func=_cmd_bench_ops)
     p = bench.add_parser("accuracy", parents=[debug], help="an op's backends (and FLA) in bf16/fp16 against a float32 "

@@ -9,6 +9,7 @@ and YAML 1.1 reads ``1e-3`` (no dot) as a string.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from collections.abc import Callable, Sequence
 
@@ -137,3 +138,18 @@ def int_arg(low: int) -> Callable[[str], int]:
 
     parse.__name__ = f"int >= {low}"
     return parse
+
+
+def json_object_arg(text: str) -> dict:
+    """An argparse ``type`` for a flag that takes a JSON object (e.g. a triton_launch setting): argparse then names
+    the flag and the value when it is not one."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({err})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
+json_object_arg.__name__ = "JSON object"

@@ -23,11 +23,12 @@ import json
 
 import torch
 
-from linattn.bench.ops import FLA_ARGUMENTS, OP_KWARGS, fla_function, fla_output
+from linattn.bench.ops import FLA_ARGUMENTS, OP_KWARGS, fla_function, fla_output, launch_label
 from linattn.bench.shape_args import add_shape_arguments
 from linattn.ops import get_op, list_ops
 from linattn.switches import settings
 from linattn.testing import grads, rel_rmse
+from linattn.validation import json_object_arg
 
 # Our keywords that give FLA's function's mathematics, for every row of the op (FLA's mesa_net has no scale).
 FLA_SEMANTICS = {"mesa_net": {"scale": 1.0}}
@@ -75,7 +76,7 @@ def measure(op: str, impls: list[str], *, B: int, T: int, H: int, K: int, V: int
     keys = ["o"] + names
     rows = []
     for (impl, launch), call in zip(runs, calls):
-        label = impl if launch is None else f"{impl} {json.dumps(launch, separators=(',', ':'))}"
+        label = launch_label(impl, launch)
         if call is None:
             rows.append({"impl": label, "note": "FLA is not installed"})
             continue
@@ -111,7 +112,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reference", default="chunk", help="our backend run in float32 as the reference")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
-    p.add_argument("--launch", action="append", default=[], help="a triton_launch JSON object: one more triton row")
+    p.add_argument("--launch", action="append", default=[], type=json_object_arg,
+                   help="a triton_launch JSON object: one more triton row")
     p.add_argument("--seed", type=int, default=0)
     add_shape_arguments(p, B=2, T=2048, H=4)
     p.add_argument("--out", default=None, help="write the result as JSON")
@@ -119,12 +121,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_from_args(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
     """Measure what the parsed options ask for, print the table, write --out."""
-    launches = []
-    for text in a.launch:
-        try:
-            launches.append(json.loads(text))
-        except json.JSONDecodeError as err:
-            p.error(f"--launch must be a JSON object, got {text!r} ({err})")
+    launches = a.launch
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     result = measure(a.op, [i for i in a.impls.split(",") if i], B=a.B, T=a.T, H=a.H, K=a.K, V=a.V,
                      dtype=DTYPES[a.dtype], device=device, reference=a.reference, launches=launches, seed=a.seed)

@@ -9,13 +9,16 @@ Speed-ups are reported as ``other_time / our_time`` (above 1: ours is faster).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import json
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 
 from linattn.ops import get_op
+from linattn.switches import settings
 
 from .memprobe import probe
 from .timing import back_to_back_ms, cuda_peak_mb, median_ms
@@ -79,6 +82,11 @@ class BenchRow:
     # (each call synchronised) by the device's latency, or by nothing when the call is host-bound
     fwdbwd_b2b_ms: float | None = None
     note: str = ""
+
+
+def launch_label(impl: str, launch: dict | None) -> str:
+    """A row's implementation name: ``impl``, followed by the launch setting it ran under, if any."""
+    return impl if launch is None else f"{impl} {json.dumps(launch, separators=(',', ':'))}"
 
 
 def fla_function(op: str):
@@ -155,13 +163,16 @@ def bench_op(op: str, T: int, impl: str, *, B: int, H: int, K: int, V: int, dtyp
 def run_ops_bench(ops: list[str], lengths: list[int], impls: list[str], *, B: int, H: int, K: int, V: int,
                   dtype: torch.dtype, device: torch.device, repeats: int = 5, budget_s: float = 30.0,
                   max_recurrent_T: int = 4096, max_parallel_T: int = 8192, memory: bool = True,
-                  progress: bool = True, on_row=None) -> list[BenchRow]:
+                  progress: bool = True, on_row=None, launches: list[dict] | None = None) -> list[BenchRow]:
     """Measure every (op, T, impl); the recurrent and parallel forms are skipped above their limits
-    (a Python loop over T tokens, and a T x T matrix). ``on_row(row)`` is called as each row is measured,
-    so that a long run loses nothing when it is interrupted."""
+    (a Python loop over T tokens, and a T x T matrix). Each of ``launches`` (triton_launch settings) adds a row of
+    the triton backend run under it, named :func:`launch_label`, in the same process as the others (its ratios
+    are to the same SDPA and FLA rows). ``on_row(row)`` is called as each row is measured, so that a long run loses
+    nothing when it is interrupted."""
     from tqdm import tqdm
 
-    jobs = [(op, T, impl) for op in ops for T in lengths for impl in impls]
+    jobs = [(op, T, impl, None) for op in ops for T in lengths for impl in impls]
+    jobs += [(op, T, "triton", launch) for op in ops for T in lengths for launch in launches or []]
     rows: list[BenchRow] = []
     sdpa_done: set[int] = set()
     cached: tuple[str, int, dict] | None = None  # one shape's inputs, shared by its impls (made on the CPU,
@@ -174,7 +185,7 @@ def run_ops_bench(ops: list[str], lengths: list[int], impls: list[str], *, B: in
             cached = (name, T, get_op(name).example_inputs(B, T, H, K, V, dtype=dtype, device=device))
         return cached[2]
 
-    for op, T, impl in tqdm(jobs, disable=not progress, desc="bench ops"):
+    for op, T, impl, launch in tqdm(jobs, disable=not progress, desc="bench ops"):
         if (impl == "recurrent" and T > max_recurrent_T) or (impl == "parallel" and T > max_parallel_T):
             continue
         if impl == "sdpa":  # one SDPA row per length, shared by every op
@@ -185,8 +196,12 @@ def run_ops_bench(ops: list[str], lengths: list[int], impls: list[str], *, B: in
                            budget_s=budget_s, memory=memory, inputs=inputs_for(ops[0], T))
             row.op = "(sdpa causal)"
         else:
-            row = bench_op(op, T, impl, B=B, H=H, K=K, V=V, dtype=dtype, device=device, repeats=repeats,
-                           budget_s=budget_s, memory=memory, inputs=inputs_for(op, T))
+            # no launch: the settings in force (LINATTN_TRITON_LAUNCH included) stay
+            with settings(triton_launch=launch) if launch is not None else contextlib.nullcontext():
+                row = bench_op(op, T, impl, B=B, H=H, K=K, V=V, dtype=dtype, device=device, repeats=repeats,
+                               budget_s=budget_s, memory=memory, inputs=inputs_for(op, T))
+            if row is not None:
+                row.impl = launch_label(impl, launch)
         if row is not None:
             rows.append(row)
             if on_row is not None:

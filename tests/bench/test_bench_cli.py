@@ -51,7 +51,38 @@ def test_cli_bench_accuracy(tmp_path, capsys):
     assert json.loads(out.read_text())["rows"][0]["impl"] == "parallel"
     with pytest.raises(SystemExit):
         main(["bench", "accuracy", "--op", "simple_gla", "--launch", "{not json"])
-    assert "--launch must be a JSON object" in capsys.readouterr().err
+    assert "argument --launch: expected a JSON object, got '{not json'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1]"])
+def test_cli_bench_ops_names_a_bad_launch(text, capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "ops", "--ops", "simple_gla", "--launch", text])
+    assert f"argument --launch: expected a JSON object, got {text!r}" in capsys.readouterr().err
+
+
+def test_ops_bench_launch_rows_run_under_their_setting(monkeypatch):
+    """Each launch setting adds a triton row per op and length, named after it, measured while the setting is in
+    force (and only then); the other rows run under the settings in force."""
+    from linattn import switches
+    from linattn.bench import ops as bench_ops
+
+    seen = []
+
+    def fake_bench_op(op, T, impl, **kw):
+        seen.append((impl, dict(switches.current().triton_launch)))
+        return bench_ops.BenchRow(op, T, impl, 1.0, 2.0, None)
+
+    monkeypatch.setattr(bench_ops, "bench_op", fake_bench_op)
+    monkeypatch.setattr(bench_ops.get_op("simple_gla"), "example_inputs", lambda *a, **k: {})
+    setting = {"simple_gla": {"grads_BV": 16}}
+    rows = run_ops_bench(["simple_gla"], [16, 32], ["chunk"], launches=[setting], B=1, H=1, K=8, V=8,
+                         dtype=torch.float32, device=torch.device("cpu"), memory=False, progress=False)
+    label = 'triton {"simple_gla":{"grads_BV":16}}'
+    assert [(r.T, r.impl) for r in rows] == [(16, "chunk"), (32, "chunk"), (16, label), (32, label)]
+    assert seen == [("chunk", {}), ("chunk", {}), ("triton", setting), ("triton", setting)]
+    assert switches.current().triton_launch == {}  # restored
+    assert f"| {label} |" in format_table(rows)
 
 
 def test_auto_backend_choice():
