@@ -43,9 +43,9 @@ from .triton_kernels import (
 # program). On an H200 (bf16, B 4, H 16, K = V = 128; one process per panel size) the op's forward and backward
 # took 18.7 / 17.7 / 16.1 / 15.3 / 15.6 / 16.4 ms at T = 4096 with panels of 0 (one pass) / 2 / 4 / 8 / 16 / 32
 # chunks of 64 rows, and 237.8 / 215.3 / 189.8 / 179.5 / 175.0 / 175.9 ms at T = 16384; the model's step (8 x 2048)
-# 0.77x the Transformer's with panels of 8 against 0.70x with 4 (separate runs). Then, at T = 4096 in one session:
-# the solve and its adjoint unpipelined (stages 1) 12.26 against 12.59 ms, and with update blocks of 128 (the
-# adjoint's updates 1.46 against 1.91 ms in a kernel sweep) 11.82 ms.
+# 0.77x the Transformer's with panels of 8 against 0.70x with 4 (separate runs). Then, at T = 4096 (a process per
+# setting, on one machine): the solve and its adjoint unpipelined (stages 1) 12.26 against 12.59 ms, and with update
+# blocks of 128 (the adjoint's updates 1.46 against 1.91 ms in a kernel sweep) 11.82 ms.
 # LINATTN_TRITON_LAUNCH='{"deltaformer": {...}}' overrides them.
 LAUNCH = {"C": 64, "BN": 64, "BV": 64, "update_BV": 128, "panel": 8, "solve_warps": 4, "solve_stages": 1,
           "psi_warps": 4, "psi_stages": 1, "update_warps": 4, "update_stages": 2}
