@@ -129,7 +129,7 @@ def _cmd_bench_model(args: argparse.Namespace) -> int:
 def _cmd_bench_accuracy(args: argparse.Namespace) -> int:
     from linattn.bench.accuracy import run_from_args
 
-    run_from_args(args, args.parser)
+    run_from_args(args)
     return 0
 
 
@@ -196,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     from linattn.bench import accuracy
 
     accuracy.add_arguments(p)
-    p.set_defaults(func=_cmd_bench_accuracy, parser=p)
+    p.set_defaults(func=_cmd_bench_accuracy)
     p = bench.add_parser("decode", parents=[debug], help="time per generated token at a long vs a short context")
     p.add_argument("--mixers", help="comma-separated mixer names (default: every mixer)")
     p.add_argument("--short", type=int_arg(1), default=512)

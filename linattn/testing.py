@@ -91,6 +91,30 @@ def check_backends_agree(
                 assert_close(a, e, grad_tol, f"{b} vs {reference}: grad of {name}", metric)
 
 
+def check_half_against_float32(
+    fn: Callable[..., Sequence[torch.Tensor | None]],
+    inputs: Sequence[torch.Tensor | None],
+    names: Sequence[str],
+    backend: str = "triton",
+    reference: str = "recurrent",
+    tol: float = 5e-3,
+    grad_tol: float = 1e-2,
+) -> None:
+    """``fn(*inputs, backend=backend)`` on half-precision ``inputs`` against ``reference`` on their float32 copies:
+    the first output keeps the inputs' dtype; every output within ``tol`` and the gradient of every input named in
+    ``names`` within ``grad_tol`` (relative RMSE; None inputs skipped)."""
+    ref_out, ref_grad = grads(lambda *xs: fn(*xs, backend=reference),
+                              [None if x is None else x.float() for x in inputs])
+    out, grad = grads(lambda *xs: fn(*xs, backend=backend), inputs)
+    dtype = next(x.dtype for x in inputs if x is not None)
+    assert out[0].dtype == dtype, f"{backend}: output in {out[0].dtype}, inputs in {dtype}"
+    for i, (a, e) in enumerate(zip(out, ref_out)):
+        assert_close(a, e, tol, f"{dtype} output {i}", metric="rmse")
+    for name, a, e in zip(names, grad, ref_grad):
+        if e is not None:
+            assert_close(a, e, grad_tol, f"{dtype} grad of {name}", metric="rmse")
+
+
 def step_inputs(name: str, B: int, H: int, K: int, V: int) -> dict[str, torch.Tensor]:
     """Tensors for op ``name``'s step function by parameter name (the op's names), from the op's ``example_inputs``
     at T = 1: a per-token input [B, 1, ...] is cut to its token [B, ...] (sub-step inputs such as

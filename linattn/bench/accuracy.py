@@ -119,12 +119,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="write the result as JSON")
 
 
-def run_from_args(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
+def run_from_args(a: argparse.Namespace) -> None:
     """Measure what the parsed options ask for, print the table, write --out."""
-    launches = a.launch
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     result = measure(a.op, [i for i in a.impls.split(",") if i], B=a.B, T=a.T, H=a.H, K=a.K, V=a.V,
-                     dtype=DTYPES[a.dtype], device=device, reference=a.reference, launches=launches, seed=a.seed)
+                     dtype=DTYPES[a.dtype], device=device, reference=a.reference, launches=a.launch, seed=a.seed)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(result, f, indent=1)
@@ -134,7 +133,7 @@ def run_from_args(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(p)
-    run_from_args(p.parse_args(argv), p)
+    run_from_args(p.parse_args(argv))
 
 
 if __name__ == "__main__":

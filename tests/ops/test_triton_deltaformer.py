@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from linattn.ops.common.kv_cache import KVCache
 from linattn.ops.common.triton_compat import triton_available
 from linattn.ops.deltaformer import deltaformer
-from linattn.testing import assert_close, check_backends_agree, grads, l2norm, randn
+from linattn.testing import assert_close, check_backends_agree, check_half_against_float32, l2norm, randn
 
 pytestmark = [pytest.mark.triton, pytest.mark.skipif(not triton_available(), reason="triton not installed")]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -76,14 +76,7 @@ def test_default_blocks():
 
 @pytest.mark.parametrize("blocks", ["mixed", "panel2"], indirect=True)
 def test_bf16_against_float32_recurrent(blocks):
-    xs = make(2, 45, 2, 16, 16, T0=6, dtype=torch.bfloat16, seed=2)
-    ref_out, ref_grad = grads(lambda *a: run(*a, "recurrent"), [None if x is None else x.float() for x in xs])
-    out, grad = grads(lambda *a: run(*a, "triton"), xs)
-    assert out[0].dtype == torch.bfloat16
-    for i, (a, e) in enumerate(zip(out, ref_out)):
-        assert_close(a, e, 5e-3, f"bf16 output {i}", metric="rmse")
-    for name, a, e in zip(NAMES, grad, ref_grad):
-        assert_close(a, e, 1e-2, f"bf16 grad of {name}", metric="rmse")
+    check_half_against_float32(run, make(2, 45, 2, 16, 16, T0=6, dtype=torch.bfloat16, seed=2), NAMES)
 
 
 @pytest.mark.parametrize("blocks", ["16"], indirect=True)
@@ -129,11 +122,4 @@ def test_bf16_without_cache_against_float32_recurrent(route, request):
     """bf16 with no cache: on CUDA the SDPA passes by default; "sdpa" forces them on the CPU as well."""
     if route == "sdpa":
         request.getfixturevalue("sdpa_passes")
-    xs = make(2, 45, 2, 16, 16, dtype=torch.bfloat16, seed=4)
-    ref_out, ref_grad = grads(lambda *a: run(*a, "recurrent"), [None if x is None else x.float() for x in xs])
-    out, grad = grads(lambda *a: run(*a, "triton"), xs)
-    assert out[0].dtype == torch.bfloat16
-    for i, (a, e) in enumerate(zip(out, ref_out)):
-        assert_close(a, e, 5e-3, f"bf16 output {i}", metric="rmse")
-    for name, a, e in zip(NAMES[:4], grad, ref_grad):  # no cache: no k0, u0
-        assert_close(a, e, 1e-2, f"bf16 grad of {name}", metric="rmse")
+    check_half_against_float32(run, make(2, 45, 2, 16, 16, dtype=torch.bfloat16, seed=4), NAMES)

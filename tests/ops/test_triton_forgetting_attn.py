@@ -11,7 +11,7 @@ from linattn.ops.common.kv_cache import KVCache
 from linattn.ops.common.triton_compat import triton_available
 from linattn.ops.forgetting_attn import forgetting_attn, forgetting_attn_step
 from linattn.ops.softmax_attn import softmax_attn
-from linattn.testing import assert_close, check_backends_agree, grads, log_gate, randn
+from linattn.testing import assert_close, check_backends_agree, check_half_against_float32, grads, log_gate, randn
 
 pytestmark = [pytest.mark.triton, pytest.mark.skipif(not triton_available(), reason="triton not installed")]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -110,14 +110,7 @@ def test_half_precision_against_float32_recurrent(dtype, monkeypatch):
 
     for key, value in MIXED_BLOCKS.items():
         monkeypatch.setitem(fox_triton.LAUNCH, key, value)
-    xs = make(2, 45, 2, 1, 16, 16, 6, dtype=dtype, seed=5)
-    ref_out, ref_grad = grads(lambda *a: run(*a, "recurrent"), [None if x is None else x.float() for x in xs])
-    out, grad = grads(lambda *a: run(*a, "triton"), xs)
-    assert out[0].dtype == dtype
-    for i, (a, e) in enumerate(zip(out, ref_out)):
-        assert_close(a, e, 5e-3, f"{dtype} output {i}", metric="rmse")
-    for name, a, e in zip(NAMES, grad, ref_grad):
-        assert_close(a, e, 1e-2, f"{dtype} grad of {name}", metric="rmse")
+    check_half_against_float32(run, make(2, 45, 2, 1, 16, 16, 6, dtype=dtype, seed=5), NAMES)
 
 
 @pytest.mark.parametrize("blocks", [SMALL_BLOCKS], indirect=True, ids=["16"])
@@ -213,14 +206,7 @@ def test_folded_gate_keeps_large_cumulative_gates(folded):
 
 
 def test_folded_gate_bf16_against_float32_recurrent(folded):
-    xs = make(2, 45, 2, 1, 16, 16, 0, dtype=torch.bfloat16, seed=5)
-    ref_out, ref_grad = grads(lambda *a: run(*a, "recurrent"), [None if x is None else x.float() for x in xs])
-    out, grad = grads(lambda *a: run(*a, "triton"), xs)
-    assert out[0].dtype == torch.bfloat16
-    for i, (a, e) in enumerate(zip(out, ref_out)):
-        assert_close(a, e, 5e-3, f"bf16 output {i}", metric="rmse")
-    for name, a, e in zip(NAMES[:4], grad, ref_grad):
-        assert_close(a, e, 1e-2, f"bf16 grad of {name}", metric="rmse")
+    check_half_against_float32(run, make(2, 45, 2, 1, 16, 16, 0, dtype=torch.bfloat16, seed=5), NAMES)
 
 
 @pytest.mark.parametrize("compiled", [False, True])

@@ -8,7 +8,14 @@ import torch
 from linattn.ops.common.kv_cache import KVCache
 from linattn.ops.common.triton_compat import triton_available
 from linattn.ops.path_attn import path_attn
-from linattn.testing import assert_close, check_backends_agree, grads, l2norm, log_gate, randn
+from linattn.testing import (
+    assert_close,
+    check_backends_agree,
+    check_half_against_float32,
+    l2norm,
+    log_gate,
+    randn,
+)
 
 pytestmark = [pytest.mark.triton, pytest.mark.skipif(not triton_available(), reason="triton not installed")]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -135,14 +142,7 @@ def test_default_blocks():
 
 @pytest.mark.parametrize("blocks", ["32", "merged"], indirect=True)
 def test_bf16_against_float32_recurrent(blocks):
-    xs = make(2, 45, 2, 16, 16, T0=6, dtype=torch.bfloat16, seed=3)
-    ref_out, ref_grad = grads(lambda *a: run(*a, "recurrent"), [None if x is None else x.float() for x in xs])
-    out, grad = grads(lambda *a: run(*a, "triton"), xs)
-    assert out[0].dtype == torch.bfloat16
-    for i, (a, e) in enumerate(zip(out, ref_out)):
-        assert_close(a, e, 5e-3, f"bf16 output {i}", metric="rmse")
-    for name, a, e in zip(NAMES, grad, ref_grad):
-        assert_close(a, e, 1e-2, f"bf16 grad of {name}", metric="rmse")
+    check_half_against_float32(run, make(2, 45, 2, 16, 16, T0=6, dtype=torch.bfloat16, seed=3), NAMES)
 
 
 @pytest.mark.parametrize("blocks", ["16"], indirect=True)

@@ -3,8 +3,9 @@
 Of the Triton backend's three attention passes, two are plain softmax attention with no gate bias, which SDPA's
 fused CUDA kernels (flash / cuDNN) run faster than the forgetting_attn kernels:
 
-- the output attention  o_t = sum_{s<=t} softmax_{s<=t}(scale q_t.k_s) u_s  (forward and backward), run as
-  softmax_attn's "parallel" kernel with its confinement guard (non-finite keys or u's reach no earlier query);
+- the output attention  o_t = sum_{s<=t} softmax_{s<=t}(scale q_t.k_s) u_s  (forward and backward), run by
+  softmax_attn's :func:`~linattn.ops.softmax_attn.core.causal_attention` (SDPA with its confinement guard:
+  non-finite keys or u's reach no earlier query);
 - the backward of the kernel logits  r_t = sum_{s<t} softmax_{s<t}(scale k_t.k_s) u_s : the gradient of r with
   respect to the keys, for dr = -b psi. Strict visibility is causal attention shifted by one position: row t of
   r is row t-1 of causal attention of the queries k_1..k_{T-1} over the keys k_0..k_{T-2} and values
@@ -22,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..softmax_attn.core import HALF, run_attention
+from ..softmax_attn.core import HALF
 
 
 def sdpa_passes_apply(k: torch.Tensor, v_dim: int, cached: int) -> bool:
@@ -32,13 +33,6 @@ def sdpa_passes_apply(k: torch.Tensor, v_dim: int, cached: int) -> bool:
     T^2)."""
     K = k.shape[-1]
     return k.is_cuda and k.dtype in HALF and cached == 0 and K == v_dim and K % 8 == 0 and K <= 256
-
-
-def output_attention(q: torch.Tensor, k: torch.Tensor, u: torch.Tensor, scale: float) -> torch.Tensor:
-    """Causal softmax attention o [B, T, H, V] of q, k [B, T, H, K] over u [B, T, H, V] (one dtype), differentiable."""
-    o, _ = run_attention("parallel", q, k, u, None, scale=scale, causal=True, window_size=None, rope=None,
-                         alibi=False, initial_state=None, output_final_state=False, chunk_size=64)
-    return o
 
 
 def strict_attention_key_grad(k: torch.Tensor, u: torch.Tensor, dr: torch.Tensor, scale: float) -> torch.Tensor:

@@ -28,7 +28,8 @@ from ..common.registered_ops import define_op
 from ..common.triton_ops import eager_backward, op_function
 from ..common.triton_utils import block, cdiv, dot_precision, launch_options, launch_overrides, upcast_dots
 from ..forgetting_attn.triton import KERNEL_DTYPES, MAX_HEAD_DIM, fox_attention, fox_backward, fox_forward
-from .sdpa_passes import output_attention, sdpa_passes_apply, strict_attention_key_grad
+from ..softmax_attn.core import causal_attention
+from .sdpa_passes import sdpa_passes_apply, strict_attention_key_grad
 from .triton_kernels import (
     deltaformer_psi_kernel,
     deltaformer_psi_update_kernel,
@@ -207,7 +208,7 @@ def deltaformer_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: 
         u_cache = k.new_zeros(B, 0, H, V, dtype=torch.float32)
     U, _, _ = _solve_differentiable(k_all, v.to(dt).contiguous(), beta.float().contiguous(), u_cache, float(scale))
     if sdpa_passes_apply(k_all, V, k_all.shape[1] - T):
-        o = output_attention(q.to(dt), k_all, U.to(dt), scale)
+        o = causal_attention(q.to(dt), k_all, U.to(dt), scale)
     else:
         o = fox_attention(q.to(dt).contiguous(), k_all, U.to(dt), None, scale)
     state = None

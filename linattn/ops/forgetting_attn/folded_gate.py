@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..softmax_attn.core import run_attention
+from ..softmax_attn.core import causal_attention
 from ..softmax_attn.reference import expand_kv_heads
 
 PARTS = 3  # bf16 parts of -G / scale: 3 x 8 mantissa bits reach float32's 24
@@ -78,6 +78,4 @@ def folded_gate_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: 
     per_query_head = (lambda x: x) if k.shape[2] == H else (lambda x: expand_kv_heads(x, H))
     k_wide = F.pad(torch.cat([per_query_head(k), parts], dim=-1), (0, D - K - PARTS))
     v_wide = F.pad(per_query_head(v), (0, D - V))
-    o, _ = run_attention("parallel", q_wide, k_wide, v_wide, None, scale=scale, causal=True, window_size=None,
-                         rope=None, alibi=False, initial_state=None, output_final_state=False, chunk_size=64)
-    return o[..., :V]
+    return causal_attention(q_wide, k_wide, v_wide, scale)[..., :V]

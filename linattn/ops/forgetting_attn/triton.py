@@ -177,10 +177,11 @@ def forgetting_attn_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         g = torch.cat([initial_state.extras["g"].to(sdt), g.to(sdt)], dim=1)
     # G along the last dim ([B, H, Tk]): autograd's reverse cumulative sum then runs along it too (fast on a GPU)
     G = torch.cumsum(g.transpose(1, 2).to(torch.float64), dim=-1)
-    if folded_gate_applies(q.to(dt), v.shape[-1], window_size or 0, T0, bool(LAUNCH["sdpa"])):
-        o = folded_gate_attention(q.to(dt), k.to(dt), v.to(dt), G, scale)
+    qd, kd, vd = (x.to(dt) for x in (q, k, v))  # the cache below keeps k and v in sdt
+    if folded_gate_applies(qd, vd.shape[-1], window_size or 0, T0, bool(LAUNCH["sdpa"])):
+        o = folded_gate_attention(qd, kd, vd, G, scale)
     else:
-        o = fox_attention(*(x.to(dt).contiguous() for x in (q, k, v)), G, scale, window_size or 0)
+        o = fox_attention(qd.contiguous(), kd.contiguous(), vd.contiguous(), G, scale, window_size or 0)
     state = KVCache(k.to(sdt), v.to(sdt), {"g": g.to(sdt)}) if output_final_state else None
     return o.to(in_dtype), state
 

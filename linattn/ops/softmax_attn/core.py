@@ -96,3 +96,12 @@ def run_attention(
     if output_final_state:
         state = KVCache(k, v, {} if gates is None else {"g": gates})
     return o.to(in_dtype), state
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Plain causal softmax attention o [B, T, H, V] of q [B, T, H, K] over k [B, T, H_kv, K], v [B, T, H_kv, V]
+    (no cache, gate, window or position bias): SDPA ("parallel") with the confinement guard, the kernel other ops
+    hand their plain attention passes to; differentiable."""
+    o, _ = run_attention("parallel", q, k, v, None, scale=scale, causal=True, window_size=None, rope=None,
+                         alibi=False, initial_state=None, output_final_state=False, chunk_size=64)
+    return o
