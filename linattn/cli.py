@@ -187,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-memory", action="store_true", help="skip peak-memory measurement")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--launch", action="append", default=[], type=json_object_arg,
-                   help="a triton_launch JSON object, e.g. '{\"path_attn\": {\"merge\": 2}}': one more triton "
+                   help="a triton_launch JSON object, e.g. '{\"path_attn\": {\"split\": 16}}': one more triton "
                         "row per op and length, run under it in the same process (repeatable)")
     p.add_argument("--out", help="also write the rows as JSON to this file")
     p.set_defaults(func=_cmd_bench_ops)

@@ -20,9 +20,11 @@ from linattn.testing import (
 pytestmark = [pytest.mark.triton, pytest.mark.skipif(not triton_available(), reason="triton not installed")]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 NAMES = ["q", "k", "v", "w", "beta", "g", "k0", "v0", "d0"]
-SETTINGS = {"16": {"C": 16, "BN": 16, "programs": 2}, "32": {"C": 32, "BN": 16, "programs": 3},
-            # the flash pass on blocks of two 16-position chunks (merge.py); T = 37 and 50: an odd number of chunks
-            "merged": {"C": 16, "BN": 16, "programs": 2, "merge": 2}}
+# "16" and "32" step chunk by chunk; "split2" crosses earlier splits of two 16-position chunks whole (splits.py;
+# T = 37: a last split of one chunk), at any length
+SETTINGS = {"16": {"C": 16, "BN": 16, "programs": 2, "split": 1}, "32": {"C": 32, "BN": 16, "programs": 3, "split": 1},
+            "split2": {"C": 16, "BN": 16, "programs": 2, "split": 2, "split_from": 1},
+            "split4": {"C": 16, "BN": 16, "programs": 2, "split": 4, "split_from": 1}}
 
 
 @pytest.fixture
@@ -56,7 +58,7 @@ def run(q, k, v, w, beta, g, k0, v0, d0, backend):
     return o, state.k, state.v, state.extras["log_decay"]
 
 
-@pytest.mark.parametrize("blocks", list(SETTINGS), indirect=True)
+@pytest.mark.parametrize("blocks", ["16", "32", "split2"], indirect=True)
 @pytest.mark.parametrize("T0", [0, 21])
 @pytest.mark.parametrize("shape", [(1, 1, 1, 16, 16), (2, 37, 2, 8, 12), (1, 50, 2, 16, 16)],
                          ids=lambda s: "x".join(map(str, s)))
@@ -64,28 +66,36 @@ def test_triton_matches_recurrent_fp32(shape, T0, blocks):
     check_backends_agree(run, make(*shape, T0=T0), NAMES, ["triton"], tol=1e-5)
 
 
-@pytest.mark.parametrize("blocks", ["16"], indirect=True)
+@pytest.mark.parametrize("blocks", ["16", "split2"], indirect=True)
 def test_training_call_keeps_no_ut_intermediates(blocks):
     """A training call (no final state) keeps for the backward pass the op's inputs, the flash pass's inputs and
     outputs and the UT transform's Tw and chunked w: nothing else (the transform's backward recomputes its
-    factors)."""
+    factors, the split keys' backward their levels). A tensor kept twice counts once."""
     def output_only(q, k, v, w, beta, g, k0, v0, d0, backend):
         return (path_attn(q, k, v, w, beta, g, backend=backend)[0],)
 
     xs = make(2, 37, 2, 16, 12)
     check_backends_agree(output_only, xs[:6] + [None] * 3, NAMES, ["triton"], tol=1e-5)
 
-    saved = []
+    saved = {}
+
+    def keep(t):
+        saved[t.data_ptr(), t.shape] = t.numel()
+        return t
+
     leaves = [x.detach().requires_grad_() for x in xs[:6]]
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
         path_attn(*leaves, backend="triton")[0].sum().backward()
     B, T, H, K, V, C = 2, 37, 2, 16, 12, 16
-    rows = B * H * -(-T // C) * C  # positions padded to whole chunks, every head
+    N = -(-T // C)
+    rows = B * H * N * C  # positions padded to whole chunks, every head
     allowed = (2 * B * T * H * K + B * T * H  # q, k, beta: what the transform's backward reads
                + 4 * rows * K  # and Tw and w by chunks; Q^, K^
                + rows * C + rows // C * K * K  # intra, E
                + 2 * rows * V + 2 * rows)  # values and o, G and the log-sum-exp
-    assert 0 < sum(saved) <= allowed, (sum(saved), allowed)
+    if blocks == "split2":
+        allowed += rows * K + B * H * -(-N // 2) * K * K  # the keys at their split's end, the splits' products
+    assert 0 < sum(saved.values()) <= allowed, (sum(saved.values()), allowed)
 
 
 @pytest.mark.parametrize("blocks", ["16"], indirect=True)
@@ -130,7 +140,7 @@ def test_ut_kernels_match_the_pytorch_transform(dtype):
         assert_close(a.double(), e, tol, f"{dtype} grad of {name}", metric=metric)
 
 
-@pytest.mark.parametrize("blocks", ["16", "merged"], indirect=True)
+@pytest.mark.parametrize("blocks", ["16", "split2"], indirect=True)
 def test_without_gate(blocks):
     check_backends_agree(run, make(2, 41, 2, 16, 8, T0=3, gate=False, seed=1), NAMES, ["triton"], tol=1e-5)
 
@@ -140,7 +150,7 @@ def test_default_blocks():
     check_backends_agree(run, make(1, 150, 1, 32, 32, T0=70, seed=2), NAMES, ["triton"], tol=1e-5)
 
 
-@pytest.mark.parametrize("blocks", ["32", "merged"], indirect=True)
+@pytest.mark.parametrize("blocks", ["32", "split2"], indirect=True)
 def test_bf16_against_float32_recurrent(blocks):
     check_half_against_float32(run, make(2, 45, 2, 16, 16, T0=6, dtype=torch.bfloat16, seed=3), NAMES)
 
@@ -163,11 +173,12 @@ def test_split_equals_full_and_fla_reference(blocks):
     assert_close(torch.cat([o1, o2], 1).cpu(), expected, 2e-4, "triton vs FLA's naive_path_attn")
 
 
-@pytest.mark.parametrize("blocks", ["16"], indirect=True)
+@pytest.mark.parametrize("blocks", ["16", "split4"], indirect=True)
 def test_bf16_long_query_chain(blocks):
-    """T = 320 in 16-token chunks: the last queries are moved back through 19 chunk products with bf16 operands;
-    the output stays within the bf16 bound of the float32 recurrence (measured 2.3e-3; the chunk backend, float32
-    math on the same bf16 inputs: 1.6e-3)."""
+    """T = 320 in 16-token chunks: the last queries are moved back through 19 chunk products with bf16 operands
+    (with splits of 4: 3 chunk products and 4 split products, the keys moved on in float32 and rounded once); the
+    output stays within the bf16 bound of the float32 recurrence (measured 2.3e-3 either way; the chunk backend,
+    float32 math on the same bf16 inputs: 1.6e-3)."""
     xs = make(1, 320, 2, 32, 32, dtype=torch.bfloat16, seed=5)
     ref = run(*[None if x is None else x.float() for x in xs], "recurrent")
     with torch.no_grad():
@@ -175,10 +186,17 @@ def test_bf16_long_query_chain(blocks):
     assert_close(out[0], ref[0], 5e-3, "bf16 output after a long chain", metric="rmse")
 
 
-@pytest.mark.parametrize("merge", [0, 3, True, "2"])
-def test_a_bad_merge_setting_is_named(merge, monkeypatch):
+def test_split_size_follows_the_length():
+    from linattn.ops.path_attn.splits import split_size
+
+    assert [split_size(8, n, 128) for n in (1, 127, 128, 500)] == [1, 1, 8, 8]
+    assert [split_size(8, n) for n in (1, 2, 3, 5, 9)] == [1, 2, 4, 8, 8]  # no longer than the chunks need
+
+
+@pytest.mark.parametrize("split", [0, 3, True, "2"])
+def test_a_bad_split_setting_is_named(split, monkeypatch):
     from linattn.ops.path_attn import triton as path_triton
 
-    monkeypatch.setitem(path_triton.LAUNCH, "merge", merge)
-    with pytest.raises(ValueError, match="merge must be 1 or 2"):
+    monkeypatch.setitem(path_triton.LAUNCH, "split", split)
+    with pytest.raises(ValueError, match="split must be a power of two"):
         run(*make(1, 20, 1, 8, 8), "triton")

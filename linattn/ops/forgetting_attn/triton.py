@@ -22,7 +22,6 @@ from ..common.positions import apply_rope, rope_config
 from ..common.registered_ops import define_op
 from ..common.triton_ops import eager_backward, op_function
 from ..common.triton_utils import block, cdiv, dot_precision, launch_options, launch_overrides, upcast_dots
-from .folded_gate import folded_gate_applies, folded_gate_attention
 from .triton_kernels import fox_delta_kernel, fox_dkv_kernel, fox_dq_kernel, fox_fwd_kernel
 
 # Block sizes and warps per kernel, fixed per head size (never per sequence length); "fwd_BM" query rows per
@@ -32,12 +31,10 @@ from .triton_kernels import fox_delta_kernel, fox_dkv_kernel, fox_dq_kernel, fox
 # Chosen on an H100 (bf16, B4 H16 D128, T 4096 and 16384) by timing each kernel group over block sizes x warps x
 # stages with the others fixed: forward 4 warps and 2 stages (13.9 against 18.3 ms at T 16384), dK/dV 4 warps and 3
 # stages (fwd+bwd 81 against 107 ms), dQ 128 query rows (89 against 107 ms).
-# "sdpa": 1 runs bf16 calls on CUDA without window or cache through SDPA instead, the gate folded into the keys
-# (folded_gate.py); 0 (the default until it is timed against the kernels) keeps every call on them.
 LAUNCH = {"fwd_BM": 128, "fwd_BN": 64, "fwd_warps": 4, "fwd_stages": 2,
           "dkv_BM": 32, "dkv_BN": 64, "dkv_warps": 4, "dkv_stages": 3,
           "dq_BM": 128, "dq_BN": 64, "dq_warps": 8, "dq_stages": 2,
-          "delta_BM": 64, "delta_warps": 4, "delta_stages": 1, "sdpa": 0}
+          "delta_BM": 64, "delta_warps": 4, "delta_stages": 1}
 launch_overrides("forgetting_attn", LAUNCH)
 MAX_HEAD_DIM = 256  # q/k rows and v rows are held whole in registers
 
@@ -178,10 +175,7 @@ def forgetting_attn_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     # G along the last dim ([B, H, Tk]): autograd's reverse cumulative sum then runs along it too (fast on a GPU)
     G = torch.cumsum(g.transpose(1, 2).to(torch.float64), dim=-1)
     qd, kd, vd = (x.to(dt) for x in (q, k, v))  # the cache below keeps k and v in sdt
-    if folded_gate_applies(qd, vd.shape[-1], window_size or 0, T0, bool(LAUNCH["sdpa"])):
-        o = folded_gate_attention(qd, kd, vd, G, scale)
-    else:
-        o = fox_attention(qd.contiguous(), kd.contiguous(), vd.contiguous(), G, scale, window_size or 0)
+    o = fox_attention(qd.contiguous(), kd.contiguous(), vd.contiguous(), G, scale, window_size or 0)
     state = KVCache(k.to(sdt), v.to(sdt), {"g": g.to(sdt)}) if output_final_state else None
     return o.to(in_dtype), state
 

@@ -35,33 +35,23 @@ from ..common.triton_utils import (
 from ..forgetting_attn.triton import KERNEL_DTYPES, MAX_HEAD_DIM
 from ..forgetting_attn.triton_kernels import fox_delta_kernel
 from .chunk import UTTransform, _final_state, ut_transform
-from .merge import merge_chunk_pairs
 from .reference import _past
+from .splits import keys_to_split_end, split_size
 from .triton_kernels import path_bwd_kernel, path_fwd_kernel
 from .ut_triton import ut_transform_triton
 
-# "C": the chunk of the UT transform, and the query and key block of the flash pass; "merge": 2 runs the flash pass
-# on blocks of two chunks (merge.py: half the steps down the query chain, each twice the size), with the settings
-# "fwd2_*" and "bwd2_*" (compiled for sm_90 at C = 64, K = V = 128, bf16, 128-row blocks need one stage: two take
-# 230 KB of shared memory in the forward); 1 keeps the chunks; "BN": cached keys per step; "programs": backward
-# programs (0: one per SM on CUDA). LINATTN_TRITON_LAUNCH='{"path_attn": {...}}' overrides them.
-LAUNCH = {"C": 64, "merge": 1, "BN": 64, "programs": 0, "fwd_warps": 8, "fwd_stages": 2, "bwd_warps": 8,
-          "bwd_stages": 1, "fwd2_warps": 8, "fwd2_stages": 1, "bwd2_warps": 8, "bwd2_stages": 1}
+# "C": the chunk of the UT transform, and the query and key block of the flash pass; "split": chunks per split, a
+# power of two (splits.py: an earlier split is crossed with one product, its key blocks read as in flash attention),
+# used from "split_from" chunks on (shorter passes step chunk by chunk, as split 1 does); the split backward's
+# launch group is "bwd_split"; "BN": cached keys per step; "programs": backward programs (0: one per SM on CUDA).
+# LINATTN_TRITON_LAUNCH='{"path_attn": {...}}' overrides them. Timed on an H200 (bf16, B 4, H 16, K = V = 128,
+# forward and backward; docs/benchmarks.md): at T 16384 (256 chunks) split 8 took 236 ms against 309 chunk by
+# chunk, 222 with 2 stages in its backward (split 16: 226); at T 4096 (64 chunks) 26.8 against 24.8, the splits'
+# key transform (about 1.7 ms) outweighing what the backward saves, and a model at T 2048 ran 0.46x softmax
+# attention's tokens/s with splits against 0.54x without.
+LAUNCH = {"C": 64, "split": 8, "split_from": 128, "BN": 64, "programs": 0, "fwd_warps": 8, "fwd_stages": 2,
+          "bwd_warps": 8, "bwd_stages": 1, "bwd_split_warps": 8, "bwd_split_stages": 2}
 launch_overrides("path_attn", LAUNCH)
-
-
-def _merge() -> int:
-    """Chunks per block of the flash pass (LAUNCH["merge"]: 1 or 2)."""
-    merge = LAUNCH["merge"]
-    if merge not in (1, 2) or isinstance(merge, bool):
-        raise ValueError(f"path_attn launch setting merge must be 1 or 2 (chunks per flash block), got {merge!r}")
-    return merge
-
-
-def _group(kernel: str, C: int) -> str:
-    """The LAUNCH group of a flash kernel running blocks of C rows: "fwd" / "bwd" for blocks of one chunk, "fwd2" /
-    "bwd2" for merged ones."""
-    return kernel if C == LAUNCH["C"] else kernel + "2"
 
 
 def _programs(device: torch.device, work: int) -> int:
@@ -73,52 +63,57 @@ def _programs(device: torch.device, work: int) -> int:
     return min(torch.cuda.get_device_properties(device).multi_processor_count, work)
 
 
-def path_flash_forward(qh: torch.Tensor, intra: torch.Tensor, E: torch.Tensor, kh: torch.Tensor, v: torch.Tensor,
-                       s0: torch.Tensor, v0: torch.Tensor, G: torch.Tensor, scale: float
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+def path_flash_forward(qh: torch.Tensor, intra: torch.Tensor, E: torch.Tensor, kh: torch.Tensor, ks: torch.Tensor,
+                       Es: torch.Tensor, v: torch.Tensor, s0: torch.Tensor, v0: torch.Tensor, G: torch.Tensor,
+                       scale: float, split: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(o [B, H, N C, V], base-2 log-sum-exp [B, H, N C]) from qh, kh [B, H, N C, K], intra [B, H, N, C, C] float32,
-    E = I - P [B, H, N, K, K] (P the chunks' products), v [B, H, N C, V], the cache s0 [B, H, T0, K],
+    E = I - P [B, H, N, K, K] (P the chunks' products), the keys at their split's end ks [B, H, N C, K] and the
+    splits' Es [B, H, ceil(N / split), K, K] (splits.py), v [B, H, N C, V], the cache s0 [B, H, T0, K],
     v0 [B, H, T0, V], G [B, H, T0 + N C] float64."""
     B, H, NC, K = qh.shape
     N, C, V, T0 = intra.shape[2], intra.shape[3], v.shape[-1], s0.shape[2]
     o = qh.new_empty(B, H, NC, V)
     lse = qh.new_empty(B, H, NC, dtype=torch.float32)
     path_fwd_kernel[(N, B * H)](
-        qh=qh, intra=intra, E=E, kh=kh, v=v, s0=s0, v0=v0, G=G, o=o, lse=lse, scale=scale, N=N, T0=T0, K=K, V=V, C=C,
-        BN=LAUNCH["BN"], BK=block(K), BV=block(V), PREC=dot_precision(qh.dtype), UP=upcast_dots(qh.dtype),
-        **launch_options(LAUNCH, _group("fwd", C), qh.dtype, 1))
+        qh=qh, intra=intra, E=E, kh=kh, ks=ks, Es=Es, v=v, s0=s0, v0=v0, G=G, o=o, lse=lse, scale=scale, N=N, T0=T0,
+        K=K, V=V, C=C, SPLIT=split, BN=LAUNCH["BN"], BK=block(K), BV=block(V), PREC=dot_precision(qh.dtype),
+        UP=upcast_dots(qh.dtype), **launch_options(LAUNCH, "fwd", qh.dtype, 1))
     return o, lse
 
 
-def path_flash_backward(qh: torch.Tensor, intra: torch.Tensor, E: torch.Tensor, kh: torch.Tensor, v: torch.Tensor,
-                        s0: torch.Tensor, v0: torch.Tensor, G: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-                        do: torch.Tensor, scale: float
+def path_flash_backward(qh: torch.Tensor, intra: torch.Tensor, E: torch.Tensor, kh: torch.Tensor, ks: torch.Tensor,
+                        Es: torch.Tensor, v: torch.Tensor, s0: torch.Tensor, v0: torch.Tensor, G: torch.Tensor,
+                        o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor, scale: float, split: int
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                   torch.Tensor, torch.Tensor]:
-    """Gradients of qh, intra, E, kh, v, s0, v0 (float32) and G (float64)."""
+                                   torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of qh, intra, E, kh, ks, Es, v, s0, v0 (float32) and G (float64)."""
     B, H, NC, K = qh.shape
     N, C, V, T0 = intra.shape[2], intra.shape[3], v.shape[-1], s0.shape[2]
+    NS = Es.shape[2]
     do = do.to(qh.dtype).contiguous()
     delta = qh.new_empty(B * H, 1, NC, dtype=torch.float32)  # [B H, 1, N C]: the [B, T, H, V] kernel with H = 1
     fox_delta_kernel[(cdiv(NC, 64), B * H)](o=o, do=do, delta=delta, Tq=NC, H=1, V=V, BM=64, BV=block(V))
     f32 = dict(device=qh.device, dtype=torch.float32)
-    dqh, dkh = torch.empty(B, H, NC, K, **f32), torch.zeros(B, H, NC, K, **f32)
-    dintra, dE = torch.empty(B, H, N, C, C, **f32), torch.zeros(B, H, N, K, K, **f32)
+    dqh, dintra = torch.empty(B, H, NC, K, **f32), torch.empty(B, H, N, C, C, **f32)
+    dkh, dks, dE, dEs = (torch.zeros_like(x, dtype=torch.float32) for x in (kh, ks, E, Es))
     dv, ds0, dv0 = torch.zeros(B, H, NC, V, **f32), torch.zeros(B, H, T0, K, **f32), torch.zeros(B, H, T0, V, **f32)
     dG = torch.zeros(B, H, T0 + NC, **f32)
     nprog = _programs(qh.device, N * B * H)
-    qscr = qh.new_empty(nprog, N, C, block(K))  # the chain's queries and dS, in the dtype the products read
+    # the programs' scratch, as the products read it: dS of every key block, the chain's queries in the query
+    # block's own split, the query at each earlier split's end
     sscr = qh.new_empty(nprog, N, C, C)
+    qscr = qh.new_empty(nprog, split, C, block(K))
+    xq = qh.new_empty(nprog, NS, C, block(K))
     path_bwd_kernel[(nprog,)](
-        qh=qh, intra=intra, E=E, kh=kh, v=v, s0=s0, v0=v0, G=G, do=do, lse=lse, delta=delta, dqh=dqh,
-        dintra=dintra, dE=dE, dkh=dkh, dv=dv, ds0=ds0, dv0=dv0, dG=dG, qscr=qscr, sscr=sscr, scale=scale, N=N,
-        T0=T0, BH=B * H, NPROG=nprog, K=K, V=V, C=C, BN=LAUNCH["BN"], BK=block(K), BV=block(V),
-        PREC=dot_precision(qh.dtype), UP=upcast_dots(qh.dtype), **launch_options(LAUNCH, _group("bwd", C), qh.dtype,
-                                                                                  1))
-    return dqh, dintra, dE, dkh, dv, ds0, dv0, dG.double()
+        qh=qh, intra=intra, E=E, kh=kh, ks=ks, Es=Es, v=v, s0=s0, v0=v0, G=G, do=do, lse=lse, delta=delta, dqh=dqh,
+        dintra=dintra, dE=dE, dkh=dkh, dks=dks, dEs=dEs, dv=dv, ds0=ds0, dv0=dv0, dG=dG, qscr=qscr, sscr=sscr, xq=xq,
+        scale=scale, N=N, T0=T0, BH=B * H, NPROG=nprog, K=K, V=V, C=C, SPLIT=split, BN=LAUNCH["BN"],
+        BK=block(K), BV=block(V), PREC=dot_precision(qh.dtype), UP=upcast_dots(qh.dtype),
+        **launch_options(LAUNCH, "bwd" if split == 1 else "bwd_split", qh.dtype, 1))
+    return dqh, dintra, dE, dkh, dks, dEs, dv, ds0, dv0, dG.double()
 
 
-def _fwd_fake(qh, intra, E, kh, v, s0, v0, G, scale):
+def _fwd_fake(qh, intra, E, kh, ks, Es, v, s0, v0, G, scale, split):
     B, H, NC, _ = qh.shape
     return qh.new_empty(B, H, NC, v.shape[-1]), qh.new_empty(B, H, NC, dtype=torch.float32)
 
@@ -126,26 +121,26 @@ def _fwd_fake(qh, intra, E, kh, v, s0, v0, G, scale):
 _fwd_op = define_op("path_attn_triton_fwd", path_flash_forward, _fwd_fake)
 
 
-def _bwd_fake(qh, intra, E, kh, v, s0, v0, G, o, lse, do, scale):
+def _bwd_fake(qh, intra, E, kh, ks, Es, v, s0, v0, G, o, lse, do, scale, split):
     f32 = lambda x: torch.empty_like(x, dtype=torch.float32)
-    return f32(qh), f32(intra), f32(E), f32(kh), f32(v), f32(s0), f32(v0), torch.empty_like(G)
+    return (*(f32(x) for x in (qh, intra, E, kh, ks, Es, v, s0, v0)), torch.empty_like(G))
 
 
 _bwd_op = define_op("path_attn_triton_bwd", path_flash_backward, _bwd_fake)
 
 
 def _setup_context(ctx, inputs, output):
-    *tensors, scale = inputs
+    *tensors, scale, split = inputs
     ctx.save_for_backward(*tensors, *output)
-    ctx.scale = scale
+    ctx.scale, ctx.split = scale, split
 
 
 def _backward_rule(ctx, do, dlse):
     *tensors, o, lse = ctx.saved_tensors
     run = path_flash_backward if eager_backward(ctx) else _bwd_op
     do = torch.zeros_like(o) if do is None else do
-    grads = run(*tensors, o, lse, do, ctx.scale)
-    return (*(gr.to(x.dtype) for gr, x in zip(grads, tensors)), None)
+    grads = run(*tensors, o, lse, do, ctx.scale, ctx.split)
+    return (*(gr.to(x.dtype) for gr, x in zip(grads, tensors)), None, None)
 
 
 _path_differentiable = op_function("PathAttnTriton", path_flash_forward, _fwd_op, _setup_context, _backward_rule,
@@ -199,7 +194,7 @@ def path_attn_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch
         raise ValueError(f"backend='triton' takes head dims K, V <= {MAX_HEAD_DIM}, got K = {K}, V = {V}")
     in_dtype, sdt = q.dtype, compute_dtype(q)
     dt = in_dtype if in_dtype in KERNEL_DTYPES else torch.float32
-    C, merge = LAUNCH["C"], _merge()
+    C = LAUNCH["C"]
     k0, v0, d0 = _past(initial_state, k, V, sdt)
     g = torch.zeros_like(beta) if g is None else g
     chunk_inputs = _kernel_transform if in_dtype in KERNEL_DTYPES else _torch_transform
@@ -207,12 +202,10 @@ def path_attn_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch
     S0, V0, D0 = (x.transpose(1, 2) for x in (k0, v0, d0))  # cache [B, H, T0, *]
     G_new = torch.cumsum(pad_time(g, C).transpose(1, 2).to(torch.float64), dim=-1)
     G = torch.cat([-D0.to(torch.float64), G_new], dim=-1).contiguous()  # the cache's end at G = 0
-    flash = (qh, intra, E, kh, vc, G)
-    if merge == 2:
-        flash = tuple(x.contiguous() for x in merge_chunk_pairs(*flash, float(scale)))
-    qh, intra, E, kh, vc, G = flash
-    o, _ = _path_differentiable(qh, intra, E, kh, vc, S0.to(dt).contiguous(), V0.to(dt).contiguous(), G,
-                                float(scale))
+    split = split_size(LAUNCH["split"], intra.shape[2], LAUNCH["split_from"])
+    ks, Es = (x.contiguous() for x in keys_to_split_end(kh, E, split))
+    o, _ = _path_differentiable(qh, intra, E, kh, ks, Es, vc, S0.to(dt).contiguous(), V0.to(dt).contiguous(), G,
+                                float(scale), split)
     o = o[:, :, :T].transpose(1, 2).to(in_dtype)
     state = None
     if output_final_state:

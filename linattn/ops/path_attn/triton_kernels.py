@@ -1,4 +1,5 @@
-"""PaTH's attention across chunks as Triton kernels: the flash pass with queries moved back chunk by chunk.
+"""PaTH's attention across chunks as Triton kernels: the flash pass with queries moved back chunk by chunk and
+split by split.
 
 Inputs per batch*head (from the per-chunk UT transform, ``triton.py``), chunks of C positions: Q^_a (queries moved
 to the start of chunk a), K^_j (keys moved to the end of chunk j), E_j = I - P_j (P_j the chunk's K x K Householder
@@ -9,17 +10,24 @@ For query block a and an earlier chunk j,
 
     logit_{a,j} = scale (Q_{a,j} K^_j^T + G_t - G_s),   Q_{a,a-1} = Q^_a,   Q_{a,j-1} = Q_{a,j} P_j,
 
-and the cache is read with Q_{a,-1}. Forward (a program per query block and batch*head): the diagonal block from
-A_a, then chunks a-1 .. 0 with the query chain carried in registers, then the cache, in one online softmax; o and
-the base-2 log-sum-exp are stored.
+and the cache is read with Q_{a,-1}. Chunks are grouped into splits of SPLIT (``splits.py``): for chunks of a's own
+split the chain steps chunk by chunk as above; an earlier split J is crossed whole, its key blocks read as
+K~_j (the keys moved on to J's end) against the query at J's end, then Q <- Q - Q E~_J: plain flash attention over
+the split's key blocks and one product per split.
+
+Forward (a program per query block and batch*head): the diagonal block from A_a, the chunks of a's split, the
+earlier splits, then the cache, in one online softmax, the query chain carried in registers; o and the base-2
+log-sum-exp are stored.
 
 Backward (a fixed number of programs, each taking query blocks in turn, so that its scratch stays bounded):
-pass 1 walks j = a-1 .. 0 as the forward, storing Q_{a,j} and dS_{a,j} = P (dP - delta) in the program's scratch
-(in the input dtype, in which the products read them)
-and adding dV_j += P^T dO, dK^_j += scale dS^T Q_{a,j} and the gates' column sums with atomic adds; the cache
-ends it with W = scale dS_{a,-1} S0. Pass 2 walks j = 0 .. a-1 up the chain's adjoint, reading the scratch:
-dE_j -= Q_{a,j}^T W, W <- W - W E_j^T + scale dS_{a,j} K^_j; finally dQ^_a = W. Memory: the scratch is
-programs x N x C x (K + C) in the input dtype, linear in T; nothing of size T x T.
+pass 1 walks down as the forward, computing dS = P (dP - delta) per key block and adding dV += P^T dO,
+dK += scale dS^T Q (into dK^_j or dK~_j) and the gates' column sums with atomic adds; it keeps dS of every key
+block, the chain's queries Q_{a,j} in a's own split and the query at each earlier split's end in the program's
+scratch (in the input dtype, in which the products read them); the cache ends it with W = scale dS_{a,-1} S0.
+Pass 2 walks up the chain's adjoint: across split J, dE~_J -= Q^T W and
+W <- W - W E~_J^T + scale sum_{j in J} dS_{a,j} K~_j; across chunk j, dE_j -= Q_{a,j}^T W and
+W <- W - W E_j^T + scale dS_{a,j} K^_j; finally dQ^_a = W. Memory: the scratch is
+programs x (N C^2 + (SPLIT + NS) C K) elements, linear in T; nothing of size T x T.
 """
 
 from __future__ import annotations
@@ -40,21 +48,40 @@ def _gate_bias(Grow, Gb, n, cols, L, scale2):
     return ((Grow - ref).to(tl.float32) * scale2)[:, None] - ((gc - ref).to(tl.float32) * scale2)[None, :]
 
 
+@triton.jit
+def _fwd_step(qd, kj, vj, Grow, Gb, n, cols, L, scale2, m_i, l_i, acc, PREC: tl.constexpr, UP: tl.constexpr):
+    """One key block of the online softmax (every key visible): the updated (m_i, l_i, acc)."""
+    s = mm(qd, tl.trans(kj), PREC, UP) * scale2 + _gate_bias(Grow, Gb, n, cols, L, scale2)
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    return m_new, l_i * alpha + tl.sum(p, axis=1), acc * alpha[:, None] + mm(p.to(vj.dtype), vj, PREC, UP)
+
+
+@triton.jit
+def _chain_step(q_cur, Eb, o_k, m_k, K: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+    """Q <- Q - Q E (the query moved back through one product, E at Eb [K, K])."""
+    Ej = tl.load(Eb + o_k[:, None] * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :], other=0.0)
+    return q_cur - mm(q_cur.to(Ej.dtype), Ej, PREC, UP)
+
+
 @fast_launch
 @triton.jit(do_not_specialize=["N", "T0"])
-def path_fwd_kernel(qh, intra, E, kh, v, s0, v0, G, o, lse, scale, N, T0, K: tl.constexpr, V: tl.constexpr,
-                    C: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-                    UP: tl.constexpr):
-    """Grid (N, B*H). qh, kh [B, H, N C, K]; intra [B, H, N, C, C]; E [B, H, N, K, K]; v [B, H, N C, V];
-    s0 [B, H, T0, K]; v0 [B, H, T0, V]; G [B, H, T0 + N C] float64; o [B, H, N C, V]; lse [B, H, N C] float32."""
+def path_fwd_kernel(qh, intra, E, kh, ks, Es, v, s0, v0, G, o, lse, scale, N, T0, K: tl.constexpr,
+                    V: tl.constexpr, C: tl.constexpr, SPLIT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                    BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+    """Grid (N, B*H). qh, kh, ks [B, H, N C, K]; intra [B, H, N, C, C]; E [B, H, N, K, K]; Es [B, H, NS, K, K];
+    v [B, H, N C, V]; s0 [B, H, T0, K]; v0 [B, H, T0, V]; G [B, H, T0 + N C] float64; o [B, H, N C, V];
+    lse [B, H, N C] float32."""
     a, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     NC = N * C
+    NS = (N + SPLIT - 1) // SPLIT
     L = T0 + NC
     o_c, o_k, o_v = tl.arange(0, C), tl.arange(0, BK), tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
     rows = a * C + o_c
     scale2 = scale * 1.4426950408889634
-    qb, kb, vb = qh + i_bh * NC * K, kh + i_bh * NC * K, v + i_bh * NC * V
+    qb, kb, ksb, vb = qh + i_bh * NC * K, kh + i_bh * NC * K, ks + i_bh * NC * K, v + i_bh * NC * V
     Gb = G + i_bh * L
     Grow = tl.load(Gb + T0 + rows)
     q_cur = tl.load(qb + rows[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0).to(tl.float32)
@@ -69,22 +96,25 @@ def path_fwd_kernel(qh, intra, E, kh, v, s0, v0, G, o, lse, scale, N, T0, K: tl.
     col_bad = tl.max(tl.where(va_ok, 0, 1), axis=1)
     bad = tl.max(tl.where(s > float("-inf"), col_bad[None, :], 0), axis=1) > 0
     acc = mm(p.to(va.dtype), tl.where(va_ok, va, 0.0).to(va.dtype), PREC, UP)
-    for i in range(0, a):
+    A = a // SPLIT
+    for i in range(0, a - A * SPLIT):  # the earlier chunks of a's own split, one product each
         j = a - 1 - i
         cols = j * C + o_c
         kj = tl.load(kb + cols[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
         vj = tl.load(vb + cols[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
-        s = mm(q_cur.to(kj.dtype), tl.trans(kj), PREC, UP) * scale2 + _gate_bias(Grow, Gb, T0 + j * C, T0 + cols,
-                                                                                   L, scale2)
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + mm(p.to(vj.dtype), vj, PREC, UP)
-        m_i = m_new
-        Ej = tl.load(E + (i_bh * N + j) * K * K + o_k[:, None] * K + o_k[None, :],
-                     mask=m_k[:, None] & m_k[None, :], other=0.0)
-        q_cur = q_cur - mm(q_cur.to(Ej.dtype), Ej, PREC, UP)
+        m_i, l_i, acc = _fwd_step(q_cur.to(kj.dtype), kj, vj, Grow, Gb, T0 + j * C, T0 + cols, L, scale2, m_i, l_i,
+                                  acc, PREC, UP)
+        q_cur = _chain_step(q_cur, E + (i_bh * N + j) * K * K, o_k, m_k, K, PREC, UP)
+    for i in range(0, A):  # earlier splits whole: their keys at the split's end, one product per split
+        J = A - 1 - i
+        qd = q_cur.to(ks.dtype.element_ty)
+        for jj in range(0, SPLIT):
+            cols = (J * SPLIT + jj) * C + o_c
+            kj = tl.load(ksb + cols[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+            vj = tl.load(vb + cols[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+            m_i, l_i, acc = _fwd_step(qd, kj, vj, Grow, Gb, T0 + (J * SPLIT + jj) * C, T0 + cols, L, scale2, m_i,
+                                      l_i, acc, PREC, UP)
+        q_cur = _chain_step(q_cur, Es + (i_bh * NS + J) * K * K, o_k, m_k, K, PREC, UP)
     for n in range(0, T0, BN):
         ccols = n + tl.arange(0, BN)
         mc = ccols < T0
@@ -103,29 +133,62 @@ def path_fwd_kernel(qh, intra, E, kh, v, s0, v0, G, o, lse, scale, N, T0, K: tl.
     tl.store(lse + i_bh * NC + rows, m_i + tl.log2(l_i))
 
 
+@triton.jit
+def _bwd_step(qd, kj, vj, do_a, lse_a, delta_a, Grow, Gb, n, cols, L, dvb, dkb, dGb, o_c, o_k, o_v, m_k, m_v,
+              scale, scale2, K: tl.constexpr, V: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+    """One key block of pass 1 (every key visible): dV and dK of the block (at dvb, dkb: the block's first row)
+    and the gates' column sums (at dGb) added atomically; returns dS = P (dP - delta) in float32."""
+    s = mm(qd, tl.trans(kj), PREC, UP) * scale2 + _gate_bias(Grow, Gb, n, cols, L, scale2)
+    p = tl.exp2(s - lse_a[:, None])
+    ds = p * (mm(do_a, tl.trans(vj), PREC, UP) - delta_a[:, None])
+    tl.atomic_add(dvb + o_c[:, None] * V + o_v[None, :], mm(tl.trans(p).to(do_a.dtype), do_a, PREC, UP),
+                  mask=m_v[None, :], sem="relaxed")
+    tl.atomic_add(dkb + o_c[:, None] * K + o_k[None, :], mm(tl.trans(ds).to(qd.dtype), qd, PREC, UP) * scale,
+                  mask=m_k[None, :], sem="relaxed")
+    tl.atomic_add(dGb + o_c, -tl.sum(ds, axis=0) * scale, sem="relaxed")
+    return ds
+
+
+@triton.jit
+def _adjoint_step(W, Q, Eb, dEb, o_k, m_k, K: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+    """Up the chain's adjoint across one product Q_out = Q - Q E: dE -= Q^T W (atomic, at dEb) and the part of
+    dQ that flows through the product, W - W E^T."""
+    Ej = tl.load(Eb + o_k[:, None] * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :], other=0.0)
+    Wd = W.to(Ej.dtype)
+    tl.atomic_add(dEb + o_k[:, None] * K + o_k[None, :], -mm(tl.trans(Q), Wd, PREC, UP),
+                  mask=m_k[:, None] & m_k[None, :], sem="relaxed")
+    return W - mm(Wd, tl.trans(Ej), PREC, UP)
+
+
 @fast_launch
 @triton.jit(do_not_specialize=["N", "T0", "BH", "NPROG"])
-def path_bwd_kernel(qh, intra, E, kh, v, s0, v0, G, do, lse, delta, dqh, dintra, dE, dkh, dv, ds0, dv0, dG,
-                    qscr, sscr, scale, N, T0, BH, NPROG, K: tl.constexpr, V: tl.constexpr,
-                    C: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-                    UP: tl.constexpr):
+def path_bwd_kernel(qh, intra, E, kh, ks, Es, v, s0, v0, G, do, lse, delta, dqh, dintra, dE, dkh, dks, dEs, dv,
+                    ds0, dv0, dG, qscr, sscr, xq, scale, N, T0, BH, NPROG, K: tl.constexpr,
+                    V: tl.constexpr, C: tl.constexpr, SPLIT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                    BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
     """Grid (NPROG,): every (query block, batch*head) in turn. Gradients (float32, zero-initialised, added to
-    atomically where query blocks share them): dqh, dkh [B, H, N C, K]; dintra [B, H, N, C, C]; dE [B, H, N, K, K];
-    dv [B, H, N C, V]; ds0, dv0 like s0, v0; dG [B, H, T0 + N C]. qscr [NPROG, N, C, BK], sscr [NPROG, N, C, C]
-    in qh's dtype: the program's scratch (the chain's queries and dS, rounded as the products read them)."""
+    atomically where query blocks share them): dqh, dkh, dks [B, H, N C, K]; dintra [B, H, N, C, C];
+    dE [B, H, N, K, K]; dEs [B, H, NS, K, K]; dv [B, H, N C, V]; ds0, dv0 like s0, v0; dG [B, H, T0 + N C].
+    The program's scratch, in qh's dtype (as the products read them): sscr [NPROG, N, C, C] (dS of every key
+    block), qscr [NPROG, SPLIT, C, BK] (the chain's queries in a's own split), xq [NPROG, NS, C, BK] (the query at
+    each earlier split's end)."""
     pid = tl.program_id(0)
     NC = N * C
+    NS = (N + SPLIT - 1) // SPLIT
     L = T0 + NC
     o_c, o_k, o_v = tl.arange(0, C), tl.arange(0, BK), tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
     scale2 = scale * 1.4426950408889634
-    qs = qscr + pid.to(tl.int64) * N * C * BK
+    qs = qscr + pid.to(tl.int64) * SPLIT * C * BK
     ss = sscr + pid.to(tl.int64) * N * C * C
+    xqs = xq + pid.to(tl.int64) * NS * C * BK
     for w in range(pid, N * BH, NPROG):
         a = w % N
         i_bh = (w // N).to(tl.int64)
+        A = a // SPLIT
+        a0 = A * SPLIT
         rows = a * C + o_c
-        qb, kb, vb = qh + i_bh * NC * K, kh + i_bh * NC * K, v + i_bh * NC * V
+        qb, kb, ksb, vb = qh + i_bh * NC * K, kh + i_bh * NC * K, ks + i_bh * NC * K, v + i_bh * NC * V
         Gb = G + i_bh * L
         Grow = tl.load(Gb + T0 + rows)
         q_cur = tl.load(qb + rows[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0).to(tl.float32)
@@ -141,26 +204,35 @@ def path_bwd_kernel(qh, intra, E, kh, v, s0, v0, G, do, lse, delta, dqh, dintra,
         tl.atomic_add(dv + (i_bh * NC + rows[:, None]) * V + o_v[None, :],
                       mm(tl.trans(p).to(do_a.dtype), do_a, PREC, UP), mask=m_v[None, :], sem="relaxed")
         dgr = tl.zeros([C], dtype=tl.float32)
-        for i in range(0, a):  # pass 1: down the chain
+        # pass 1, down the chain: the earlier chunks of a's own split, then the earlier splits
+        for i in range(0, a - a0):
             j = a - 1 - i
             cols = j * C + o_c
             kj = tl.load(kb + cols[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
             vj = tl.load(vb + cols[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
             qd = q_cur.to(kj.dtype)
-            tl.store(qs + (j * C + o_c[:, None]) * BK + o_k[None, :], qd)
-            s = mm(qd, tl.trans(kj), PREC, UP) * scale2 + _gate_bias(Grow, Gb, T0 + j * C, T0 + cols, L, scale2)
-            p = tl.exp2(s - lse_a[:, None])
-            ds = p * (mm(do_a, tl.trans(vj), PREC, UP) - delta_a[:, None])
+            tl.store(qs + ((j - a0) * C + o_c[:, None]) * BK + o_k[None, :], qd)
+            ds = _bwd_step(qd, kj, vj, do_a, lse_a, delta_a, Grow, Gb, T0 + j * C, T0 + cols, L,
+                           dv + (i_bh * NC + j * C) * V, dkh + (i_bh * NC + j * C) * K, dG + i_bh * L + T0 + j * C,
+                           o_c, o_k, o_v, m_k, m_v, scale, scale2, K, V, PREC, UP)
             tl.store(ss + (j * C + o_c[:, None]) * C + o_c[None, :], ds.to(ss.dtype.element_ty))
-            tl.atomic_add(dv + (i_bh * NC + cols[:, None]) * V + o_v[None, :],
-                          mm(tl.trans(p).to(do_a.dtype), do_a, PREC, UP), mask=m_v[None, :], sem="relaxed")
-            tl.atomic_add(dkh + (i_bh * NC + cols[:, None]) * K + o_k[None, :],
-                          mm(tl.trans(ds).to(qd.dtype), qd, PREC, UP) * scale, mask=m_k[None, :], sem="relaxed")
             dgr += tl.sum(ds, axis=1)
-            tl.atomic_add(dG + i_bh * L + T0 + cols, -tl.sum(ds, axis=0) * scale, sem="relaxed")
-            Ej = tl.load(E + (i_bh * N + j) * K * K + o_k[:, None] * K + o_k[None, :],
-                         mask=m_k[:, None] & m_k[None, :], other=0.0)
-            q_cur = q_cur - mm(qd.to(Ej.dtype), Ej, PREC, UP)
+            q_cur = _chain_step(q_cur, E + (i_bh * N + j) * K * K, o_k, m_k, K, PREC, UP)
+        for i in range(0, A):
+            J = A - 1 - i
+            qd = q_cur.to(ks.dtype.element_ty)
+            tl.store(xqs + (J * C + o_c[:, None]) * BK + o_k[None, :], qd)
+            for jj in range(0, SPLIT):
+                j = J * SPLIT + jj
+                cols = j * C + o_c
+                kj = tl.load(ksb + cols[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+                vj = tl.load(vb + cols[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+                ds = _bwd_step(qd, kj, vj, do_a, lse_a, delta_a, Grow, Gb, T0 + j * C, T0 + cols, L,
+                               dv + (i_bh * NC + j * C) * V, dks + (i_bh * NC + j * C) * K,
+                               dG + i_bh * L + T0 + j * C, o_c, o_k, o_v, m_k, m_v, scale, scale2, K, V, PREC, UP)
+                tl.store(ss + (j * C + o_c[:, None]) * C + o_c[None, :], ds.to(ss.dtype.element_ty))
+                dgr += tl.sum(ds, axis=1)
+            q_cur = _chain_step(q_cur, Es + (i_bh * NS + J) * K * K, o_k, m_k, K, PREC, UP)
         W = tl.zeros([C, BK], dtype=tl.float32)  # the gradient of Q_{a,-1}
         qd = q_cur.to(qh.dtype.element_ty)
         for n in range(0, T0, BN):
@@ -184,17 +256,22 @@ def path_bwd_kernel(qh, intra, E, kh, v, s0, v0, G, do, lse, delta, dqh, dintra,
             tl.atomic_add(dG + i_bh * L + ccols, -tl.sum(dsc, axis=0) * scale, mask=mc, sem="relaxed")
         tl.atomic_add(dG + i_bh * L + T0 + rows, dgr * scale, sem="relaxed")
         tl.debug_barrier()  # pass 2 reads what other threads of this program stored in pass 1
-        for j in range(0, a):  # pass 2: up the chain's adjoint
-            Qj = tl.load(qs + (j * C + o_c[:, None]) * BK + o_k[None, :])
-            Ej = tl.load(E + (i_bh * N + j) * K * K + o_k[:, None] * K + o_k[None, :],
-                         mask=m_k[:, None] & m_k[None, :], other=0.0)
-            Wd = W.to(Ej.dtype)
-            tl.atomic_add(dE + (i_bh * N + j) * K * K + o_k[:, None] * K + o_k[None, :],
-                          -mm(tl.trans(Qj), Wd, PREC, UP), mask=m_k[:, None] & m_k[None, :],
-                          sem="relaxed")
+        # pass 2, up the chain's adjoint: the earlier splits, then the earlier chunks of a's own split
+        for J in range(0, A):
+            QJ = tl.load(xqs + (J * C + o_c[:, None]) * BK + o_k[None, :])
+            W = _adjoint_step(W, QJ, Es + (i_bh * NS + J) * K * K, dEs + (i_bh * NS + J) * K * K, o_k, m_k, K,
+                              PREC, UP)
+            for jj in range(0, SPLIT):
+                cols = (J * SPLIT + jj) * C + o_c
+                dsj = tl.load(ss + ((J * SPLIT + jj) * C + o_c[:, None]) * C + o_c[None, :])
+                kj = tl.load(ksb + cols[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+                W += mm(dsj, kj, PREC, UP) * scale
+        for j in range(a0, a):
+            Qj = tl.load(qs + ((j - a0) * C + o_c[:, None]) * BK + o_k[None, :])
+            W = _adjoint_step(W, Qj, E + (i_bh * N + j) * K * K, dE + (i_bh * N + j) * K * K, o_k, m_k, K, PREC, UP)
             dsj = tl.load(ss + (j * C + o_c[:, None]) * C + o_c[None, :])
             cols = j * C + o_c
             kj = tl.load(kb + cols[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
-            W = W - mm(Wd, tl.trans(Ej), PREC, UP) + mm(dsj, kj, PREC, UP) * scale
+            W += mm(dsj, kj, PREC, UP) * scale
         tl.store(dqh + (i_bh * NC + rows[:, None]) * K + o_k[None, :], W, mask=m_k[None, :])
         tl.debug_barrier()  # the next query block overwrites the scratch
