@@ -46,9 +46,9 @@ from .ut_triton import ut_transform_triton
 # launch group is "bwd_split"; "BN": cached keys per step; "programs": backward programs (0: one per SM on CUDA).
 # LINATTN_TRITON_LAUNCH='{"path_attn": {...}}' overrides them. Timed on an H200 (bf16, B 4, H 16, K = V = 128,
 # forward and backward; docs/benchmarks.md): at T 16384 (256 chunks) split 8 took 236 ms against 309 chunk by
-# chunk, 222 with 2 stages in its backward (split 16: 226); at T 4096 (64 chunks) 26.8 against 24.8, the splits'
-# key transform (about 1.7 ms) outweighing what the backward saves, and a model at T 2048 ran 0.46x softmax
-# attention's tokens/s with splits against 0.54x without.
+# chunk, 222 with 2 stages in its backward (split 16: 226); at T 8192 (128 chunks) 73 against 88; at T 4096
+# (64 chunks) 26.8 against 24.8, the splits' key transform (about 1.7 ms) outweighing what the backward saves, and
+# a model at T 2048 ran 0.46x softmax attention's tokens/s with splits against 0.54x without.
 LAUNCH = {"C": 64, "split": 8, "split_from": 128, "BN": 64, "programs": 0, "fwd_warps": 8, "fwd_stages": 2,
           "bwd_warps": 8, "bwd_stages": 1, "bwd_split_warps": 8, "bwd_split_stages": 2}
 launch_overrides("path_attn", LAUNCH)
