@@ -16,6 +16,10 @@ TRITON_INTERPRET=1, which this module sets when it is unset and it runs as the p
 imported by a process with a GPU, it leaves the interpreter off, and there :func:`audit` and :func:`step_peak`
 take ``backend="auto"``. ``--backend auto`` keeps the CPU's PyTorch paths.
 
+``--compiled`` adds :func:`compiled_saved`: what the forward graph of the compiled model (torch.compile, split by
+the min-cut partitioner inductor uses) hands to its backward graph, activations only; the partitioner recomputes
+some of what eager autograd keeps and keeps some of what the layers recompute in eager mode.
+
 ``--peak`` adds :func:`step_peak`: the most bytes of tensors alive at once over a forward, the loss and the
 backward pass (a dispatch mode follows every storage an op makes until its last tensor is gone), which counts the
 backward pass's temporary buffers and the gradients as well; where the peak falls depends on the config (with a
@@ -308,6 +312,46 @@ def audit(mixer: str, *, d_model: int, n_layers: int, n_heads: int, vocab: int, 
     return Audit(mixer, settings.get("op_backend", "auto"), n_layers, saved)
 
 
+def compiled_saved(mixer: str, *, d_model: int, n_layers: int, n_heads: int, vocab: int, batch: int, seq: int,
+                   backend: str = "triton", dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> int:
+    """Bytes of activations the compiled model's forward graph hands to its backward graph: ``mixer``'s CausalLM
+    under torch.compile(fullgraph=True), split by AOTAutograd's min-cut partitioner (the one inductor uses), with no
+    code generated. Tensors computed from the weights alone (autocast's copies of them) are not counted, as
+    :func:`audit` counts them apart."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    torch.manual_seed(seed)
+    model = CausalLM(ModelConfig(mixer=mixer, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                                 vocab_size=vocab))
+    ids = torch.randint(0, vocab, (batch, seq))
+    kept = []
+
+    def forward_graph(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.GraphModule:
+        data = {n for n in gm.graph.nodes if n.op == "placeholder" and n.meta["val"].dtype == torch.long}
+        from_data = set()
+        for node in gm.graph.nodes:  # topological order: a node reads data when an input of it does
+            if node in data or any(i in from_data for i in node.all_input_nodes):
+                from_data.add(node)
+        outputs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+        # outputs[0] is the logits, the model's output; the rest is what the backward graph reads
+        kept.extend(n.meta["val"].numel() * n.meta["val"].element_size() for n in outputs[1:]
+                    if n in from_data and isinstance(n.meta.get("val"), torch.Tensor))
+        return gm
+
+    def aot(gm: torch.fx.GraphModule, example_inputs: list):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=forward_graph, bw_compiler=lambda g, i: g,
+                                     partition_fn=min_cut_rematerialization_partition)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=aot, fullgraph=True)
+    with linattn.settings(**backend_settings(backend, mixer)):
+        with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+            logits, _ = compiled(ids, use_cache=False)
+    del logits
+    return sum(kept)
+
+
 def _mib(n: float) -> str:
     return f"{n / 2**20:8.2f}"
 
@@ -364,17 +408,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--peak", action="store_true",
                    help="also the peak of the tensors alive over forward, loss and backward (step_peak)")
+    p.add_argument("--compiled", action="store_true",
+                   help="also what the compiled model's forward graph keeps for its backward (compiled_saved)")
     args = p.parse_args(argv)
     shape = dict(d_model=args.d_model, n_layers=args.layers, n_heads=args.heads, vocab=args.vocab, batch=args.batch,
                  seq=args.seq, backend=args.backend, dtype=getattr(torch, args.dtype))
     mixers = [m.strip() for m in args.mixers.split(",") if m.strip()]
     audits = [audit(m, **shape) for m in mixers]
     peaks = {m: step_peak(m, **shape) for m in mixers} if args.peak else {}
+    compiled = {m: compiled_saved(m, **shape) for m in mixers} if args.compiled else {}
     if args.json:
         rows = to_json(audits)
         for row in rows:
             if row["mixer"] in peaks:
                 row["step_peak_bytes"], row["step_peak_at"] = peaks[row["mixer"]]
+            if row["mixer"] in compiled:
+                row["compiled_saved_bytes"] = compiled[row["mixer"]]
         print(json.dumps(rows, indent=1))
         return 0
     print(report(audits, args.top, args.detail))
@@ -383,6 +432,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{'mixer':24s} {'step peak MiB':>14s} {'ratio':>7s}  reached at")
         for m, (n, at) in peaks.items():
             print(f"{m:24s} {n / 2**20:14.2f} {n / ref:7.3f}  {at}")
+    if compiled:
+        ref = compiled.get(REFERENCE, next(iter(compiled.values())))
+        print(f"\n{'mixer':24s} {'compiled, kept MiB':>19s} {'ratio':>7s}")
+        for m, n in compiled.items():
+            print(f"{m:24s} {n / 2**20:19.2f} {n / ref:7.3f}")
     return 0
 
 

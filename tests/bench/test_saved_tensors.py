@@ -71,3 +71,12 @@ def test_step_peak_counts_what_is_alive_at_once():
     peak, at = st.step_peak("gated_delta_rule", **TINY)
     saved = st.audit("gated_delta_rule", **TINY)
     assert peak > saved.activation_bytes and at.split()[0] in ("forward", "backward")
+
+
+def test_compiled_saved_counts_activations_only():
+    """What the compiled forward graph keeps grows with the batch exactly, so no weight (nor autocast's copy of one)
+    is counted."""
+    shape = {**TINY, "batch": 1}
+    one = st.compiled_saved("gated_delta_rule", **shape)
+    two = st.compiled_saved("gated_delta_rule", **{**shape, "batch": 2})
+    assert one > 0 and two == 2 * one, (one, two)

@@ -213,3 +213,42 @@ def test_compiling_is_asked_before_the_conv_container(monkeypatch):
     monkeypatch.setattr(torch.nn.ModuleDict, "__len__", untraceable)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     assert not layer.recomputes_conv_outputs(None)
+
+
+@pytest.mark.parametrize("with_gate", [True, False])
+def test_compiled_norm_gate_project_recomputes_the_norm(with_gate):
+    """Under torch.compile the output norm runs under a checkpoint: the forward graph that the partitioner inductor
+    uses (min-cut) keeps o and the gate, not the norm's output as well, and the gradients are eager's."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    from linattn.layers.norms import norm_gate_project
+
+    torch.manual_seed(0)
+    B, T, H, D = 2, 8, 2, 16
+    norm, proj = torch.nn.RMSNorm(D), torch.nn.Linear(H * D, 24, bias=False)
+    o = torch.randn(B, T, H, D, requires_grad=True)
+    gate = torch.randn(B, T, H, D, requires_grad=True) if with_gate else None
+    kept = []
+
+    def forward_graph(gm, example_inputs):
+        outputs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+        kept.extend(n.meta["val"].numel() for n in outputs if isinstance(n.meta.get("val"), torch.Tensor))
+        return gm
+
+    def backend(gm, example_inputs):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=forward_graph, bw_compiler=lambda g, i: g,
+                                     partition_fn=min_cut_rematerialization_partition)
+
+    def loss(o, gate):
+        return norm_gate_project(o, norm, gate, proj, (B, T, H * D)).square().sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(loss, backend=backend, fullgraph=True)(o, gate)
+    inputs = [x for x in (o, gate, norm.weight, proj.weight) if x is not None]
+    got = torch.autograd.grad(compiled, inputs)
+    expected = torch.autograd.grad(loss(o, gate), inputs)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b)
+    o_sized = sum(n == o.numel() for n in kept)
+    assert o_sized == (2 if with_gate else 1), kept

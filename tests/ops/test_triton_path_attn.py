@@ -1,6 +1,7 @@
 """path_attn backend="triton" == recurrent: outputs, final cache and the gradients of q, k, v, w, beta, g and the
-cache's tensors; odd T, K != V, a cache, gate on and off, chunk sizes, bf16, FLA's reference (where importable), a
-split sequence. Runs on CUDA when present, else on the CPU through Triton's interpreter (tests/conftest.py)."""
+cache's tensors; odd T, K != V, a cache, gate on and off, chunk sizes, splits of chunks crossed whole, bf16, FLA's
+reference (where importable), a sequence split in two calls. Runs on CUDA when present, else on the CPU through
+Triton's interpreter (tests/conftest.py)."""
 
 import pytest
 import torch
@@ -184,6 +185,23 @@ def test_bf16_long_query_chain(blocks):
     with torch.no_grad():
         out = run(*xs, "triton")
     assert_close(out[0], ref[0], 5e-3, "bf16 output after a long chain", metric="rmse")
+
+
+@pytest.mark.parametrize("blocks", ["split2"], indirect=True)
+def test_splits_compile_without_graph_breaks(blocks):
+    """The splits' key transform (under a checkpoint) traces with the flash pass: torch.compile(fullgraph=True)
+    gives the eager loss and gradients over three splits."""
+    torch._dynamo.reset()
+    xs = [x.detach().requires_grad_() for x in make(1, 90, 2, 16, 16, seed=6)[:6]]
+
+    def loss(*xs):
+        return path_attn(*xs, backend="triton")[0].square().sum()
+
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
+    value = compiled(*xs)
+    assert torch.allclose(value, loss(*xs), rtol=1e-6)
+    for a, b in zip(torch.autograd.grad(value, xs), torch.autograd.grad(loss(*xs), xs)):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_split_size_follows_the_length():
