@@ -174,8 +174,7 @@ def forgetting_attn_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         g = torch.cat([initial_state.extras["g"].to(sdt), g.to(sdt)], dim=1)
     # G along the last dim ([B, H, Tk]): autograd's reverse cumulative sum then runs along it too (fast on a GPU)
     G = torch.cumsum(g.transpose(1, 2).to(torch.float64), dim=-1)
-    qd, kd, vd = (x.to(dt) for x in (q, k, v))  # the cache below keeps k and v in sdt
-    o = fox_attention(qd.contiguous(), kd.contiguous(), vd.contiguous(), G, scale, window_size or 0)
+    o = fox_attention(*(x.to(dt).contiguous() for x in (q, k, v)), G, scale, window_size or 0)
     state = KVCache(k.to(sdt), v.to(sdt), {"g": g.to(sdt)}) if output_final_state else None
     return o.to(in_dtype), state
 

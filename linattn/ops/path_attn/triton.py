@@ -47,7 +47,7 @@ from .ut_triton import ut_transform_triton
 # LINATTN_TRITON_LAUNCH='{"path_attn": {...}}' overrides them. Timed on an H200 (bf16, B 4, H 16, K = V = 128,
 # forward and backward; docs/benchmarks.md): at T 16384 (256 chunks) split 8 took 236 ms against 309 chunk by
 # chunk, 222 with 2 stages in its backward (split 16: 226); at T 8192 (128 chunks) 73 against 88; at T 4096
-# (64 chunks) 26.8 against 24.8, the splits' key transform (about 1.7 ms) outweighing what the backward saves, and
+# (64 chunks) 26.8 against 24.8 (the forward, with the splits' key transform, 1.7 ms slower), and
 # a model at T 2048 ran 0.46x softmax attention's tokens/s with splits against 0.54x without.
 LAUNCH = {"C": 64, "split": 8, "split_from": 128, "BN": 64, "programs": 0, "fwd_warps": 8, "fwd_stages": 2,
           "bwd_warps": 8, "bwd_stages": 1, "bwd_split_warps": 8, "bwd_split_stages": 2}
@@ -86,7 +86,8 @@ def path_flash_backward(qh: torch.Tensor, intra: torch.Tensor, E: torch.Tensor, 
                         o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor, scale: float, split: int
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                    torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of qh, intra, E, kh, ks, Es, v, s0, v0 (float32) and G (float64)."""
+    """Gradients of qh, intra, E, kh, ks, Es, v, s0, v0 (float32) and G (float64). With ``split`` 1, ks and Es are
+    kh and E (the kernel reads only them): their gradients are kh's and E's, and ks's and Es's are empty."""
     B, H, NC, K = qh.shape
     N, C, V, T0 = intra.shape[2], intra.shape[3], v.shape[-1], s0.shape[2]
     NS = Es.shape[2]
@@ -95,7 +96,9 @@ def path_flash_backward(qh: torch.Tensor, intra: torch.Tensor, E: torch.Tensor, 
     fox_delta_kernel[(cdiv(NC, 64), B * H)](o=o, do=do, delta=delta, Tq=NC, H=1, V=V, BM=64, BV=block(V))
     f32 = dict(device=qh.device, dtype=torch.float32)
     dqh, dintra = torch.empty(B, H, NC, K, **f32), torch.empty(B, H, N, C, C, **f32)
-    dkh, dks, dE, dEs = (torch.zeros_like(x, dtype=torch.float32) for x in (kh, ks, E, Es))
+    dkh, dE = (torch.zeros_like(x, dtype=torch.float32) for x in (kh, E))
+    # split 1: one buffer each, no second one to fill with zeros, cast and add in autograd
+    dks, dEs = (dkh, dE) if split == 1 else (torch.zeros_like(x, dtype=torch.float32) for x in (ks, Es))
     dv, ds0, dv0 = torch.zeros(B, H, NC, V, **f32), torch.zeros(B, H, T0, K, **f32), torch.zeros(B, H, T0, V, **f32)
     dG = torch.zeros(B, H, T0 + NC, **f32)
     nprog = _programs(qh.device, N * B * H)
@@ -110,6 +113,8 @@ def path_flash_backward(qh: torch.Tensor, intra: torch.Tensor, E: torch.Tensor, 
         scale=scale, N=N, T0=T0, BH=B * H, NPROG=nprog, K=K, V=V, C=C, SPLIT=split, BN=LAUNCH["BN"],
         BK=block(K), BV=block(V), PREC=dot_precision(qh.dtype), UP=upcast_dots(qh.dtype),
         **launch_options(LAUNCH, "bwd" if split == 1 else "bwd_split", qh.dtype, 1))
+    if split == 1:
+        dks, dEs = dkh.new_empty(0), dE.new_empty(0)
     return dqh, dintra, dE, dkh, dks, dEs, dv, ds0, dv0, dG.double()
 
 
@@ -123,7 +128,8 @@ _fwd_op = define_op("path_attn_triton_fwd", path_flash_forward, _fwd_fake)
 
 def _bwd_fake(qh, intra, E, kh, ks, Es, v, s0, v0, G, o, lse, do, scale, split):
     f32 = lambda x: torch.empty_like(x, dtype=torch.float32)
-    return (*(f32(x) for x in (qh, intra, E, kh, ks, Es, v, s0, v0)), torch.empty_like(G))
+    dks, dEs = (qh.new_empty(0, dtype=torch.float32),) * 2 if split == 1 else (f32(ks), f32(Es))
+    return f32(qh), f32(intra), f32(E), f32(kh), dks, dEs, *(f32(x) for x in (v, s0, v0)), torch.empty_like(G)
 
 
 _bwd_op = define_op("path_attn_triton_bwd", path_flash_backward, _bwd_fake)
@@ -140,7 +146,8 @@ def _backward_rule(ctx, do, dlse):
     run = path_flash_backward if eager_backward(ctx) else _bwd_op
     do = torch.zeros_like(o) if do is None else do
     grads = run(*tensors, o, lse, do, ctx.scale, ctx.split)
-    return (*(gr.to(x.dtype) for gr, x in zip(grads, tensors)), None, None)
+    skip = (4, 5) if ctx.split == 1 else ()  # ks, Es: their gradients are in kh's and E's
+    return (*(None if i in skip else gr.to(x.dtype) for i, (gr, x) in enumerate(zip(grads, tensors))), None, None)
 
 
 _path_differentiable = op_function("PathAttnTriton", path_flash_forward, _fwd_op, _setup_context, _backward_rule,
