@@ -69,7 +69,13 @@ class LowRankLogSigmoidGate(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
-        g = ScaledLogSigmoid.apply(self.up(self.down(x)), self.normaliser)
+        a = self.up(self.down(x))
+        if torch.compiler.is_compiling():
+            # the plain composition (the compiler chooses what to keep): Dynamo of torch 2.11 traced the Function
+            # without its gradient, so the gate's weights got none
+            g = (F.logsigmoid(a.float()) / self.normaliser).to(a.dtype)
+        else:
+            g = ScaledLogSigmoid.apply(a, self.normaliser)
         return g.view(B, T, self.n_heads, self.head_dim)
 
 

@@ -19,19 +19,25 @@ are recomputed in the backward pass (a checkpoint keeps only kh and E). O(T K^2 
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 
-def split_size(split: int, chunks: int, split_from: int = 1) -> int:
-    """The chunks per split for a pass over ``chunks`` chunks: ``split`` (a power of two) from ``split_from`` chunks
-    on, else 1; at most the power of two that covers them all (a longer split would only add identity chunks)."""
-    if isinstance(split, bool) or not isinstance(split, int) or split < 1 or split & (split - 1):
-        raise ValueError(f"path_attn launch setting split must be a power of two >= 1 (chunks per split), got "
-                         f"{split!r}")
+def split_size(split: int | str, chunks: int, split_from: int = 1) -> int:
+    """The chunks per split for a pass over ``chunks`` chunks: ``split`` (a power of two, or "sqrt": the largest
+    power of two at most sqrt(chunks), which balances the at most S - 1 chunk steps of a query's own split against
+    its chunks / S split crossings) from ``split_from`` chunks on, else 1; at most the power of two that covers them
+    all (a longer split would only add identity chunks)."""
+    if split != "sqrt" and (isinstance(split, bool) or not isinstance(split, int) or split < 1 or split & (split - 1)):
+        raise ValueError(f"path_attn launch setting split must be a power of two >= 1 (chunks per split) or "
+                         f"\"sqrt\", got {split!r}")
     if chunks < split_from:
         return 1
+    if split == "sqrt":
+        split = 1 << (math.isqrt(max(chunks, 1)).bit_length() - 1)
     cover = 1 << max(chunks - 1, 0).bit_length()
     return min(split, cover)
 

@@ -36,21 +36,34 @@ from ..forgetting_attn.triton import KERNEL_DTYPES, MAX_HEAD_DIM
 from ..forgetting_attn.triton_kernels import fox_delta_kernel
 from .chunk import UTTransform, _final_state, ut_transform
 from .reference import _past
+from .split_backward_kernels import (
+    path_split_down_kernel,
+    path_split_frames_kernel,
+    path_split_keys_kernel,
+    path_split_up_kernel,
+)
 from .splits import keys_to_split_end, split_size
 from .triton_kernels import path_bwd_kernel, path_fwd_kernel
 from .ut_triton import ut_transform_triton
 
 # "C": the chunk of the UT transform, and the query and key block of the flash pass; "split": chunks per split, a
-# power of two (splits.py: an earlier split is crossed with one product, its key blocks read as in flash attention),
-# used from "split_from" chunks on (shorter passes step chunk by chunk, as split 1 does); the split backward's
-# launch group is "bwd_split"; "BN": cached keys per step; "programs": backward programs (0: one per SM on CUDA).
-# LINATTN_TRITON_LAUNCH='{"path_attn": {...}}' overrides them. Timed on an H200 (bf16, B 4, H 16, K = V = 128,
-# forward and backward; docs/benchmarks.md): at T 16384 (256 chunks) split 8 took 236 ms against 309 chunk by
-# chunk, 222 with 2 stages in its backward (split 16: 226); at T 8192 (128 chunks) 73 against 88; at T 4096
-# (64 chunks) 26.8 against 24.8 (the forward, with the splits' key transform, 1.7 ms slower), and
-# a model at T 2048 ran 0.46x softmax attention's tokens/s with splits against 0.54x without.
-LAUNCH = {"C": 64, "split": 8, "split_from": 128, "BN": 64, "programs": 0, "fwd_warps": 8, "fwd_stages": 2,
-          "bwd_warps": 8, "bwd_stages": 1, "bwd_split_warps": 8, "bwd_split_stages": 2}
+# power of two or "sqrt" (splits.py: an earlier split is crossed with one product, its key blocks read as in flash
+# attention; "sqrt": the largest power of two at most sqrt(chunks)), used from "split_from" chunks on (shorter
+# passes step chunk by chunk, as split 1 does); the split backward's launch groups are "bwd_split" (its chain
+# kernels) and "bwd_flash" (its key- and frame-parallel kernels); "BN": cached keys per step; "programs":
+# chunk-by-chunk backward programs (0: one per SM on CUDA). LINATTN_TRITON_LAUNCH='{"path_attn": {...}}' overrides
+# them. Timed on an H200 (bf16, B 4, H 16, K = V = 128, forward and backward, two calls; docs/benchmarks.md), with
+# the backward of split_backward_kernels.py and its flash kernels at 4 warps (at 8: 209 ms at T 16384 with split 8):
+#
+#   chunks (T)      chunk by chunk   split 8   split 16
+#   64 (4096)            24.1         22.0      23.4
+#   128 (8192)            -           55.4      55.7
+#   256 (16384)           -          163.9     153.7
+#
+# and a model at T 2048 (32 chunks) ran 0.48x softmax attention's tokens/s with splits of 8 against 0.56x without.
+LAUNCH = {"C": 64, "split": "sqrt", "split_from": 64, "BN": 64, "programs": 0, "fwd_warps": 8, "fwd_stages": 2,
+          "bwd_warps": 8, "bwd_stages": 1, "bwd_split_warps": 8, "bwd_split_stages": 2, "bwd_flash_warps": 4,
+          "bwd_flash_stages": 2}
 launch_overrides("path_attn", LAUNCH)
 
 
@@ -87,7 +100,8 @@ def path_flash_backward(qh: torch.Tensor, intra: torch.Tensor, E: torch.Tensor, 
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                    torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of qh, intra, E, kh, ks, Es, v, s0, v0 (float32) and G (float64). With ``split`` 1, ks and Es are
-    kh and E (the kernel reads only them): their gradients are kh's and E's, and ks's and Es's are empty."""
+    kh and E and are not read: their gradients are kh's and E's, and ks's and Es's are empty (no second buffer to
+    fill with zeros, cast and add in autograd)."""
     B, H, NC, K = qh.shape
     N, C, V, T0 = intra.shape[2], intra.shape[3], v.shape[-1], s0.shape[2]
     NS = Es.shape[2]
@@ -97,24 +111,41 @@ def path_flash_backward(qh: torch.Tensor, intra: torch.Tensor, E: torch.Tensor, 
     f32 = dict(device=qh.device, dtype=torch.float32)
     dqh, dintra = torch.empty(B, H, NC, K, **f32), torch.empty(B, H, N, C, C, **f32)
     dkh, dE = (torch.zeros_like(x, dtype=torch.float32) for x in (kh, E))
-    # split 1: one buffer each, no second one to fill with zeros, cast and add in autograd
-    dks, dEs = (dkh, dE) if split == 1 else (torch.zeros_like(x, dtype=torch.float32) for x in (ks, Es))
     dv, ds0, dv0 = torch.zeros(B, H, NC, V, **f32), torch.zeros(B, H, T0, K, **f32), torch.zeros(B, H, T0, V, **f32)
     dG = torch.zeros(B, H, T0 + NC, **f32)
-    nprog = _programs(qh.device, N * B * H)
-    # the programs' scratch, as the products read it: dS of every key block, the chain's queries in the query
-    # block's own split, the query at each earlier split's end
-    sscr = qh.new_empty(nprog, N, C, C)
-    qscr = qh.new_empty(nprog, split, C, block(K))
-    xq = qh.new_empty(nprog, NS, C, block(K))
-    path_bwd_kernel[(nprog,)](
-        qh=qh, intra=intra, E=E, kh=kh, ks=ks, Es=Es, v=v, s0=s0, v0=v0, G=G, do=do, lse=lse, delta=delta, dqh=dqh,
-        dintra=dintra, dE=dE, dkh=dkh, dks=dks, dEs=dEs, dv=dv, ds0=ds0, dv0=dv0, dG=dG, qscr=qscr, sscr=sscr, xq=xq,
-        scale=scale, N=N, T0=T0, BH=B * H, NPROG=nprog, K=K, V=V, C=C, SPLIT=split, BN=LAUNCH["BN"],
-        BK=block(K), BV=block(V), PREC=dot_precision(qh.dtype), UP=upcast_dots(qh.dtype),
-        **launch_options(LAUNCH, "bwd" if split == 1 else "bwd_split", qh.dtype, 1))
+    shapes = dict(K=K, C=C, BK=block(K), PREC=dot_precision(qh.dtype), UP=upcast_dots(qh.dtype))
     if split == 1:
-        dks, dEs = dkh.new_empty(0), dE.new_empty(0)
+        nprog = _programs(qh.device, N * B * H)
+        # the programs' scratch, as the products read it: dS and the query at every key block
+        sscr, xq = qh.new_empty(nprog, N, C, C), qh.new_empty(nprog, N, C, block(K))
+        path_bwd_kernel[(nprog,)](
+            qh=qh, intra=intra, E=E, kh=kh, v=v, s0=s0, v0=v0, G=G, do=do, lse=lse, delta=delta, dqh=dqh,
+            dintra=dintra, dE=dE, dkh=dkh, dv=dv, ds0=ds0, dv0=dv0, dG=dG, qscr=xq, sscr=sscr, scale=scale, N=N,
+            T0=T0, BH=B * H, NPROG=nprog, BN=LAUNCH["BN"], V=V, BV=block(V), **shapes,
+            **launch_options(LAUNCH, "bwd", qh.dtype, 1))
+        return dqh, dintra, dE, dkh, dkh.new_empty(0), dE.new_empty(0), dv, ds0, dv0, dG.double()
+    dks, dEs = (torch.zeros_like(x, dtype=torch.float32) for x in (ks, Es))
+    # one split of query blocks at a time (split_backward_kernels.py); the scratch of each (batch*head, query block
+    # of the split), as the products read it: the chain's queries and dS in the own split, the query at every
+    # earlier split's end, and the cache's part of dQ
+    slots = B * H * split
+    qscr, sscr = qh.new_empty(slots, split, C, block(K)), qh.new_empty(slots, split, C, C)
+    xq, wscr = qh.new_empty(slots, NS, C, block(K)), torch.empty(slots, C, block(K), **f32)
+    dxq = torch.empty(slots, NS, C, block(K), **f32)  # the gradient of each such query from its split's keys
+    options = launch_options(LAUNCH, "bwd_split", qh.dtype, 1)
+    for A in range(NS):
+        path_split_down_kernel[(split, B * H)](
+            qh=qh, intra=intra, E=E, kh=kh, Es=Es, v=v, s0=s0, v0=v0, G=G, do=do, lse=lse, delta=delta,
+            dintra=dintra, dkh=dkh, dv=dv, ds0=ds0, dv0=dv0, dG=dG, qscr=qscr, sscr=sscr, xq=xq, wscr=wscr,
+            scale=scale, N=N, T0=T0, A=A, SPLIT=split, BN=LAUNCH["BN"], V=V, BV=block(V), **shapes, **options)
+        if A:
+            work = dict(v=v, G=G, do=do, lse=lse, delta=delta, dG=dG, xq=xq, scale=scale, N=N, T0=T0, A=A,
+                        SPLIT=split, V=V, BV=block(V), **shapes, **launch_options(LAUNCH, "bwd_flash", qh.dtype, 1))
+            path_split_keys_kernel[(A * split, B * H)](ks=ks, dks=dks, dv=dv, **work)
+            path_split_frames_kernel[(split * A, B * H)](ks=ks, dxq=dxq, **work)
+        path_split_up_kernel[(split, B * H)](
+            kh=kh, E=E, Es=Es, dqh=dqh, dE=dE, dEs=dEs, qscr=qscr, sscr=sscr, xq=xq, dxq=dxq, wscr=wscr, scale=scale,
+            N=N, A=A, SPLIT=split, **shapes, **options)
     return dqh, dintra, dE, dkh, dks, dEs, dv, ds0, dv0, dG.double()
 
 

@@ -19,15 +19,13 @@ Forward (a program per query block and batch*head): the diagonal block from A_a,
 earlier splits, then the cache, in one online softmax, the query chain carried in registers; o and the base-2
 log-sum-exp are stored.
 
-Backward (a fixed number of programs, each taking query blocks in turn, so that its scratch stays bounded):
-pass 1 walks down as the forward, computing dS = P (dP - delta) per key block and adding dV += P^T dO,
-dK += scale dS^T Q (into dK^_j or dK~_j) and the gates' column sums with atomic adds; it keeps dS of every key
-block, the chain's queries Q_{a,j} in a's own split and the query at each earlier split's end in the program's
-scratch (in the input dtype, in which the products read them); the cache ends it with W = scale dS_{a,-1} S0.
-Pass 2 walks up the chain's adjoint: across split J, dE~_J -= Q^T W and
-W <- W - W E~_J^T + scale sum_{j in J} dS_{a,j} K~_j; across chunk j, dE_j -= Q_{a,j}^T W and
-W <- W - W E_j^T + scale dS_{a,j} K^_j; finally dQ^_a = W. Memory: the scratch is
-programs x (N C^2 + (SPLIT + NS) C K) elements, linear in T; nothing of size T x T.
+Backward chunk by chunk (splits: ``split_backward_kernels.py``, one split of query blocks at a time), a fixed
+number of programs, each taking query blocks in turn, so that its scratch stays bounded: pass 1 walks down as the
+forward, computing dS = P (dP - delta) per key block and adding dV += P^T dO, dK^ += scale dS^T Q and the gates'
+column sums with atomic adds; it keeps dS and the chain's query Q_{a,j} of every key block in the program's scratch
+(in the input dtype, in which the products read them); the cache ends it with W = scale dS_{a,-1} S0. Pass 2 walks
+up the chain's adjoint: across chunk j, dE_j -= Q_{a,j}^T W and W <- W - W E_j^T + scale dS_{a,j} K^_j; finally
+dQ^_a = W. Memory: the scratch is programs x N C (C + K) elements, linear in T; nothing of size T x T.
 """
 
 from __future__ import annotations
@@ -160,118 +158,135 @@ def _adjoint_step(W, Q, Eb, dEb, o_k, m_k, K: tl.constexpr, PREC: tl.constexpr, 
     return W - mm(Wd, tl.trans(Ej), PREC, UP)
 
 
+@triton.jit
+def _diagonal_bwd(intra_a, dintra_a, vb, dvb, rows, do_a, lse_a, delta_a, o_c, o_v, m_v, V: tl.constexpr,
+                  C: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+    """The diagonal block of query block ``rows``: its logits are an input (dS stored at dintra_a), its values get
+    P^T dO (atomically, at dvb: the batch*head's first row)."""
+    s = tl.load(intra_a + o_c[:, None] * C + o_c[None, :]) * 1.4426950408889634
+    p = tl.exp2(s - lse_a[:, None])
+    va = tl.load(vb + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+    ds = p * (mm(do_a, tl.trans(va), PREC, UP) - delta_a[:, None])
+    tl.store(dintra_a + o_c[:, None] * C + o_c[None, :], ds)
+    tl.atomic_add(dvb + rows[:, None] * V + o_v[None, :], mm(tl.trans(p).to(do_a.dtype), do_a, PREC, UP),
+                  mask=m_v[None, :], sem="relaxed")
+
+
+@triton.jit
+def _cache_bwd(qd, s0b, v0b, ds0b, dv0b, dGb, do_a, lse_a, delta_a, Grow, Gb, dgr, T0, L, o_k, o_v, m_k, m_v, scale,
+               scale2, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+               PREC: tl.constexpr, UP: tl.constexpr):
+    """The cache's keys (s0b, v0b: the batch*head's first row), read with qd = Q_{a,-1}: their gradients and the
+    gates' column sums added atomically (at ds0b, dv0b, dGb); returns (the gradient of Q_{a,-1}, dgr with the
+    rows' sums added)."""
+    W = tl.zeros([C, BK], dtype=tl.float32)
+    for n in range(0, T0, BN):
+        ccols = n + tl.arange(0, BN)
+        mc = ccols < T0
+        sk = tl.load(s0b + ccols[:, None] * K + o_k[None, :], mask=mc[:, None] & m_k[None, :], other=0.0)
+        sv = tl.load(v0b + ccols[:, None] * V + o_v[None, :], mask=mc[:, None] & m_v[None, :], other=0.0)
+        sc = mm(qd, tl.trans(sk), PREC, UP) * scale2 + _gate_bias(Grow, Gb, n, ccols, L, scale2)
+        pc = tl.where(mc[None, :], tl.exp2(sc - lse_a[:, None]), 0.0)
+        dsc = pc * (mm(do_a, tl.trans(sv), PREC, UP) - delta_a[:, None])
+        tl.atomic_add(dv0b + ccols[:, None] * V + o_v[None, :], mm(tl.trans(pc).to(do_a.dtype), do_a, PREC, UP),
+                      mask=mc[:, None] & m_v[None, :], sem="relaxed")
+        tl.atomic_add(ds0b + ccols[:, None] * K + o_k[None, :], mm(tl.trans(dsc).to(qd.dtype), qd, PREC, UP) * scale,
+                      mask=mc[:, None] & m_k[None, :], sem="relaxed")
+        W += mm(dsc.to(sk.dtype), sk, PREC, UP) * scale
+        dgr += tl.sum(dsc, axis=1)
+        tl.atomic_add(dGb + ccols, -tl.sum(dsc, axis=0) * scale, mask=mc, sem="relaxed")
+    return W, dgr
+
+
+@triton.jit
+def _query_block(qh, intra, v, do, lse, delta, dintra, dv, Gb, i_bh, a, N, NC, T0, o_c, o_k, o_v, m_k, m_v,
+                 K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+    """Query block a of batch*head i_bh for the backward pass, its diagonal block done (``_diagonal_bwd``):
+    (Q^ in float32, dO, the base-2 log-sum-exp, delta, G at the rows)."""
+    rows = a * C + o_c
+    q = tl.load(qh + (i_bh * NC + rows[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0).to(tl.float32)
+    do_a = tl.load(do + (i_bh * NC + rows[:, None]) * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+    lse_a, delta_a = tl.load(lse + i_bh * NC + rows), tl.load(delta + i_bh * NC + rows)
+    _diagonal_bwd(intra + (i_bh * N + a) * C * C, dintra + (i_bh * N + a) * C * C, v + i_bh * NC * V,
+                  dv + i_bh * NC * V, rows, do_a, lse_a, delta_a, o_c, o_v, m_v, V, C, PREC, UP)
+    return q, do_a, lse_a, delta_a, tl.load(Gb + T0 + rows)
+
+
+@triton.jit
+def _chunks_down(q_cur, a, lo, qs, ss, Eb, kb, vb, dkb, dvb, dGb, Gb, do_a, lse_a, delta_a, Grow, T0, L, o_c, o_k,
+                 o_v, m_k, m_v, scale, scale2, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+                 PREC: tl.constexpr, UP: tl.constexpr):
+    """Pass 1 across the chunks j = a - 1 down to lo, one product each (the batch*head's E at Eb, its keys, values
+    and their gradients at kb, vb, dkb, dvb, dGb): chunk j's query Q_{a,j} and dS stored in the scratch at slot
+    j - lo (qs, ss), dV, dK^ and the gates' column sums added atomically. Returns (Q_{a,lo-1}, the rows' dS sums)."""
+    dgr = tl.zeros([C], dtype=tl.float32)
+    for i in range(0, a - lo):
+        j = a - 1 - i
+        cols = j * C + o_c
+        kj = tl.load(kb + cols[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+        vj = tl.load(vb + cols[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+        qd = q_cur.to(kj.dtype)
+        tl.store(qs + ((j - lo) * C + o_c[:, None]) * BK + o_k[None, :], qd)
+        ds = _bwd_step(qd, kj, vj, do_a, lse_a, delta_a, Grow, Gb, T0 + j * C, T0 + cols, L, dvb + j * C * V,
+                       dkb + j * C * K, dGb + T0 + j * C, o_c, o_k, o_v, m_k, m_v, scale, scale2, K, V, PREC, UP)
+        tl.store(ss + ((j - lo) * C + o_c[:, None]) * C + o_c[None, :], ds.to(ss.dtype.element_ty))
+        dgr += tl.sum(ds, axis=1)
+        q_cur = _chain_step(q_cur, Eb + j * K * K, o_k, m_k, K, PREC, UP)
+    return q_cur, dgr
+
+
+@triton.jit
+def _chunks_up(W, a, lo, qs, ss, Eb, dEb, kb, o_c, o_k, m_k, scale, K: tl.constexpr, C: tl.constexpr,
+               BK: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+    """Pass 2 across the chunks j = lo up to a - 1 (what ``_chunks_down`` stored): dE_j -= Q_{a,j}^T W (atomic)
+    and W <- W - W E_j^T + scale dS_{a,j} K^_j. Returns W."""
+    for j in range(lo, a):
+        Qj = tl.load(qs + ((j - lo) * C + o_c[:, None]) * BK + o_k[None, :])
+        W = _adjoint_step(W, Qj, Eb + j * K * K, dEb + j * K * K, o_k, m_k, K, PREC, UP)
+        dsj = tl.load(ss + ((j - lo) * C + o_c[:, None]) * C + o_c[None, :])
+        kj = tl.load(kb + (j * C + o_c[:, None]) * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+        W += mm(dsj, kj, PREC, UP) * scale
+    return W
+
+
 @fast_launch
 @triton.jit(do_not_specialize=["N", "T0", "BH", "NPROG"])
-def path_bwd_kernel(qh, intra, E, kh, ks, Es, v, s0, v0, G, do, lse, delta, dqh, dintra, dE, dkh, dks, dEs, dv,
-                    ds0, dv0, dG, qscr, sscr, xq, scale, N, T0, BH, NPROG, K: tl.constexpr,
-                    V: tl.constexpr, C: tl.constexpr, SPLIT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                    BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
-    """Grid (NPROG,): every (query block, batch*head) in turn. Gradients (float32, zero-initialised, added to
-    atomically where query blocks share them): dqh, dkh, dks [B, H, N C, K]; dintra [B, H, N, C, C];
-    dE [B, H, N, K, K]; dEs [B, H, NS, K, K]; dv [B, H, N C, V]; ds0, dv0 like s0, v0; dG [B, H, T0 + N C].
-    The program's scratch, in qh's dtype (as the products read them): sscr [NPROG, N, C, C] (dS of every key
-    block), qscr [NPROG, SPLIT, C, BK] (the chain's queries in a's own split), xq [NPROG, NS, C, BK] (the query at
-    each earlier split's end)."""
+def path_bwd_kernel(qh, intra, E, kh, v, s0, v0, G, do, lse, delta, dqh, dintra, dE, dkh, dv, ds0, dv0, dG, qscr, sscr,
+                    scale, N, T0, BH, NPROG, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BN: tl.constexpr,
+                    BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+    """Chunk by chunk (splits: ``split_backward_kernels.py``). Grid (NPROG,): every (query block, batch*head) in
+    turn. Gradients (float32, zero-initialised, added to atomically where query blocks share them): dqh, dkh
+    [B, H, N C, K]; dintra [B, H, N, C, C]; dE [B, H, N, K, K]; dv [B, H, N C, V]; ds0, dv0 like s0, v0;
+    dG [B, H, T0 + N C]. The program's scratch, in qh's dtype (as the products read them): qscr [NPROG, N, C, BK]
+    (the chain's queries Q_{a,j}), sscr [NPROG, N, C, C] (dS of every key block)."""
     pid = tl.program_id(0)
     NC = N * C
-    NS = (N + SPLIT - 1) // SPLIT
     L = T0 + NC
     o_c, o_k, o_v = tl.arange(0, C), tl.arange(0, BK), tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
     scale2 = scale * 1.4426950408889634
-    qs = qscr + pid.to(tl.int64) * SPLIT * C * BK
+    qs = qscr + pid.to(tl.int64) * N * C * BK
     ss = sscr + pid.to(tl.int64) * N * C * C
-    xqs = xq + pid.to(tl.int64) * NS * C * BK
     for w in range(pid, N * BH, NPROG):
         a = w % N
         i_bh = (w // N).to(tl.int64)
-        A = a // SPLIT
-        a0 = A * SPLIT
         rows = a * C + o_c
-        qb, kb, ksb, vb = qh + i_bh * NC * K, kh + i_bh * NC * K, ks + i_bh * NC * K, v + i_bh * NC * V
+        kb, vb = kh + i_bh * NC * K, v + i_bh * NC * V
         Gb = G + i_bh * L
-        Grow = tl.load(Gb + T0 + rows)
-        q_cur = tl.load(qb + rows[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0).to(tl.float32)
-        do_a = tl.load(do + (i_bh * NC + rows[:, None]) * V + o_v[None, :], mask=m_v[None, :], other=0.0)
-        lse_a = tl.load(lse + i_bh * NC + rows)
-        delta_a = tl.load(delta + i_bh * NC + rows)
-        # the diagonal block: its logits are an input (dintra); values through dv
-        s = tl.load(intra + (i_bh * N + a) * C * C + o_c[:, None] * C + o_c[None, :]) * 1.4426950408889634
-        p = tl.exp2(s - lse_a[:, None])
-        va = tl.load(vb + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
-        ds = p * (mm(do_a, tl.trans(va), PREC, UP) - delta_a[:, None])
-        tl.store(dintra + (i_bh * N + a) * C * C + o_c[:, None] * C + o_c[None, :], ds)
-        tl.atomic_add(dv + (i_bh * NC + rows[:, None]) * V + o_v[None, :],
-                      mm(tl.trans(p).to(do_a.dtype), do_a, PREC, UP), mask=m_v[None, :], sem="relaxed")
-        dgr = tl.zeros([C], dtype=tl.float32)
-        # pass 1, down the chain: the earlier chunks of a's own split, then the earlier splits
-        for i in range(0, a - a0):
-            j = a - 1 - i
-            cols = j * C + o_c
-            kj = tl.load(kb + cols[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
-            vj = tl.load(vb + cols[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
-            qd = q_cur.to(kj.dtype)
-            tl.store(qs + ((j - a0) * C + o_c[:, None]) * BK + o_k[None, :], qd)
-            ds = _bwd_step(qd, kj, vj, do_a, lse_a, delta_a, Grow, Gb, T0 + j * C, T0 + cols, L,
-                           dv + (i_bh * NC + j * C) * V, dkh + (i_bh * NC + j * C) * K, dG + i_bh * L + T0 + j * C,
-                           o_c, o_k, o_v, m_k, m_v, scale, scale2, K, V, PREC, UP)
-            tl.store(ss + (j * C + o_c[:, None]) * C + o_c[None, :], ds.to(ss.dtype.element_ty))
-            dgr += tl.sum(ds, axis=1)
-            q_cur = _chain_step(q_cur, E + (i_bh * N + j) * K * K, o_k, m_k, K, PREC, UP)
-        for i in range(0, A):
-            J = A - 1 - i
-            qd = q_cur.to(ks.dtype.element_ty)
-            tl.store(xqs + (J * C + o_c[:, None]) * BK + o_k[None, :], qd)
-            for jj in range(0, SPLIT):
-                j = J * SPLIT + jj
-                cols = j * C + o_c
-                kj = tl.load(ksb + cols[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
-                vj = tl.load(vb + cols[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
-                ds = _bwd_step(qd, kj, vj, do_a, lse_a, delta_a, Grow, Gb, T0 + j * C, T0 + cols, L,
-                               dv + (i_bh * NC + j * C) * V, dks + (i_bh * NC + j * C) * K,
-                               dG + i_bh * L + T0 + j * C, o_c, o_k, o_v, m_k, m_v, scale, scale2, K, V, PREC, UP)
-                tl.store(ss + (j * C + o_c[:, None]) * C + o_c[None, :], ds.to(ss.dtype.element_ty))
-                dgr += tl.sum(ds, axis=1)
-            q_cur = _chain_step(q_cur, Es + (i_bh * NS + J) * K * K, o_k, m_k, K, PREC, UP)
-        W = tl.zeros([C, BK], dtype=tl.float32)  # the gradient of Q_{a,-1}
-        qd = q_cur.to(qh.dtype.element_ty)
-        for n in range(0, T0, BN):
-            ccols = n + tl.arange(0, BN)
-            mc = ccols < T0
-            sk = tl.load(s0 + (i_bh * T0 + ccols[:, None]) * K + o_k[None, :], mask=mc[:, None] & m_k[None, :],
-                         other=0.0)
-            sv = tl.load(v0 + (i_bh * T0 + ccols[:, None]) * V + o_v[None, :], mask=mc[:, None] & m_v[None, :],
-                         other=0.0)
-            sc = mm(qd, tl.trans(sk), PREC, UP) * scale2 + _gate_bias(Grow, Gb, n, ccols, L, scale2)
-            pc = tl.where(mc[None, :], tl.exp2(sc - lse_a[:, None]), 0.0)
-            dsc = pc * (mm(do_a, tl.trans(sv), PREC, UP) - delta_a[:, None])
-            tl.atomic_add(dv0 + (i_bh * T0 + ccols[:, None]) * V + o_v[None, :],
-                          mm(tl.trans(pc).to(do_a.dtype), do_a, PREC, UP), mask=mc[:, None] & m_v[None, :],
-                          sem="relaxed")
-            tl.atomic_add(ds0 + (i_bh * T0 + ccols[:, None]) * K + o_k[None, :],
-                          mm(tl.trans(dsc).to(qd.dtype), qd, PREC, UP) * scale, mask=mc[:, None] & m_k[None, :],
-                          sem="relaxed")
-            W += mm(dsc.to(sk.dtype), sk, PREC, UP) * scale
-            dgr += tl.sum(dsc, axis=1)
-            tl.atomic_add(dG + i_bh * L + ccols, -tl.sum(dsc, axis=0) * scale, mask=mc, sem="relaxed")
+        q_cur, do_a, lse_a, delta_a, Grow = _query_block(qh, intra, v, do, lse, delta, dintra, dv, Gb, i_bh, a, N,
+                                                         NC, T0, o_c, o_k, o_v, m_k, m_v, K, V, C, PREC, UP)
+        # pass 1, down the chain
+        q_cur, dgr = _chunks_down(q_cur, a, 0, qs, ss, E + i_bh * N * K * K, kb, vb, dkh + i_bh * NC * K,
+                                  dv + i_bh * NC * V, dG + i_bh * L, Gb, do_a, lse_a, delta_a, Grow, T0, L, o_c, o_k,
+                                  o_v, m_k, m_v, scale, scale2, K, V, C, BK, PREC, UP)
+        # the gradient of Q_{a,-1}
+        W, dgr = _cache_bwd(q_cur.to(qh.dtype.element_ty), s0 + i_bh * T0 * K, v0 + i_bh * T0 * V, ds0 + i_bh * T0 * K,
+                            dv0 + i_bh * T0 * V, dG + i_bh * L, do_a, lse_a, delta_a, Grow, Gb, dgr, T0, L, o_k, o_v,
+                            m_k, m_v, scale, scale2, K, V, C, BN, BK, PREC, UP)
         tl.atomic_add(dG + i_bh * L + T0 + rows, dgr * scale, sem="relaxed")
         tl.debug_barrier()  # pass 2 reads what other threads of this program stored in pass 1
-        # pass 2, up the chain's adjoint: the earlier splits, then the earlier chunks of a's own split
-        for J in range(0, A):
-            QJ = tl.load(xqs + (J * C + o_c[:, None]) * BK + o_k[None, :])
-            W = _adjoint_step(W, QJ, Es + (i_bh * NS + J) * K * K, dEs + (i_bh * NS + J) * K * K, o_k, m_k, K,
-                              PREC, UP)
-            for jj in range(0, SPLIT):
-                cols = (J * SPLIT + jj) * C + o_c
-                dsj = tl.load(ss + ((J * SPLIT + jj) * C + o_c[:, None]) * C + o_c[None, :])
-                kj = tl.load(ksb + cols[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
-                W += mm(dsj, kj, PREC, UP) * scale
-        for j in range(a0, a):
-            Qj = tl.load(qs + ((j - a0) * C + o_c[:, None]) * BK + o_k[None, :])
-            W = _adjoint_step(W, Qj, E + (i_bh * N + j) * K * K, dE + (i_bh * N + j) * K * K, o_k, m_k, K, PREC, UP)
-            dsj = tl.load(ss + (j * C + o_c[:, None]) * C + o_c[None, :])
-            cols = j * C + o_c
-            kj = tl.load(kb + cols[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
-            W += mm(dsj, kj, PREC, UP) * scale
+        # pass 2, up the chain's adjoint
+        W = _chunks_up(W, a, 0, qs, ss, E + i_bh * N * K * K, dE + i_bh * N * K * K, kb, o_c, o_k, m_k, scale, K, C,
+                       BK, PREC, UP)
         tl.store(dqh + (i_bh * NC + rows[:, None]) * K + o_k[None, :], W, mask=m_k[None, :])
         tl.debug_barrier()  # the next query block overwrites the scratch
