@@ -9,16 +9,17 @@ batch*head at most), so the pairs become plain flash-attention backward work:
 - ``path_split_down_kernel`` (a program per query block of split A): the diagonal block, the earlier chunks of a's
   own split chunk by chunk (atomic adds, as chunk by chunk: at most SPLIT - 1 pairs), then the chain down across the
   earlier splits, storing X_{a,J}, and the cache read with X_{a,-1} (its part of dQ stored as W);
-- ``path_split_up_kernel``, two kinds of program in one launch:
-  - per key block j of the earlier splits: over the query blocks a of split A, dK~_j += scale dS^T X_{a,J},
-    dV_j += P^T dO_a and the gates' column sums, held in registers and added once (each key block has one program;
-    the splits go one launch after another, so no two programs write the same rows);
-  - per query block a of split A: the adjoint up the chain. Across split J, dE~_J -= X_{a,J}^T W,
-    W <- W - W E~_J^T + scale sum_{j in J} dS_{a,j} K~_j (dS recomputed), then across a's own chunks as chunk by
-    chunk; dQ^_a = W.
+- ``path_split_keys_kernel`` (a program per key block j of the earlier splits): over the query blocks a of split A,
+  dK~_j += scale dS^T X_{a,J}, dV_j += P^T dO_a and the gates' column sums, held in registers and added once (each
+  key block has one program and the splits go one launch after another, so no two programs write the same rows);
+- ``path_split_frames_kernel`` (a program per query block a of split A and earlier split J):
+  dX_{a,J} = scale sum_{j in J} dS_{a,j} K~_j (dS recomputed) and the gates' row sums;
+- ``path_split_up_kernel`` (a program per query block of split A): the adjoint up the chain. Across split J,
+  dE~_J -= X_{a,J}^T W and W <- W - W E~_J^T + dX_{a,J}, then across a's own chunks as chunk by chunk; dQ^_a = W.
 
 Scratch per (batch*head, query block of the split), reused by every split: X [NS, C, BK], the own split's chain
-queries [SPLIT, C, BK] and dS [SPLIT, C, C] (in the input dtype, as the products read them) and W [C, BK] float32.
+queries [SPLIT, C, BK] and dS [SPLIT, C, C] (in the input dtype, as the products read them), dX [NS, C, BK] and
+W [C, BK] float32.
 """
 
 from __future__ import annotations
