@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from .fused import use_fused_kernels
 
@@ -134,16 +133,12 @@ def _eps(eps: float | None) -> float:
 
 def norm_gate_project(o: torch.Tensor, norm: nn.RMSNorm, gate: torch.Tensor | None, proj: nn.Linear,
                       flat_shape: tuple[int, ...]) -> torch.Tensor:
-    """proj(rms_norm_gated(o, norm, gate).reshape(flat_shape)), without keeping the norm's output for the backward
-    pass where a gradient is needed: :class:`NormGateProject` in eager mode (bias-free ``proj``, a norm weight, plain
-    tensors), a checkpoint of the norm under torch.compile (the partitioner, left to itself, keeps the norm's output
-    as the projection's input: a [B, T, H V] tensor per layer). Otherwise the plain composition."""
+    """proj(rms_norm_gated(o, norm, gate).reshape(flat_shape)) for a bias-free ``proj``, without keeping the norm's
+    output for the backward pass (:class:`NormGateProject`). Under torch.compile, and where no gradient is
+    needed, the plain composition runs (the compiler's partitioner chooses what to keep and recompute itself)."""
     tensors = [x for x in (o, gate, norm.weight, proj.weight) if x is not None]
-    needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in tensors)
-    if needs_grad and torch.compiler.is_compiling():
-        y = checkpoint(rms_norm_gated, o, norm, gate, use_reentrant=False)
-        return proj(y.reshape(flat_shape))
-    plain = (not needs_grad or proj.bias is not None or norm.weight is None
+    plain = (torch.compiler.is_compiling() or proj.bias is not None or norm.weight is None
+             or not torch.is_grad_enabled() or not any(x.requires_grad for x in tensors)
              or any(type(x) is not torch.Tensor and not isinstance(x, nn.Parameter) for x in tensors))
     if plain:
         return proj(rms_norm_gated(o, norm, gate).reshape(flat_shape))

@@ -133,6 +133,7 @@ def path_flash_backward(qh: torch.Tensor, intra: torch.Tensor, E: torch.Tensor, 
     xq, wscr = qh.new_empty(slots, NS, C, block(K)), torch.empty(slots, C, block(K), **f32)
     dxq = torch.empty(slots, NS, C, block(K), **f32)  # the gradient of each such query from its split's keys
     options = launch_options(LAUNCH, "bwd_split", qh.dtype, 1)
+    flash_options = launch_options(LAUNCH, "bwd_flash", qh.dtype, 1)
     for A in range(NS):
         path_split_down_kernel[(split, B * H)](
             qh=qh, intra=intra, E=E, kh=kh, Es=Es, v=v, s0=s0, v0=v0, G=G, do=do, lse=lse, delta=delta,
@@ -140,7 +141,7 @@ def path_flash_backward(qh: torch.Tensor, intra: torch.Tensor, E: torch.Tensor, 
             scale=scale, N=N, T0=T0, A=A, SPLIT=split, BN=LAUNCH["BN"], V=V, BV=block(V), **shapes, **options)
         if A:
             work = dict(v=v, G=G, do=do, lse=lse, delta=delta, dG=dG, xq=xq, scale=scale, N=N, T0=T0, A=A,
-                        SPLIT=split, V=V, BV=block(V), **shapes, **launch_options(LAUNCH, "bwd_flash", qh.dtype, 1))
+                        SPLIT=split, V=V, BV=block(V), **shapes, **flash_options)
             path_split_keys_kernel[(A * split, B * H)](ks=ks, dks=dks, dv=dv, **work)
             path_split_frames_kernel[(split * A, B * H)](ks=ks, dxq=dxq, **work)
         path_split_up_kernel[(split, B * H)](
