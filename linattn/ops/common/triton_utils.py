@@ -35,7 +35,7 @@ def upcast_dots(dtype: torch.dtype) -> bool:
     return interpreting() and dtype == torch.bfloat16
 
 
-def launch_choice(launch: dict, family: str, key: str, choices: tuple[str, ...]) -> str:
+def launch_choice(launch: dict, family: str, key: str, choices: tuple) -> object:
     """``launch[key]``, which must be one of ``choices`` (a ValueError naming the family's setting otherwise)."""
     value = launch[key]
     if value not in choices:

@@ -11,10 +11,9 @@ lets the pass cross a whole earlier split J with one product: its S key blocks a
 (the query at J's end) and are read as in plain flash attention. Chunks of the query's own split are still crossed
 one by one (at most S - 1 steps, against the chunk keys K^_j and E_j).
 
-Computed in log2(S) levels, pairing neighbouring groups (a, b) of 2^l chunks: a's keys move through b's product
-(K~_a <- K~_a - K~_a E~_b^T) and E~_ab = E~_a + E~_b - E~_b E~_a. A split past the last chunk is padded with
-identity chunks (E = 0), which move nothing. float32 math from the inputs' dtype, rounded once into it; the levels
-are recomputed in the backward pass (a checkpoint keeps only kh and E). O(T K^2 log2 S) work.
+Computed by the kernels of ``split_keys_kernels.py``, a program per split chaining its chunks' products from the
+last down (O(T K^2) work), inside path_attn's flash ops: the forward op moves the keys, the backward op moves them
+again (nothing of them is kept between the two) and adds the transform's gradient to those of K^ and E.
 """
 
 from __future__ import annotations
@@ -22,8 +21,9 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
+
+from ..common.triton_utils import block, dot_precision, upcast_dots
+from .split_keys_kernels import split_keys_bwd_kernel, split_keys_fwd_kernel
 
 
 def split_size(split: int | str, chunks: int, split_from: int = 1) -> int:
@@ -42,29 +42,31 @@ def split_size(split: int | str, chunks: int, split_from: int = 1) -> int:
     return min(split, cover)
 
 
-def _levels(kh: torch.Tensor, E: torch.Tensor, split: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _shapes(kh: torch.Tensor, E: torch.Tensor, split: int) -> dict:
     B, H, NC, K = kh.shape
     N = E.shape[2]
-    C = NC // N
-    pad = -N % split
-    keys = F.pad(kh, (0, 0, 0, pad * C)).float()
-    prod = F.pad(E, (0, 0, 0, 0, 0, pad)).float()
-    group = 1
-    while group < split:
-        ka, kb = keys.unflatten(2, (-1, 2, group * C)).unbind(3)  # [B, H, pairs, group C, K]
-        Ea, Eb = prod.unflatten(2, (-1, 2)).unbind(3)  # [B, H, pairs, K, K]
-        ka = ka - ka @ Eb.transpose(-1, -2)
-        prod = Ea + Eb - Eb @ Ea
-        keys = torch.stack([ka, kb], dim=3).flatten(2, 4)
-        group *= 2
-    return keys[:, :, :NC].to(kh.dtype), prod.to(E.dtype)
+    return dict(N=N, K=K, C=NC // N, SPLIT=split, BK=block(K), PREC=dot_precision(kh.dtype), UP=upcast_dots(kh.dtype))
 
 
-def keys_to_split_end(kh: torch.Tensor, E: torch.Tensor, split: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(K~ [B, H, N C, K] like kh, E~ [B, H, ceil(N / split), K, K] like E) from the chunk keys kh [B, H, N C, K]
-    and the chunks' E [B, H, N, K, K] (module docstring); ``split`` a power of two (1: kh and E themselves)."""
-    if split == 1:
-        return kh, E
-    if torch.is_grad_enabled() and (kh.requires_grad or E.requires_grad):
-        return checkpoint(_levels, kh, E, split, use_reentrant=False)
-    return _levels(kh, E, split)
+def keys_to_split_end(kh: torch.Tensor, E: torch.Tensor, split: int, options: dict, keep: bool = False
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(K~ [B, H, N C, K] like kh, E~ [B, H, ceil(N / split), K, K] like E, the chain's R_j or None) from the chunk
+    keys kh [B, H, N C, K] and the chunks' E [B, H, N, K, K] (contiguous; module docstring); ``split`` a power of two
+    > 1; ``options`` the launch's num_warps and num_stages; with ``keep`` the R_j that :func:`split_keys_backward`
+    reads, [B H, NS, split, BK, BK] float32."""
+    B, H, NC, K = kh.shape
+    NS = -(-E.shape[2] // split)
+    ks, Es = torch.empty_like(kh), E.new_empty(B, H, NS, K, K)
+    Rs = torch.empty(B * H, NS, split, block(K), block(K), device=kh.device, dtype=torch.float32) if keep else None
+    split_keys_fwd_kernel[(NS, B * H)](kh=kh, E=E, ks=ks, Es=Es, Rs=Rs if keep else ks, KEEP=keep,
+                                       **_shapes(kh, E, split), **options)
+    return ks, Es, Rs
+
+
+def split_keys_backward(kh: torch.Tensor, E: torch.Tensor, dks: torch.Tensor, dEs: torch.Tensor, Rs: torch.Tensor,
+                        dkh: torch.Tensor, dE: torch.Tensor, split: int, options: dict) -> None:
+    """Adds to dkh and dE (float32, like kh and E) the gradient that dks and dEs (float32, like the outputs of
+    :func:`keys_to_split_end`) carry back through the transform; Rs: that call's kept R_j."""
+    B, H = kh.shape[:2]
+    split_keys_bwd_kernel[(dEs.shape[2], B * H)](kh=kh, E=E, dks=dks, dEs=dEs, Rs=Rs, dkh=dkh, dE=dE,
+                                                 **_shapes(kh, E, split), **options)

@@ -28,6 +28,7 @@ from ..common.triton_utils import (
     cdiv,
     dot_precision,
     interpreting,
+    launch_choice,
     launch_options,
     launch_overrides,
     upcast_dots,
@@ -42,7 +43,7 @@ from .split_backward_kernels import (
     path_split_keys_kernel,
     path_split_up_kernel,
 )
-from .splits import keys_to_split_end, split_size
+from .splits import keys_to_split_end, split_keys_backward, split_size
 from .triton_kernels import path_bwd_kernel, path_fwd_kernel
 from .ut_triton import ut_transform_triton
 
@@ -63,7 +64,7 @@ from .ut_triton import ut_transform_triton
 # and a model at T 2048 (32 chunks) ran 0.48x softmax attention's tokens/s with splits of 8 against 0.56x without.
 LAUNCH = {"C": 64, "split": "sqrt", "split_from": 64, "BN": 64, "programs": 0, "fwd_warps": 8, "fwd_stages": 2,
           "bwd_warps": 8, "bwd_stages": 1, "bwd_split_warps": 8, "bwd_split_stages": 2, "bwd_flash_warps": 4,
-          "bwd_flash_stages": 2}
+          "bwd_flash_stages": 2, "split_keys_warps": 8, "split_keys_stages": 1, "fwd_chunks": 2}
 launch_overrides("path_attn", LAUNCH)
 
 
@@ -76,35 +77,36 @@ def _programs(device: torch.device, work: int) -> int:
     return min(torch.cuda.get_device_properties(device).multi_processor_count, work)
 
 
-def path_flash_forward(qh: torch.Tensor, intra: torch.Tensor, E: torch.Tensor, kh: torch.Tensor, ks: torch.Tensor,
-                       Es: torch.Tensor, v: torch.Tensor, s0: torch.Tensor, v0: torch.Tensor, G: torch.Tensor,
-                       scale: float, split: int) -> tuple[torch.Tensor, torch.Tensor]:
+def path_flash_forward(qh: torch.Tensor, intra: torch.Tensor, E: torch.Tensor, kh: torch.Tensor, v: torch.Tensor,
+                       s0: torch.Tensor, v0: torch.Tensor, G: torch.Tensor, scale: float, split: int
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """(o [B, H, N C, V], base-2 log-sum-exp [B, H, N C]) from qh, kh [B, H, N C, K], intra [B, H, N, C, C] float32,
-    E = I - P [B, H, N, K, K] (P the chunks' products), the keys at their split's end ks [B, H, N C, K] and the
-    splits' Es [B, H, ceil(N / split), K, K] (splits.py), v [B, H, N C, V], the cache s0 [B, H, T0, K],
-    v0 [B, H, T0, V], G [B, H, T0 + N C] float64."""
+    E = I - P [B, H, N, K, K] (P the chunks' products), v [B, H, N C, V], the cache s0 [B, H, T0, K],
+    v0 [B, H, T0, V], G [B, H, T0 + N C] float64; with ``split`` > 1 the keys are first moved to their split's end
+    (splits.py)."""
     B, H, NC, K = qh.shape
     N, C, V, T0 = intra.shape[2], intra.shape[3], v.shape[-1], s0.shape[2]
+    ks, Es = (kh, E) if split == 1 else keys_to_split_end(kh, E, split, _split_keys_options(kh))[:2]
     o = qh.new_empty(B, H, NC, V)
     lse = qh.new_empty(B, H, NC, dtype=torch.float32)
-    path_fwd_kernel[(N, B * H)](
+    chunks = launch_choice(LAUNCH, "path_attn", "fwd_chunks", (1, 2))
+    path_fwd_kernel[(cdiv(N, chunks), B * H)](
         qh=qh, intra=intra, E=E, kh=kh, ks=ks, Es=Es, v=v, s0=s0, v0=v0, G=G, o=o, lse=lse, scale=scale, N=N, T0=T0,
-        K=K, V=V, C=C, SPLIT=split, BN=LAUNCH["BN"], BK=block(K), BV=block(V), PREC=dot_precision(qh.dtype),
-        UP=upcast_dots(qh.dtype), **launch_options(LAUNCH, "fwd", qh.dtype, 1))
+        K=K, V=V, C=C, ROWS=chunks * C, SPLIT=split, BN=LAUNCH["BN"], BK=block(K), BV=block(V),
+        PREC=dot_precision(qh.dtype), UP=upcast_dots(qh.dtype), **launch_options(LAUNCH, "fwd", qh.dtype, 1))
     return o, lse
 
 
-def path_flash_backward(qh: torch.Tensor, intra: torch.Tensor, E: torch.Tensor, kh: torch.Tensor, ks: torch.Tensor,
-                        Es: torch.Tensor, v: torch.Tensor, s0: torch.Tensor, v0: torch.Tensor, G: torch.Tensor,
-                        o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor, scale: float, split: int
+def path_flash_backward(qh: torch.Tensor, intra: torch.Tensor, E: torch.Tensor, kh: torch.Tensor, v: torch.Tensor,
+                        s0: torch.Tensor, v0: torch.Tensor, G: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                        do: torch.Tensor, scale: float, split: int
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                   torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of qh, intra, E, kh, ks, Es, v, s0, v0 (float32) and G (float64). With ``split`` 1, ks and Es are
-    kh and E and are not read: their gradients are kh's and E's, and ks's and Es's are empty (no second buffer to
-    fill with zeros, cast and add in autograd)."""
+                                   torch.Tensor, torch.Tensor]:
+    """Gradients of qh, intra, E, kh, v, s0, v0 (float32) and G (float64); with ``split`` > 1 the keys are moved to
+    their split's end again, and the move's gradient is added to kh's and E's."""
     B, H, NC, K = qh.shape
     N, C, V, T0 = intra.shape[2], intra.shape[3], v.shape[-1], s0.shape[2]
-    NS = Es.shape[2]
+    NS = cdiv(N, split)
     do = do.to(qh.dtype).contiguous()
     delta = qh.new_empty(B * H, 1, NC, dtype=torch.float32)  # [B H, 1, N C]: the [B, T, H, V] kernel with H = 1
     fox_delta_kernel[(cdiv(NC, 64), B * H)](o=o, do=do, delta=delta, Tq=NC, H=1, V=V, BM=64, BV=block(V))
@@ -123,7 +125,8 @@ def path_flash_backward(qh: torch.Tensor, intra: torch.Tensor, E: torch.Tensor, 
             dintra=dintra, dE=dE, dkh=dkh, dv=dv, ds0=ds0, dv0=dv0, dG=dG, qscr=xq, sscr=sscr, scale=scale, N=N,
             T0=T0, BH=B * H, NPROG=nprog, BN=LAUNCH["BN"], V=V, BV=block(V), **shapes,
             **launch_options(LAUNCH, "bwd", qh.dtype, 1))
-        return dqh, dintra, dE, dkh, dkh.new_empty(0), dE.new_empty(0), dv, ds0, dv0, dG.double()
+        return dqh, dintra, dE, dkh, dv, ds0, dv0, dG.double()
+    ks, Es, Rs = keys_to_split_end(kh, E, split, _split_keys_options(kh), keep=True)
     dks, dEs = (torch.zeros_like(x, dtype=torch.float32) for x in (ks, Es))
     # one split of query blocks at a time (split_backward_kernels.py); the scratch of each (batch*head, query block
     # of the split), as the products read it: the chain's queries and dS in the own split, the query at every
@@ -147,10 +150,15 @@ def path_flash_backward(qh: torch.Tensor, intra: torch.Tensor, E: torch.Tensor, 
         path_split_up_kernel[(split, B * H)](
             kh=kh, E=E, Es=Es, dqh=dqh, dE=dE, dEs=dEs, qscr=qscr, sscr=sscr, xq=xq, dxq=dxq, wscr=wscr, scale=scale,
             N=N, A=A, SPLIT=split, **shapes, **options)
-    return dqh, dintra, dE, dkh, dks, dEs, dv, ds0, dv0, dG.double()
+    split_keys_backward(kh, E, dks, dEs, Rs, dkh, dE, split, _split_keys_options(kh))
+    return dqh, dintra, dE, dkh, dv, ds0, dv0, dG.double()
 
 
-def _fwd_fake(qh, intra, E, kh, ks, Es, v, s0, v0, G, scale, split):
+def _split_keys_options(kh: torch.Tensor) -> dict:
+    return launch_options(LAUNCH, "split_keys", kh.dtype, 1)
+
+
+def _fwd_fake(qh, intra, E, kh, v, s0, v0, G, scale, split):
     B, H, NC, _ = qh.shape
     return qh.new_empty(B, H, NC, v.shape[-1]), qh.new_empty(B, H, NC, dtype=torch.float32)
 
@@ -158,10 +166,8 @@ def _fwd_fake(qh, intra, E, kh, ks, Es, v, s0, v0, G, scale, split):
 _fwd_op = define_op("path_attn_triton_fwd", path_flash_forward, _fwd_fake)
 
 
-def _bwd_fake(qh, intra, E, kh, ks, Es, v, s0, v0, G, o, lse, do, scale, split):
-    f32 = lambda x: torch.empty_like(x, dtype=torch.float32)
-    dks, dEs = (qh.new_empty(0, dtype=torch.float32),) * 2 if split == 1 else (f32(ks), f32(Es))
-    return f32(qh), f32(intra), f32(E), f32(kh), dks, dEs, *(f32(x) for x in (v, s0, v0)), torch.empty_like(G)
+def _bwd_fake(qh, intra, E, kh, v, s0, v0, G, o, lse, do, scale, split):
+    return *(torch.empty_like(x, dtype=torch.float32) for x in (qh, intra, E, kh, v, s0, v0)), torch.empty_like(G)
 
 
 _bwd_op = define_op("path_attn_triton_bwd", path_flash_backward, _bwd_fake)
@@ -178,8 +184,7 @@ def _backward_rule(ctx, do, dlse):
     run = path_flash_backward if eager_backward(ctx) else _bwd_op
     do = torch.zeros_like(o) if do is None else do
     grads = run(*tensors, o, lse, do, ctx.scale, ctx.split)
-    skip = (4, 5) if ctx.split == 1 else ()  # ks, Es: their gradients are in kh's and E's
-    return (*(None if i in skip else gr.to(x.dtype) for i, (gr, x) in enumerate(zip(grads, tensors))), None, None)
+    return (*(gr.to(x.dtype) for gr, x in zip(grads, tensors)), None, None)
 
 
 _path_differentiable = op_function("PathAttnTriton", path_flash_forward, _fwd_op, _setup_context, _backward_rule,
@@ -242,8 +247,7 @@ def path_attn_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch
     G_new = torch.cumsum(pad_time(g, C).transpose(1, 2).to(torch.float64), dim=-1)
     G = torch.cat([-D0.to(torch.float64), G_new], dim=-1).contiguous()  # the cache's end at G = 0
     split = split_size(LAUNCH["split"], intra.shape[2], LAUNCH["split_from"])
-    ks, Es = (x.contiguous() for x in keys_to_split_end(kh, E, split))
-    o, _ = _path_differentiable(qh, intra, E, kh, ks, Es, vc, S0.to(dt).contiguous(), V0.to(dt).contiguous(), G,
+    o, _ = _path_differentiable(qh, intra, E, kh, vc, S0.to(dt).contiguous(), V0.to(dt).contiguous(), G,
                                 float(scale), split)
     o = o[:, :, :T].transpose(1, 2).to(in_dtype)
     state = None

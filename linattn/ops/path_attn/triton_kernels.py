@@ -63,40 +63,75 @@ def _chain_step(q_cur, Eb, o_k, m_k, K: tl.constexpr, PREC: tl.constexpr, UP: tl
     return q_cur - mm(q_cur.to(Ej.dtype), Ej, PREC, UP)
 
 
+@triton.jit
+def _masked_step(s, vj, m_i, l_i, acc, bad, PREC: tl.constexpr, UP: tl.constexpr):
+    """One key block of the online softmax where some keys are hidden (s = -inf; every row sees a key of the
+    block or of an earlier one): a hidden value's probability is 0, but 0 x NaN = NaN, so the block reads the
+    values' finite part and ``bad`` marks the rows that see a non-finite one (set to NaN at the end)."""
+    v_ok = is_finite(vj)
+    col_bad = tl.max(tl.where(v_ok, 0, 1), axis=1)
+    bad = bad | (tl.max(tl.where(s > float("-inf"), col_bad[None, :], 0), axis=1) > 0)
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    acc = acc * alpha[:, None] + mm(p.to(vj.dtype), tl.where(v_ok, vj, 0.0).to(vj.dtype), PREC, UP)
+    return m_new, l_i * alpha + tl.sum(p, axis=1), acc, bad
+
+
 @fast_launch
 @triton.jit(do_not_specialize=["N", "T0"])
 def path_fwd_kernel(qh, intra, E, kh, ks, Es, v, s0, v0, G, o, lse, scale, N, T0, K: tl.constexpr,
-                    V: tl.constexpr, C: tl.constexpr, SPLIT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                    BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
-    """Grid (N, B*H). qh, kh, ks [B, H, N C, K]; intra [B, H, N, C, C]; E [B, H, N, K, K]; Es [B, H, NS, K, K];
-    v [B, H, N C, V]; s0 [B, H, T0, K]; v0 [B, H, T0, V]; G [B, H, T0 + N C] float64; o [B, H, N C, V];
-    lse [B, H, N C] float32."""
-    a, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+                    V: tl.constexpr, C: tl.constexpr, ROWS: tl.constexpr, SPLIT: tl.constexpr, BN: tl.constexpr,
+                    BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
+    """Grid (cdiv(N C, ROWS), B*H): the query rows of ROWS / C chunks (one or two) a0 .. per program. qh, kh, ks
+    [B, H, N C, K]; intra [B, H, N, C, C]; E [B, H, N, K, K]; Es [B, H, NS, K, K]; v [B, H, N C, V];
+    s0 [B, H, T0, K]; v0 [B, H, T0, V]; G [B, H, T0 + N C] float64; o [B, H, N C, V]; lse [B, H, N C] float32.
+
+    With two chunks a0, a1 = a0 + 1, the block's own keys take two masked steps: chunk a0's rows read their
+    intra-chunk logits there and a1's rows Q^_{a1} K^_{a0}^T, then a1's rows read theirs from chunk a1; a1's rows
+    then cross a0 (Q <- Q - Q E_{a0}), and from there on both chunks' rows share the chain of a0."""
+    i_m, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    a0 = i_m * (ROWS // C)
     NC = N * C
     NS = (N + SPLIT - 1) // SPLIT
     L = T0 + NC
-    o_c, o_k, o_v = tl.arange(0, C), tl.arange(0, BK), tl.arange(0, BV)
+    o_r, o_c, o_k, o_v = tl.arange(0, ROWS), tl.arange(0, C), tl.arange(0, BK), tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
-    rows = a * C + o_c
+    rows = a0 * C + o_r
+    m_rows = rows < NC  # the second chunk may lie past the last
     scale2 = scale * 1.4426950408889634
     qb, kb, ksb, vb = qh + i_bh * NC * K, kh + i_bh * NC * K, ks + i_bh * NC * K, v + i_bh * NC * V
     Gb = G + i_bh * L
-    Grow = tl.load(Gb + T0 + rows)
-    q_cur = tl.load(qb + rows[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0).to(tl.float32)
-    s = tl.load(intra + (i_bh * N + a) * C * C + o_c[:, None] * C + o_c[None, :]) * 1.4426950408889634
-    m_i = tl.max(s, axis=1)  # every row sees itself: finite
-    p = tl.exp2(s - m_i[:, None])
-    l_i = tl.sum(p, axis=1)
-    va = tl.load(vb + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
-    # the diagonal chunk is the only masked block: a hidden value's probability is 0, but 0 x NaN = NaN, so it
-    # reads the values' finite part and the rows that see a non-finite one are set to NaN at the end
-    va_ok = is_finite(va)
-    col_bad = tl.max(tl.where(va_ok, 0, 1), axis=1)
-    bad = tl.max(tl.where(s > float("-inf"), col_bad[None, :], 0), axis=1) > 0
-    acc = mm(p.to(va.dtype), tl.where(va_ok, va, 0.0).to(va.dtype), PREC, UP)
-    A = a // SPLIT
-    for i in range(0, a - A * SPLIT):  # the earlier chunks of a's own split, one product each
-        j = a - 1 - i
+    Grow = tl.load(Gb + T0 + rows, mask=m_rows, other=0.0)
+    q_cur = tl.load(qb + rows[:, None] * K + o_k[None, :], mask=m_rows[:, None] & m_k[None, :],
+                    other=0.0).to(tl.float32)
+    # each row's logits over its own chunk (scale and gate included, -inf above the diagonal)
+    own = tl.load(intra + (i_bh * NC + rows)[:, None] * C + o_c[None, :], mask=m_rows[:, None],
+                  other=0.0) * 1.4426950408889634
+    cols = a0 * C + o_c
+    va = tl.load(vb + cols[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+    s = own
+    if ROWS > C:
+        kj = tl.load(kb + cols[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+        cross = mm(q_cur.to(kj.dtype), tl.trans(kj), PREC, UP) * scale2 \
+            + _gate_bias(Grow, Gb, T0 + a0 * C, T0 + cols, L, scale2)
+        s = tl.where((o_r >= C)[:, None], cross, own)
+    m_i = tl.full([ROWS], -1e30, dtype=tl.float32)
+    l_i = tl.zeros([ROWS], dtype=tl.float32)
+    acc = tl.zeros([ROWS, BV], dtype=tl.float32)
+    bad = rows < 0
+    m_i, l_i, acc, bad = _masked_step(s, va, m_i, l_i, acc, bad, PREC, UP)
+    if ROWS > C:
+        vb1 = tl.load(vb + (cols + C)[:, None] * V + o_v[None, :], mask=((cols + C) < NC)[:, None] & m_v[None, :],
+                      other=0.0)
+        m_i, l_i, acc, bad = _masked_step(tl.where((o_r >= C)[:, None], own, float("-inf")), vb1, m_i, l_i, acc,
+                                          bad, PREC, UP)
+        Eb = E + (i_bh * N + a0) * K * K
+        Ea = tl.load(Eb + o_k[:, None] * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :], other=0.0)
+        q_cur = q_cur - tl.where((o_r >= C)[:, None], mm(q_cur.to(Ea.dtype), Ea, PREC, UP), 0.0)
+    A = a0 // SPLIT
+    for i in range(0, a0 - A * SPLIT):  # the earlier chunks of a0's split, one product each
+        j = a0 - 1 - i
         cols = j * C + o_c
         kj = tl.load(kb + cols[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
         vj = tl.load(vb + cols[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
@@ -127,8 +162,9 @@ def path_fwd_kernel(qh, intra, E, kh, ks, Es, v, s0, v0, G, o, lse, scale, N, T0
         acc = acc * alpha[:, None] + mm(pc.to(sv.dtype), sv, PREC, UP)
         m_i = m_new
     out = tl.where(bad[:, None], float("nan"), acc / l_i[:, None])
-    tl.store(o + (i_bh * NC + rows[:, None]) * V + o_v[None, :], out.to(o.dtype.element_ty), mask=m_v[None, :])
-    tl.store(lse + i_bh * NC + rows, m_i + tl.log2(l_i))
+    tl.store(o + (i_bh * NC + rows[:, None]) * V + o_v[None, :], out.to(o.dtype.element_ty),
+             mask=m_rows[:, None] & m_v[None, :])
+    tl.store(lse + i_bh * NC + rows, m_i + tl.log2(l_i), mask=m_rows)
 
 
 @triton.jit
