@@ -210,7 +210,7 @@ def test_split_size_follows_the_length():
 
     assert [split_size(8, n, 128) for n in (1, 127, 128, 500)] == [1, 1, 8, 8]
     assert [split_size(8, n) for n in (1, 2, 3, 5, 9)] == [1, 2, 4, 8, 8]  # no longer than the chunks need
-    assert [split_size("sqrt", n, 64) for n in (63, 64, 128, 255, 256, 1024)] == [1, 8, 8, 8, 16, 32]
+    assert [split_size("sqrt", n, 64) for n in (63, 64, 127, 128, 511, 512)] == [1, 8, 8, 16, 16, 32]
 
 
 @pytest.mark.parametrize("split", [0, 3, True, "2", "root"])

@@ -9,13 +9,14 @@ adjoint up from the first chunk, with Rb_j the gradient of R_j (Rb_{f-1} = -dE~_
 
     dE_j -= R_j Rb_{j-1}^T,   dK^_j += dK~_j R_j^T,   Rb_j = K^_j^T dK~_j + Rb_{j-1} - E_j Rb_{j-1},
 
-reading the R_j that the forward chain (run again for it) kept in a float32 scratch: S K x K matrices per
-(split, batch*head), N K^2 per batch*head in all.
+reading the R_j that the forward chain (run again for it) kept in a scratch: S K x K matrices per (split,
+batch*head), N K^2 per batch*head in all, in the inputs' dtype.
 
-Products of a float32 matrix take it as a 16-bit head and a 16-bit tail (two tensor-core products against a
-16-bit operand, three between two float32 ones): about 16 bits of its mantissa for bf16, more than the 8 that the
-outputs are rounded to, so the chain's S steps round once, at the end. float32 inputs (float64 calls) use the
-precision their flash pass uses.
+The chains (R, Rb) are carried in float32. Their products take the float32 matrix as a 16-bit head and a 16-bit
+tail against the other, 16-bit operand (exact in a tensor-core product): about 16 bits of its mantissa for bf16,
+more than the 8 that the outputs are rounded to, so the S steps round once, at the end. The backward's outputs
+(dE_j, dK^_j) are single products of 16-bit operands, as in the flash pass's backward. float32 inputs (float64
+calls) use the precision their flash pass uses.
 """
 
 from __future__ import annotations
@@ -45,17 +46,6 @@ def _mm_by_f32(a, b, PREC: tl.constexpr, UP: tl.constexpr):
 
 
 @triton.jit
-def _mm_f32(a, b, LOW: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
-    """a @ b for float32 a and b: heads and tails in LOW (the inputs' dtype; float32: mm at PREC)."""
-    if LOW == tl.float32:
-        return mm(a, b, PREC, UP)
-    else:
-        ah, at = _split(a, LOW)
-        bh, bt = _split(b, LOW)
-        return mm(ah, bh, PREC, UP) + mm(ah, bt, PREC, UP) + mm(at, bh, PREC, UP)
-
-
-@triton.jit
 def _split_range(J, N, SPLIT: tl.constexpr):
     """First and last chunk of split J (the last split may have fewer: the rest would be identity chunks)."""
     f = J * SPLIT
@@ -67,7 +57,7 @@ def _split_range(J, N, SPLIT: tl.constexpr):
 def split_keys_fwd_kernel(kh, E, ks, Es, Rs, N, K: tl.constexpr, C: tl.constexpr, SPLIT: tl.constexpr,
                           BK: tl.constexpr, KEEP: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr):
     """Grid (NS, B*H): kh, ks [B, H, N C, K]; E [B, H, N, K, K]; Es [B, H, NS, K, K]; with KEEP, R_j to
-    Rs [B H, NS, SPLIT, BK, BK] float32 (slot j - f)."""
+    Rs [B H, NS, SPLIT, BK, BK] (slot j - f) in its dtype."""
     J, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     NS = (N + SPLIT - 1) // SPLIT
     o_c, o_k = tl.arange(0, C), tl.arange(0, BK)
@@ -79,7 +69,8 @@ def split_keys_fwd_kernel(kh, E, ks, Es, Rs, N, K: tl.constexpr, C: tl.constexpr
     for i in range(0, e - f + 1):
         j = e - i
         if KEEP:
-            tl.store(Rs + ((i_bh * NS + J) * SPLIT + j - f) * BK * BK + o_k[:, None] * BK + o_k[None, :], R)
+            tl.store(Rs + ((i_bh * NS + J) * SPLIT + j - f) * BK * BK + o_k[:, None] * BK + o_k[None, :],
+                     R.to(Rs.dtype.element_ty))
         rows = (i_bh * N + j) * C + o_c
         kj = tl.load(kh + rows[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
         tl.store(ks + rows[:, None] * K + o_k[None, :], _mm_by_f32(kj, R, PREC, UP).to(ks.dtype.element_ty),
@@ -99,7 +90,6 @@ def split_keys_bwd_kernel(kh, E, dks, dEs, Rs, dkh, dE, N, K: tl.constexpr, C: t
     forward kernel's R_j in Rs."""
     J, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     NS = (N + SPLIT - 1) // SPLIT
-    LOW: tl.constexpr = kh.dtype.element_ty
     o_c, o_k = tl.arange(0, C), tl.arange(0, BK)
     m_k = o_k < K
     m_kk = m_k[:, None] & m_k[None, :]
@@ -108,11 +98,11 @@ def split_keys_bwd_kernel(kh, E, dks, dEs, Rs, dkh, dE, N, K: tl.constexpr, C: t
     for j in range(f, e + 1):
         Rj = tl.load(Rs + ((i_bh * NS + J) * SPLIT + j - f) * BK * BK + o_k[:, None] * BK + o_k[None, :])
         pE = dE + (i_bh * N + j) * K * K + o_k[:, None] * K + o_k[None, :]
-        tl.store(pE, tl.load(pE, mask=m_kk, other=0.0) - _mm_f32(Rj, tl.trans(Rb), LOW, PREC, UP), mask=m_kk)
+        tl.store(pE, tl.load(pE, mask=m_kk, other=0.0) - mm(Rj, tl.trans(Rb.to(Rj.dtype)), PREC, UP), mask=m_kk)
         rows = (i_bh * N + j) * C + o_c
         dkt = tl.load(dks + rows[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
         pk = dkh + rows[:, None] * K + o_k[None, :]
-        tl.store(pk, tl.load(pk, mask=m_k[None, :], other=0.0) + _mm_f32(dkt, tl.trans(Rj), LOW, PREC, UP),
+        tl.store(pk, tl.load(pk, mask=m_k[None, :], other=0.0) + mm(dkt.to(Rj.dtype), tl.trans(Rj), PREC, UP),
                  mask=m_k[None, :])
         kj = tl.load(kh + rows[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
         Ej = tl.load(E + (i_bh * N + j) * K * K + o_k[:, None] * K + o_k[None, :], mask=m_kk, other=0.0)

@@ -28,16 +28,16 @@ from .split_keys_kernels import split_keys_bwd_kernel, split_keys_fwd_kernel
 
 def split_size(split: int | str, chunks: int, split_from: int = 1) -> int:
     """The chunks per split for a pass over ``chunks`` chunks: ``split`` (a power of two, or "sqrt": the largest
-    power of two at most sqrt(chunks), which balances the at most S - 1 chunk steps of a query's own split against
-    its chunks / S split crossings) from ``split_from`` chunks on, else 1; at most the power of two that covers them
-    all (a longer split would only add identity chunks)."""
+    power of two at most sqrt(2 chunks), which balances the S / 2 chunk steps an average query takes in its own
+    split against its chunks / S split crossings) from ``split_from`` chunks on, else 1; at most the power of two
+    that covers them all (a longer split would only add identity chunks)."""
     if split != "sqrt" and (isinstance(split, bool) or not isinstance(split, int) or split < 1 or split & (split - 1)):
         raise ValueError(f"path_attn launch setting split must be a power of two >= 1 (chunks per split) or "
                          f"\"sqrt\", got {split!r}")
     if chunks < split_from:
         return 1
     if split == "sqrt":
-        split = 1 << (math.isqrt(max(chunks, 1)).bit_length() - 1)
+        split = 1 << (math.isqrt(max(2 * chunks, 1)).bit_length() - 1)
     cover = 1 << max(chunks - 1, 0).bit_length()
     return min(split, cover)
 
@@ -53,11 +53,11 @@ def keys_to_split_end(kh: torch.Tensor, E: torch.Tensor, split: int, options: di
     """(K~ [B, H, N C, K] like kh, E~ [B, H, ceil(N / split), K, K] like E, the chain's R_j or None) from the chunk
     keys kh [B, H, N C, K] and the chunks' E [B, H, N, K, K] (contiguous; module docstring); ``split`` a power of two
     > 1; ``options`` the launch's num_warps and num_stages; with ``keep`` the R_j that :func:`split_keys_backward`
-    reads, [B H, NS, split, BK, BK] float32."""
+    reads, [B H, NS, split, BK, BK] like kh."""
     B, H, NC, K = kh.shape
     NS = -(-E.shape[2] // split)
     ks, Es = torch.empty_like(kh), E.new_empty(B, H, NS, K, K)
-    Rs = torch.empty(B * H, NS, split, block(K), block(K), device=kh.device, dtype=torch.float32) if keep else None
+    Rs = kh.new_empty(B * H, NS, split, block(K), block(K)) if keep else None
     split_keys_fwd_kernel[(NS, B * H)](kh=kh, E=E, ks=ks, Es=Es, Rs=Rs if keep else ks, KEEP=keep,
                                        **_shapes(kh, E, split), **options)
     return ks, Es, Rs

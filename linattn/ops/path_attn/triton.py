@@ -47,24 +47,30 @@ from .splits import keys_to_split_end, split_keys_backward, split_size
 from .triton_kernels import path_bwd_kernel, path_fwd_kernel
 from .ut_triton import ut_transform_triton
 
-# "C": the chunk of the UT transform, and the query and key block of the flash pass; "split": chunks per split, a
-# power of two or "sqrt" (splits.py: an earlier split is crossed with one product, its key blocks read as in flash
-# attention; "sqrt": the largest power of two at most sqrt(chunks)), used from "split_from" chunks on (shorter
-# passes step chunk by chunk, as split 1 does); the split backward's launch groups are "bwd_split" (its chain
-# kernels) and "bwd_flash" (its key- and frame-parallel kernels); "BN": cached keys per step; "programs":
+# "C": the chunk of the UT transform, and the key block of the flash pass; "fwd_chunks": chunks of queries per
+# forward program (1 or 2); "split": chunks per split, a power of two or "sqrt" (splits.py: an earlier split is
+# crossed with one product, its key blocks read as in flash attention; "sqrt": the largest power of two at most
+# sqrt(2 chunks)), used from "split_from" chunks on (shorter passes step chunk by chunk, as split 1 does); the split
+# backward's launch groups are "bwd_split" (its chain kernels) and "bwd_flash" (its key- and frame-parallel
+# kernels), "split_keys" the kernels that move keys to their split's end; "BN": cached keys per step; "programs":
 # chunk-by-chunk backward programs (0: one per SM on CUDA). LINATTN_TRITON_LAUNCH='{"path_attn": {...}}' overrides
-# them. Timed on an H200 (bf16, B 4, H 16, K = V = 128, forward and backward, two calls; docs/benchmarks.md), with
-# the backward of split_backward_kernels.py and its flash kernels at 4 warps (at 8: 209 ms at T 16384 with split 8):
+# them. Timed on an H200 (bf16, B 4, H 16, K = V = 128, forward and backward, ms; docs/benchmarks.md), each row
+# after the first changing one setting of it:
 #
-#   chunks (T)      chunk by chunk   split 8   split 16
-#   64 (4096)            24.1         22.0      23.4
-#   128 (8192)            -           55.4      55.7
-#   256 (16384)           -          163.9     153.7
+#   T                                                   4096    8192
+#   splits of 8, forward at 2 stages (the defaults then)  13.74   38.81
+#   forward at 1 stage                                  13.54   38.45
+#   splits of 16                                        13.73   36.47
+#   key- and frame-parallel kernels at 1 stage          14.06   40.20
+#   chain kernels at 4 warps                            14.44   40.22
+#   FLA's parallel_path_attn                            14.00   38.33
 #
-# and a model at T 2048 (32 chunks) ran 0.48x softmax attention's tokens/s with splits of 8 against 0.56x without.
-LAUNCH = {"C": 64, "split": "sqrt", "split_from": 64, "BN": 64, "programs": 0, "fwd_warps": 8, "fwd_stages": 2,
-          "bwd_warps": 8, "bwd_stages": 1, "bwd_split_warps": 8, "bwd_split_stages": 2, "bwd_flash_warps": 4,
-          "bwd_flash_stages": 2, "split_keys_warps": 8, "split_keys_stages": 1, "fwd_chunks": 2}
+# one chunk of queries per forward program took 3.55 / 10.88 / 37.08 ms of forward at T 4096 / 8192 / 16384 against
+# 2.82 / 7.88 / 24.77 with two, and a model at T 2048 (32 chunks) ran 0.48x softmax attention's tokens/s with splits
+# of 8 against 0.56x without.
+LAUNCH = {"C": 64, "split": "sqrt", "split_from": 64, "BN": 64, "programs": 0, "fwd_chunks": 2, "fwd_warps": 8,
+          "fwd_stages": 1, "bwd_warps": 8, "bwd_stages": 1, "bwd_split_warps": 8, "bwd_split_stages": 2,
+          "bwd_flash_warps": 4, "bwd_flash_stages": 2, "split_keys_warps": 8, "split_keys_stages": 1}
 launch_overrides("path_attn", LAUNCH)
 
 
