@@ -313,17 +313,18 @@ def audit(mixer: str, *, d_model: int, n_layers: int, n_heads: int, vocab: int, 
 
 
 def compiled_saved(mixer: str, *, d_model: int, n_layers: int, n_heads: int, vocab: int, batch: int, seq: int,
-                   backend: str = "triton", dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> int:
+                   backend: str = "triton", dtype: torch.dtype = torch.bfloat16, seed: int = 0,
+                   mixer_kwargs: dict | None = None) -> int:
     """Bytes of activations the compiled model's forward graph hands to its backward graph: ``mixer``'s CausalLM
-    under torch.compile(fullgraph=True), split by AOTAutograd's min-cut partitioner (the one inductor uses), with no
-    code generated. Tensors computed from the weights alone (autocast's copies of them) are not counted, as
-    :func:`audit` counts them apart."""
+    (its layers built with ``mixer_kwargs``) under torch.compile(fullgraph=True), split by AOTAutograd's min-cut
+    partitioner (the one inductor uses), with no code generated. Tensors computed from the weights alone
+    (autocast's copies of them) are not counted, as :func:`audit` counts them apart."""
     from torch._functorch.aot_autograd import aot_module_simplified
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     torch.manual_seed(seed)
     model = CausalLM(ModelConfig(mixer=mixer, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
-                                 vocab_size=vocab))
+                                 vocab_size=vocab, mixer_kwargs=dict(mixer_kwargs or {})))
     ids = torch.randint(0, vocab, (batch, seq))
     kept = []
 

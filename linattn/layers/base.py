@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from linattn import switches
 from linattn.ops.common.checks import check_choice, check_chunk_size
@@ -70,7 +71,9 @@ class MixerLayer(nn.Module):
     or None); conv_bias (a learned bias per channel in each learned ShortConv, as in Mamba2's conv;
     default False); tie_kv (True: v uses k's projection, before k's conv and feature map; "exact": v is the
     key fed to the op, after k's conv, feature map and normalisation, so K = V exactly and a conv on v is
-    refused; both need head_dim_v == head_dim); output_norm / output_gate (None: the paper's default); backend
+    refused; both need head_dim_v == head_dim); output_norm / output_gate (None: the paper's default);
+    recompute_output_gate (True: the output gate's projection W_g x is recomputed in the backward pass instead of
+    kept, one matmul more for H * V values per token less until the backward pass; default False); backend
     ("auto", ...); chunk_size; norm_eps.
     """
 
@@ -93,8 +96,9 @@ class MixerLayer(nn.Module):
     def __init__(self, d_model: int, n_heads: int, *, head_dim: int | None = None, head_dim_v: int | None = None,
                  short_conv: str | None = None, conv_mode: str = "learned", conv_kernel: int = 4,
                  conv_activation: str | None = "silu", conv_bias: bool = False, tie_kv: bool | str = False,
-                 output_norm: bool | None = None, output_gate: bool | None = None, backend: str = "auto",
-                 chunk_size: int = 64, norm_eps: float = 1e-5) -> None:
+                 output_norm: bool | None = None, output_gate: bool | None = None,
+                 recompute_output_gate: bool = False, backend: str = "auto", chunk_size: int = 64,
+                 norm_eps: float = 1e-5) -> None:
         super().__init__()
         K = head_dims(d_model, n_heads, head_dim)
         V = K if head_dim_v is None else head_dims(d_model, n_heads, head_dim_v)
@@ -129,6 +133,9 @@ class MixerLayer(nn.Module):
         self.o_norm = nn.RMSNorm(V, eps=norm_eps) if self.output_norm else None
         self.g_proj = nn.Linear(d_model, H * V, bias=False) if self.output_gate else None
         self.o_proj = nn.Linear(H * V, d_model, bias=False)
+        if not isinstance(recompute_output_gate, bool):
+            raise TypeError(f"recompute_output_gate must be a bool, got {recompute_output_gate!r}")
+        self.recompute_output_gate = recompute_output_gate
 
     def set_kv_heads(self, n: int) -> None:
         """(Re)build the k and v projections (and their ShortConvs) for ``n`` key/value heads
@@ -403,9 +410,16 @@ class MixerLayer(nn.Module):
         return o
 
     def finish(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """Output norm per head, SiLU gate, output projection: o [B, T, H, V] -> [B, T, d_model]."""
-        B, T = o.shape[:2]
+        """Output norm per head, SiLU gate, output projection: o [B, T, H, V] -> [B, T, d_model]; with
+        ``recompute_output_gate`` under a checkpoint (which keeps o and x, already kept for the op's and the input
+        projections' backward)."""
         o = o.to(x.dtype)
+        if self.recompute_output_gate and self.g_proj is not None and torch.is_grad_enabled():
+            return checkpoint(self._gated_output, o, x, use_reentrant=False)
+        return self._gated_output(o, x)
+
+    def _gated_output(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        B, T = o.shape[:2]
         gate = None if self.g_proj is None else self.g_proj(x)
         if self.o_norm is not None:  # one fused kernel on CUDA; the norm's output is not kept (norms.py)
             return norm_gate_project(o, self.o_norm, None if gate is None else gate.view(o.shape), self.o_proj,

@@ -73,8 +73,7 @@ class Mamba2Layer(MixerLayer):
     def skip(self, o: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return o + self.D[:, None].to(o.dtype) * v
 
-    def finish(self, o: Tensor, x: Tensor) -> Tensor:
+    def _gated_output(self, o: Tensor, x: Tensor) -> Tensor:
         if self.norm_groups is None:
-            return super().finish(o, x)
-        o = o.to(x.dtype).flatten(2)
-        return self.o_proj(self.o_norm(o, self.g_proj(x)))
+            return super()._gated_output(o, x)
+        return self.o_proj(self.o_norm(o.flatten(2), self.g_proj(x)))

@@ -214,3 +214,36 @@ def test_compiling_is_asked_before_the_conv_container(monkeypatch):
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     assert not layer.recomputes_conv_outputs(None)
 
+
+
+GATED_MIXERS = [m for m in list_mixers()
+                if issubclass(mixer_class(m), MixerLayer) and mixer_class(m).default_output_gate]
+
+
+@pytest.mark.parametrize("mixer, kwargs", [(m, {}) for m in GATED_MIXERS] + [("mamba2", {"norm_groups": 2})],
+                         ids=[*GATED_MIXERS, "mamba2-groups"])
+def test_recomputed_output_gate(mixer, kwargs):
+    """recompute_output_gate: the same output and gradients, bit for bit, and the gate's projection (B T H V
+    values) no longer kept for the backward pass."""
+    from linattn.bench.saved_tensors import record_saved
+
+    x0 = torch.randn(2, 37, 32)
+    runs = []
+    for recompute in (False, True):
+        torch.manual_seed(0)
+        layer = mixer_class(mixer)(32, 2, recompute_output_gate=recompute, **kwargs)
+        x = x0.clone().requires_grad_(True)
+        saved = record_saved(layer, lambda layer=layer, x=x: layer(x * 1, use_cache=False)[0])
+        kept = sum(s.nbytes for s in saved if not s.weight)
+        y, _ = layer(x * 1, use_cache=False)
+        y.square().sum().backward()
+        runs.append((kept, [y, x.grad, *[p.grad for p in layer.parameters()]]))
+    (kept, plain), (kept_recomputed, recomputed) = runs
+    assert all(torch.equal(a, b) for a, b in zip(plain, recomputed))
+    gate_bytes = 2 * 37 * layer.n_heads * layer.head_dim_v * 4
+    assert kept - kept_recomputed >= gate_bytes, (kept, kept_recomputed, gate_bytes)
+
+
+def test_recompute_output_gate_must_be_a_bool():
+    with pytest.raises(TypeError, match="recompute_output_gate must be a bool"):
+        mixer_class("gated_delta_rule")(32, 2, recompute_output_gate="yes")

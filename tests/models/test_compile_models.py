@@ -132,6 +132,7 @@ def test_compiled_causal_lm_training_step_matches_eager(mixer):
     ("gla", {"chunk_size": 16}),  # the choice of diagonal blocks inside the graph
     ("linear_attn", {}),  # the elu feature map's gradient strides
     ("forgetting_attn", {"window_size": 40, "n_kv_heads": 1}),  # blockwise softmax with gates, window, GQA
+    ("retention", {"recompute_output_gate": True}),  # the output gate under a checkpoint in the graph
 ])
 def test_aot_compiled_causal_lm_training_step_matches_eager(mixer, kwargs):
     torch.manual_seed(0)
