@@ -43,7 +43,7 @@ def split_size(split: int | str, chunks: int, split_from: int = 1) -> int:
 
 
 def _shapes(kh: torch.Tensor, E: torch.Tensor, split: int) -> dict:
-    B, H, NC, K = kh.shape
+    NC, K = kh.shape[2:]
     N = E.shape[2]
     return dict(N=N, K=K, C=NC // N, SPLIT=split, BK=block(K), PREC=dot_precision(kh.dtype), UP=upcast_dots(kh.dtype))
 

@@ -7,8 +7,10 @@ moved to the chunk start Q^ = Q - tril(Q W^T) T_w, the intra-chunk logits, the c
 its keys moved to the chunk end K^ = K - T_k^T W: O(T C K) work and memory, in the Triton kernels of
 ``ut_kernels.py`` (``ut_triton.py``; float64 inputs: ``chunk.ut_transform`` in PyTorch, differentiated by autograd,
 in a training call under a checkpoint). The cross-chunk attention, O(T^2 (K + K^2 / C)), runs in the kernels of
-``triton_kernels.py`` (forward: the flash pass with the query chain in registers; backward: a bounded number of
-programs with a scratch for one query block's chain each). Memory linear in T in training. Both are ops registered
+``triton_kernels.py`` (forward: the flash pass with the query chain in registers; backward chunk by chunk: a
+bounded number of programs with a scratch for one query block's chain each) and, from ``split_from`` chunks on,
+in splits of chunks that a query crosses whole (``splits.py``, ``split_keys_kernels.py``; the backward in
+``split_backward_kernels.py``). Memory linear in T in training. Both are ops registered
 with torch.library, with fake kernels (torch.compile(fullgraph=True) traces them), differentiated by autograd
 Functions that call them directly in eager mode.
 """
@@ -54,18 +56,21 @@ from .ut_triton import ut_transform_triton
 # backward's launch groups are "bwd_split" (its chain kernels) and "bwd_flash" (its key- and frame-parallel
 # kernels), "split_keys" the kernels that move keys to their split's end; "BN": cached keys per step; "programs":
 # chunk-by-chunk backward programs (0: one per SM on CUDA). LINATTN_TRITON_LAUNCH='{"path_attn": {...}}' overrides
-# them. Timed on an H200 (bf16, B 4, H 16, K = V = 128, forward and backward, ms; docs/benchmarks.md), each row
-# after the first changing one setting of it:
+# them. Timed on an H200 (bf16, B 4, H 16, K = V = 128, forward and backward, ms; docs/benchmarks.md), each row of
+# the first call after its first changing one setting of it:
 #
-#   T                                                   4096    8192
-#   splits of 8, forward at 2 stages (the defaults then)  13.74   38.81
-#   forward at 1 stage                                  13.54   38.45
-#   splits of 16                                        13.73   36.47
-#   key- and frame-parallel kernels at 1 stage          14.06   40.20
-#   chain kernels at 4 warps                            14.44   40.22
-#   FLA's parallel_path_attn                            14.00   38.33
+#   T                                               4096     8192    16384
+#   splits of 8, forward at 2 stages (then)        13.74    38.81      -
+#   forward at 1 stage                             13.54    38.45      -
+#   splits of 16                                   13.73    36.47      -
+#   key- and frame-parallel kernels at 1 stage     14.06    40.20      -
+#   chain kernels at 4 warps                       14.44    40.22      -
+#   FLA's parallel_path_attn                       14.00    38.33      -
+#   the defaults below (a second call)             13.99    36.33   109.36
+#   splits of 32                                   15.55    38.56   109.54
+#   FLA's parallel_path_attn                       14.37    38.70   121.11
 #
-# one chunk of queries per forward program took 3.55 / 10.88 / 37.08 ms of forward at T 4096 / 8192 / 16384 against
+# One chunk of queries per forward program took 3.55 / 10.88 / 37.08 ms of forward at T 4096 / 8192 / 16384 against
 # 2.82 / 7.88 / 24.77 with two, and a model at T 2048 (32 chunks) ran 0.48x softmax attention's tokens/s with splits
 # of 8 against 0.56x without.
 LAUNCH = {"C": 64, "split": "sqrt", "split_from": 64, "BN": 64, "programs": 0, "fwd_chunks": 2, "fwd_warps": 8,

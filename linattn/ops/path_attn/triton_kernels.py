@@ -15,9 +15,10 @@ split the chain steps chunk by chunk as above; an earlier split J is crossed who
 K~_j (the keys moved on to J's end) against the query at J's end, then Q <- Q - Q E~_J: plain flash attention over
 the split's key blocks and one product per split.
 
-Forward (a program per query block and batch*head): the diagonal block from A_a, the chunks of a's split, the
-earlier splits, then the cache, in one online softmax, the query chain carried in registers; o and the base-2
-log-sum-exp are stored.
+Forward (a program per one or two query chunks and batch*head): the block's own keys from A_a (and, for a second
+chunk, its queries against the first chunk's keys, then moved across that chunk), the chunks of the first chunk's
+split, the earlier splits, then the cache, in one online softmax, the query chain carried in registers; o and the
+base-2 log-sum-exp are stored.
 
 Backward chunk by chunk (splits: ``split_backward_kernels.py``, one split of query blocks at a time), a fixed
 number of programs, each taking query blocks in turn, so that its scratch stays bounded: pass 1 walks down as the
