@@ -411,8 +411,8 @@ class MixerLayer(nn.Module):
 
     def finish(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Output norm per head, SiLU gate, output projection: o [B, T, H, V] -> [B, T, d_model]; with
-        ``recompute_output_gate`` under a checkpoint (which keeps o and x, already kept for the op's and the input
-        projections' backward)."""
+        ``recompute_output_gate`` under a checkpoint, which keeps o and x: the norm's backward keeps o either way,
+        and the input projections' backward keeps x."""
         o = o.to(x.dtype)
         if self.recompute_output_gate and self.g_proj is not None and torch.is_grad_enabled():
             return checkpoint(self._gated_output, o, x, use_reentrant=False)

@@ -58,6 +58,7 @@ def keys_to_split_end(kh: torch.Tensor, E: torch.Tensor, split: int, options: di
     NS = -(-E.shape[2] // split)
     ks, Es = torch.empty_like(kh), E.new_empty(B, H, NS, K, K)
     Rs = kh.new_empty(B * H, NS, split, block(K), block(K)) if keep else None
+    # without keep, Rs is any pointer: the kernel's stores to it are compiled out
     split_keys_fwd_kernel[(NS, B * H)](kh=kh, E=E, ks=ks, Es=Es, Rs=Rs if keep else ks, KEEP=keep,
                                        **_shapes(kh, E, split), **options)
     return ks, Es, Rs
