@@ -113,3 +113,13 @@ def mm(a, b, PREC: tl.constexpr, UPCAST: tl.constexpr):
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     else:
         return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
+def mm_acc(a, b, acc, PREC: tl.constexpr, UPCAST: tl.constexpr):
+    """acc + a @ b (float32 acc), accumulated by the product itself: no second [M, N] register tile for the product
+    and no separate add (see :func:`upcast_dots`)."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc, input_precision=PREC)

@@ -25,11 +25,14 @@ reverse cumulative sum of dG (the caller's cumsum, differentiated by autograd, g
 G is read in float64: for a tile of query rows and the key block starting at n, the bias is formed as
 (G_{p_i} - G_n) - (G_j - G_n), each difference rounded to float32 once, so its error is relative to the
 difference itself and not to |G| (which grows without bound with T: float32 G alone would lose ~1e-4 absolute at
-|G| ~ 1e3). A [BM] and a [BN] float64 subtraction per tile; the [BM, BN] work stays float32.
+|G| ~ 1e3). A [BM] and a [BN] float64 subtraction per tile; the [BM, BN] work stays float32. The row term
+G_{p_i} - G_n is a constant of the row: it joins the row's running maximum (forward) or its log-sum-exp (backward)
+as [BM] work, so each logit costs one fused multiply-add for the scale and the bias's column term.
 
 Kernels: the forward (a program per query block and batch*query head), delta (rowsum(dO O), same grid), the dK/dV
 kernel (a program per key block and batch*key/value head, looping over the query heads of its group and the query
-blocks that see the key block, so dK and dV accumulate in registers without atomics), and the dQ kernel (a program
+blocks that see the key block, so dK and dV accumulate in registers without atomics; its tiles are transposed, keys
+along the rows, see :func:`_dkv_blocks`), and the dQ kernel (a program
 per query block and batch*query head). Each loop over blocks is split into the blocks that need the causal / window
 / bounds mask and those that are entirely visible (no mask work there).
 """
@@ -41,16 +44,23 @@ import triton.language as tl
 
 from ..common.triton_launch import fast_launch
 from ..common.triton_masking import is_finite
-from ..common.triton_utils import mm
+from ..common.triton_utils import mm, mm_acc
+
+
+@triton.jit
+def _sees(pos, cols, Tk, W, HAS_WINDOW: tl.constexpr):
+    """Whether queries at positions ``pos`` see keys ``cols`` (causal, window, keys that exist), for any two
+    tensors that broadcast against each other."""
+    vis = (cols <= pos) & (cols < Tk)
+    if HAS_WINDOW:
+        vis = vis & (pos - cols < W)
+    return vis
 
 
 @triton.jit
 def _visible(pos, cols, Tk, W, HAS_WINDOW: tl.constexpr):
-    """[rows, cols] mask of the keys each query row sees (causal, window, keys that exist)."""
-    vis = (cols[None, :] <= pos[:, None]) & (cols[None, :] < Tk)
-    if HAS_WINDOW:
-        vis = vis & (pos[:, None] - cols[None, :] < W)
-    return vis
+    """[rows, cols] mask of the keys each query row sees."""
+    return _sees(pos[:, None], cols[None, :], Tk, W, HAS_WINDOW)
 
 
 @triton.jit
@@ -74,12 +84,12 @@ def _load(ptr, m_a, m_b, MASKED: tl.constexpr):
 
 
 @triton.jit
-def _bias(Grow, Gk, n, cols, Tk):
-    """(G_{p_i} - G_n)[:, None] - (G_j - G_n)[None, :] in float32 (log2 units), G read in float64."""
+def _gate_terms(Grow, Gk, n, cols, Tk):
+    """The bias of key block n as its row and column terms, (G_{p_i} - G_n) [rows] and (G_j - G_n) [BN], in
+    float32 log2 units (G read in float64): the tile's bias is row[:, None] - col[None, :]."""
     ref = tl.load(Gk + n)
     gc = tl.load(Gk + cols, mask=cols < Tk, other=ref)
-    return ((Grow - ref).to(tl.float32) * 1.4426950408889634)[:, None] \
-        - ((gc - ref).to(tl.float32) * 1.4426950408889634)[None, :]
+    return (Grow - ref).to(tl.float32) * 1.4426950408889634, (gc - ref).to(tl.float32) * 1.4426950408889634
 
 
 @triton.jit
@@ -109,9 +119,12 @@ def _fwd_blocks(acc, m_i, l_i, bad, qt, Grow, pos, kb, vb, Gk, start, end, Tk, W
                    MASK or BK != K)
         vt = _load(vb + cols[:, None] * (KS * V) + o_v[None, :], cols[:, None] < Tk, o_v[None, :] < V,
                    MASK or BV != V)
+        # s holds the logits less the bias's row term (one fused multiply-add per element): the row term is a
+        # constant of the row, added to the [BM] maximum instead of to every element
         s = mm(qt, kt, PREC, UP) * scale2
         if HAS_GATE:
-            s += _bias(Grow, Gk, n, cols, Tk)
+            row, col = _gate_terms(Grow, Gk, n, cols, Tk)
+            s = s - col[None, :]
         if MASK:
             vis = _visible(pos, cols, Tk, W, HAS_WINDOW)
             s = tl.where(vis, s, float("-inf"))
@@ -119,11 +132,16 @@ def _fwd_blocks(acc, m_i, l_i, bad, qt, Grow, pos, kb, vb, Gk, start, end, Tk, W
             col_bad = tl.max(tl.where(v_ok, 0, 1), axis=1)  # [BN]: this key's value row is not finite
             bad = bad | (tl.max(tl.where(vis, col_bad[None, :], 0), axis=1) > 0)
             vt = tl.where(v_ok, vt, 0.0)
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp2(s - m_new[:, None])
+        if HAS_GATE:
+            m_new = tl.maximum(m_i, tl.max(s, axis=1) + row)
+            shift = m_new - row
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            shift = m_new
+        p = tl.exp2(s - shift[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + mm(p.to(vt.dtype), vt, PREC, UP)
+        acc = mm_acc(p.to(vt.dtype), vt, acc * alpha[:, None], PREC, UP)
         m_i = m_new
     return acc, m_i, l_i, bad
 
@@ -210,31 +228,37 @@ def _dkv_blocks(dk, dv, dGc, kt, vt, cols, n, qb, dob, lseb, deltab, Gk, start, 
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
                 BV: tl.constexpr, MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_GATE: tl.constexpr,
                 PREC: tl.constexpr, UP: tl.constexpr):
-    """dK, dV and the column sums of dS of one key block over query blocks [start, end) (steps of BM)."""
+    """dK, dV and the column sums of dS of one key block over query blocks [start, end) (steps of BM).
+
+    Computed transposed, keys along the tiles' rows (S^T = K Q^T, [BN, BM]): P^T and dS^T are then the left
+    operands of dV += P^T dO and dK += dS^T Q as they come out of the products, with no transpose of a register
+    tile between them, and the column sums of dS are sums along the tiles' rows."""
     o_k, o_v = tl.arange(0, BK), tl.arange(0, BV)
     for r in range(start, end, BM):
         rows = r + tl.arange(0, BM)
         m_rows = rows < Tq
-        qt = tl.load(qb + rows[:, None] * (H * K) + o_k[None, :], mask=m_rows[:, None] & (o_k[None, :] < K),
-                     other=0.0)
+        q_t = tl.load(qb + rows[None, :] * (H * K) + o_k[:, None], mask=m_rows[None, :] & (o_k[:, None] < K),
+                      other=0.0)  # [BK, BM]
         dot_ = tl.load(dob + rows[:, None] * (H * V) + o_v[None, :], mask=m_rows[:, None] & (o_v[None, :] < V),
                        other=0.0)
         # padding rows: lse = +inf gives P = 0, so they add nothing
         lse_r = tl.load(lseb + rows, mask=m_rows, other=float("inf"))
         delta_r = tl.load(deltab + rows, mask=m_rows, other=0.0)
         pos = T0 + rows
-        s = mm(qt, tl.trans(kt), PREC, UP) * scale2
-        if HAS_GATE:
-            s += _bias(_gate_rows(Gk, Tk, Tq, rows, m_rows, HAS_GATE), Gk, n, cols, Tk)
+        s = mm(kt, q_t, PREC, UP) * scale2  # [BN, BM]
+        if HAS_GATE:  # the bias's row term joins the row's log-sum-exp ([BM] work), as in the forward
+            row, col = _gate_terms(_gate_rows(Gk, Tk, Tq, rows, m_rows, HAS_GATE), Gk, n, cols, Tk)
+            s = s - col[:, None]
+            lse_r = lse_r - row
         if MASK:
-            s = tl.where(_visible(pos, cols, Tk, W, HAS_WINDOW), s, float("-inf"))
-        p = tl.exp2(s - lse_r[:, None])  # [BM, BN]
-        dv += mm(tl.trans(p.to(dot_.dtype)), dot_, PREC, UP)
-        dp = mm(dot_, tl.trans(vt), PREC, UP)
-        ds = p * (dp - delta_r[:, None])
-        dk += mm(tl.trans(ds.to(qt.dtype)), qt, PREC, UP)
+            s = tl.where(_sees(pos[None, :], cols[:, None], Tk, W, HAS_WINDOW), s, float("-inf"))
+        p = tl.exp2(s - lse_r[None, :])  # P^T [BN, BM]
+        dv = mm_acc(p.to(dot_.dtype), dot_, dv, PREC, UP)
+        dp = mm(vt, tl.trans(dot_), PREC, UP)
+        ds = p * (dp - delta_r[None, :])  # dS^T
+        dk = mm_acc(ds.to(q_t.dtype), tl.trans(q_t), dk, PREC, UP)
         if HAS_GATE:
-            dGc -= tl.sum(ds, axis=0)
+            dGc -= tl.sum(ds, axis=1)
     return dk, dv, dGc
 
 
@@ -313,14 +337,17 @@ def _dq_blocks(dq, dGr, qt, dot_, lse_r, delta_r, Grow, pos, kb, vb, Gk, start, 
         vt = _load(vb + cols[None, :] * (KS * V) + o_v[:, None], o_v[:, None] < V, cols[None, :] < Tk,
                    MASK or BV != V)
         s = mm(qt, tl.trans(kc), PREC, UP) * scale2
+        shift = lse_r
         if HAS_GATE:
-            s += _bias(Grow, Gk, n, cols, Tk)
+            row, col = _gate_terms(Grow, Gk, n, cols, Tk)
+            s = s - col[None, :]
+            shift = lse_r - row
         if MASK:
             s = tl.where(_visible(pos, cols, Tk, W, HAS_WINDOW), s, float("-inf"))
-        p = tl.exp2(s - lse_r[:, None])
+        p = tl.exp2(s - shift[:, None])
         dp = mm(dot_, vt, PREC, UP)
         ds = p * (dp - delta_r[:, None])
-        dq += mm(ds.to(kc.dtype), kc, PREC, UP)
+        dq = mm_acc(ds.to(kc.dtype), kc, dq, PREC, UP)
         if HAS_GATE:
             dGr += tl.sum(ds, axis=1)
     return dq, dGr

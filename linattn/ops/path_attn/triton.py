@@ -71,9 +71,10 @@ from .ut_triton import ut_transform_triton
 #   FLA's parallel_path_attn                       14.37    38.70   121.11
 #
 # One chunk of queries per forward program took 3.55 / 10.88 / 37.08 ms of forward at T 4096 / 8192 / 16384 against
-# 2.82 / 7.88 / 24.77 with two, and a model at T 2048 (32 chunks) ran 0.48x softmax attention's tokens/s with splits
-# of 8 against 0.56x without.
-LAUNCH = {"C": 64, "split": "sqrt", "split_from": 64, "BN": 64, "programs": 0, "fwd_chunks": 2, "fwd_warps": 8,
+# 2.82 / 7.88 / 24.77 with two. A model at T 2048 (32 chunks, `linattn bench model`, 8 x 2048) ran 0.48x softmax
+# attention's tokens/s with splits of 8 against 0.56x without while the keys moved to their split's end in PyTorch;
+# with the move's kernels, 0.70x with splits of 8 against 0.60x without (a process each), hence splits from 32 chunks.
+LAUNCH = {"C": 64, "split": "sqrt", "split_from": 32, "BN": 64, "programs": 0, "fwd_chunks": 2, "fwd_warps": 8,
           "fwd_stages": 1, "bwd_warps": 8, "bwd_stages": 1, "bwd_split_warps": 8, "bwd_split_stages": 2,
           "bwd_flash_warps": 4, "bwd_flash_stages": 2, "split_keys_warps": 8, "split_keys_stages": 1}
 launch_overrides("path_attn", LAUNCH)
