@@ -179,7 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--ops", help="comma-separated op names (default: simple_gla,gla,delta_rule,gated_delta_rule)")
     p.add_argument("--lengths", help="comma-separated T values (cpu default 2048; cuda 2048..65536)")
-    p.add_argument("--impls", help="comma-separated: recurrent,parallel,chunk,triton,fla,sdpa")
+    p.add_argument("--impls", help="comma-separated: recurrent,parallel,chunk,triton,fla,sdpa,flex (flex: torch's "
+                   "FlexAttention, forgetting_attn on CUDA)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
     for name in ("B", "H", "K", "V"):
         p.add_argument(f"--{name}", type=int_arg(1))

@@ -1,8 +1,8 @@
 """``linattn bench ops``: per op and sequence length, forward and forward+backward time of every
-backend, torch SDPA (causal flash attention) and FLA (when importable) in the same process, with
-ratios and peak memory. Forward+backward is timed twice: each call synchronised (the ratios' figure), and calls
-back to back with one synchronisation at the end, the rate of a training loop (host-bound small calls show their
-host time there).
+backend, torch SDPA (causal flash attention), FLA (when importable) and, for forgetting_attn on CUDA, torch's
+FlexAttention (``--impls ...,flex``; flex.py) in the same process, with ratios and peak memory. Forward+backward is
+timed twice: each call synchronised (the ratios' figure), and calls back to back with one synchronisation at the
+end, the rate of a training loop (host-bound small calls show their host time there).
 
 Speed-ups are reported as ``other_time / our_time`` (above 1: ours is faster).
 """
@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from linattn.ops import get_op
 from linattn.switches import settings
 
+from .flex import flex_call
 from .memprobe import probe
 from .timing import back_to_back_ms, cuda_peak_mb, median_ms
 
@@ -132,7 +133,7 @@ def _timed(call, inputs: dict, device: torch.device, repeats: int, budget_s: flo
 def bench_op(op: str, T: int, impl: str, *, B: int, H: int, K: int, V: int, dtype: torch.dtype,
              device: torch.device, repeats: int = 5, budget_s: float = 30.0, memory: bool = True,
              fwdbwd: bool = True, inputs: dict | None = None) -> BenchRow | None:
-    """Time one implementation ("recurrent", "parallel", "chunk", "triton", "fla", "sdpa") of ``op``
+    """Time one implementation ("recurrent", "parallel", "chunk", "triton", "fla", "sdpa", "flex") of ``op``
     (``inputs``: the op's ``example_inputs`` at this shape, made here when None)."""
     spec = get_op(op)
     if inputs is None:
@@ -147,6 +148,10 @@ def bench_op(op: str, T: int, impl: str, *, B: int, H: int, K: int, V: int, dtyp
             return None
         arguments = FLA_ARGUMENTS.get(op, lambda x: x)
         call = lambda x: fla_output(fn(**arguments(x)))
+    elif impl == "flex":
+        call = flex_call(op, device)
+        if call is None:
+            return None
     else:
         if impl not in spec.backends:
             return None
