@@ -73,10 +73,15 @@ class LowRankLogSigmoidGate(nn.Module):
         if torch.compiler.is_compiling():
             # the plain composition (the compiler chooses what to keep): Dynamo of torch 2.11 traced the Function
             # without its gradient, so the gate's weights got none
-            g = (F.logsigmoid(a.float()) / self.normaliser).to(a.dtype)
+            g = scaled_logsigmoid(a, self.normaliser)
         else:
             g = ScaledLogSigmoid.apply(a, self.normaliser)
         return g.view(B, T, self.n_heads, self.head_dim)
+
+
+def scaled_logsigmoid(a: torch.Tensor, n: float) -> torch.Tensor:
+    """logsigmoid(a) / n, computed in float32 and returned in a's dtype."""
+    return (F.logsigmoid(a.float()) / n).to(a.dtype)
 
 
 class ScaledLogSigmoid(torch.autograd.Function):
@@ -89,7 +94,7 @@ class ScaledLogSigmoid(torch.autograd.Function):
     def forward(ctx, a: torch.Tensor, n: float) -> torch.Tensor:
         ctx.save_for_backward(a)
         ctx.n = n
-        return (F.logsigmoid(a.float()) / n).to(a.dtype)
+        return scaled_logsigmoid(a, n)
 
     @staticmethod
     def backward(ctx, dg: torch.Tensor) -> tuple[torch.Tensor, None]:

@@ -215,7 +215,6 @@ def test_compiling_is_asked_before_the_conv_container(monkeypatch):
     assert not layer.recomputes_conv_outputs(None)
 
 
-
 GATED_MIXERS = [m for m in list_mixers()
                 if issubclass(mixer_class(m), MixerLayer) and mixer_class(m).default_output_gate]
 

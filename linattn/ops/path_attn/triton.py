@@ -138,7 +138,8 @@ def path_flash_backward(qh: torch.Tensor, intra: torch.Tensor, E: torch.Tensor, 
             T0=T0, BH=B * H, NPROG=nprog, BN=LAUNCH["BN"], V=V, BV=block(V), **shapes,
             **launch_options(LAUNCH, "bwd", qh.dtype, 1))
         return dqh, dintra, dE, dkh, dv, ds0, dv0, dG.double()
-    ks, Es, Rs = keys_to_split_end(kh, E, split, _split_keys_options(kh), keep=True)
+    move_options = _split_keys_options(kh)
+    ks, Es, Rs = keys_to_split_end(kh, E, split, move_options, keep=True)
     dks, dEs = (torch.zeros_like(x, dtype=torch.float32) for x in (ks, Es))
     # one split of query blocks at a time (split_backward_kernels.py); the scratch of each (batch*head, query block
     # of the split), as the products read it: the chain's queries and dS in the own split, the query at every
@@ -148,21 +149,21 @@ def path_flash_backward(qh: torch.Tensor, intra: torch.Tensor, E: torch.Tensor, 
     xq, wscr = qh.new_empty(slots, NS, C, block(K)), torch.empty(slots, C, block(K), **f32)
     dxq = torch.empty(slots, NS, C, block(K), **f32)  # the gradient of each such query from its split's keys
     options = launch_options(LAUNCH, "bwd_split", qh.dtype, 1)
-    flash_options = launch_options(LAUNCH, "bwd_flash", qh.dtype, 1)
+    # the key- and frame-parallel kernels' arguments but the split A
+    work = dict(v=v, G=G, do=do, lse=lse, delta=delta, dG=dG, xq=xq, scale=scale, N=N, T0=T0, SPLIT=split, V=V,
+                BV=block(V), **shapes, **launch_options(LAUNCH, "bwd_flash", qh.dtype, 1))
     for A in range(NS):
         path_split_down_kernel[(split, B * H)](
             qh=qh, intra=intra, E=E, kh=kh, Es=Es, v=v, s0=s0, v0=v0, G=G, do=do, lse=lse, delta=delta,
             dintra=dintra, dkh=dkh, dv=dv, ds0=ds0, dv0=dv0, dG=dG, qscr=qscr, sscr=sscr, xq=xq, wscr=wscr,
             scale=scale, N=N, T0=T0, A=A, SPLIT=split, BN=LAUNCH["BN"], V=V, BV=block(V), **shapes, **options)
         if A:
-            work = dict(v=v, G=G, do=do, lse=lse, delta=delta, dG=dG, xq=xq, scale=scale, N=N, T0=T0, A=A,
-                        SPLIT=split, V=V, BV=block(V), **shapes, **flash_options)
-            path_split_keys_kernel[(A * split, B * H)](ks=ks, dks=dks, dv=dv, **work)
-            path_split_frames_kernel[(split * A, B * H)](ks=ks, dxq=dxq, **work)
+            path_split_keys_kernel[(A * split, B * H)](ks=ks, dks=dks, dv=dv, A=A, **work)
+            path_split_frames_kernel[(split * A, B * H)](ks=ks, dxq=dxq, A=A, **work)
         path_split_up_kernel[(split, B * H)](
             kh=kh, E=E, Es=Es, dqh=dqh, dE=dE, dEs=dEs, qscr=qscr, sscr=sscr, xq=xq, dxq=dxq, wscr=wscr, scale=scale,
             N=N, A=A, SPLIT=split, **shapes, **options)
-    split_keys_backward(kh, E, dks, dEs, Rs, dkh, dE, split, _split_keys_options(kh))
+    split_keys_backward(kh, E, dks, dEs, Rs, dkh, dE, split, move_options)
     return dqh, dintra, dE, dkh, dv, ds0, dv0, dG.double()
 
 
