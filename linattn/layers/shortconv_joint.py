@@ -29,6 +29,7 @@ from .shortconv_triton import conv_streams_bwd, conv_streams_fwd
 
 def _fwd(y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv_widths: list[int],
          pass_widths: list[int], silu: bool, pos: torch.Tensor | None = None) -> list[torch.Tensor]:
+    y, weight, bias, pos = _kernel_layouts(y, weight, bias, pos)
     Dc = sum(conv_widths)
     outs = conv_streams_fwd(y if Dc == y.shape[-1] else y[..., :Dc], None, weight, bias, silu, conv_widths, pos)
     first = Dc
@@ -43,15 +44,26 @@ def _fwd_fake(y, weight, bias, conv_widths, pass_widths, silu, pos=None):
     return [y.new_empty(B, T, width) for width in (*conv_widths, *pass_widths)]
 
 
-_fwd_op = define_op("short_conv_streams_fwd", _fwd, _fwd_fake)
+def _kernel_layouts(y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pos: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The arguments as the kernels take them: y with unit channel stride (its batch and row strides are free, so
+    a padded matmul output is read in place), the rest contiguous. The ops accept any strides (``any_strides``):
+    under torch.compile these calls copy nothing unless inductor chose an unusual layout."""
+    y = y if y.stride(-1) == 1 else y.contiguous()
+    return (y, weight.contiguous(), None if bias is None else bias.contiguous(),
+            None if pos is None else pos.contiguous())
+
+
+_fwd_op = define_op("short_conv_streams_fwd", _fwd, _fwd_fake, any_strides=True)
 
 
 def _bwd(y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv_widths: list[int],
          pass_widths: list[int], silu: bool, grads: list[torch.Tensor | None], pos: torch.Tensor | None = None
          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dy, d_weight, d_bias (empty without a bias)) from the gradients of the outputs (None: zeros)."""
+    y, weight, bias, pos = _kernel_layouts(y, weight, bias, pos)
     Dc, n = sum(conv_widths), len(conv_widths)
-    dy = torch.empty_like(y)
+    dy = y.new_empty(y.shape)  # contiguous, whatever y's row stride
     conv_grads = [torch.zeros_like(y[..., :w]) if g is None else g for g, w in zip(grads[:n], conv_widths)]
     _, _, dw, db = conv_streams_bwd(y if Dc == y.shape[-1] else y[..., :Dc], None, weight, bias, silu, conv_grads,
                                     dx=dy if Dc == y.shape[-1] else dy[..., :Dc], pos=pos)
@@ -68,10 +80,10 @@ def _bwd(y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv_
 def _bwd_fake(y, weight, bias, conv_widths, pass_widths, silu, grads, pos=None):
     db = weight.new_empty(weight.shape[0] if bias is not None else 0,
                           dtype=weight.dtype if bias is None else bias.dtype)
-    return torch.empty_like(y), weight.new_empty(weight.shape), db
+    return y.new_empty(y.shape), weight.new_empty(weight.shape), db
 
 
-_bwd_op = define_op("short_conv_streams_bwd", _bwd, _bwd_fake)
+_bwd_op = define_op("short_conv_streams_bwd", _bwd, _bwd_fake, any_strides=True)
 
 
 def _joint_weight(weights: tuple[torch.Tensor, ...]) -> torch.Tensor:

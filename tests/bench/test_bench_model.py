@@ -198,18 +198,40 @@ def test_bad_doc_lengths_exit_2(argv, capsys):
     assert "--doc-lengths" in capsys.readouterr().err
 
 
-def test_pipelined_time_is_the_mean_of_back_to_back_steps_with_one_synchronisation(monkeypatch):
+def test_pipelined_time_is_the_mean_of_back_to_back_steps_after_a_lead_step(monkeypatch):
     clock, calls, synced_at = [0.0], [], []
     monkeypatch.setattr(bench_model.time, "perf_counter", lambda: clock[0])
     monkeypatch.setattr(bench_model, "synchronize", lambda device: synced_at.append(len(calls)))
 
-    def step():  # 2 ms, then 4 ms, then 6 ms per step in the three rounds
+    def step():  # the three rounds' steps take 2, 4 and 6 ms; each round's untimed lead step 100 ms
         calls.append(1)
-        clock[0] += 2e-3 * (1 + (len(calls) - 1) // 5)
+        lead = (len(calls) - 1) % 6 == 0
+        clock[0] += 0.1 if lead else 2e-3 * (1 + (len(calls) - 1) // 6)
 
     ms = bench_model.pipelined_ms(step, steps=5, device=torch.device("cpu"), rounds=3)
-    assert ms == pytest.approx(4.0) and len(calls) == 15
-    assert synced_at == [0, 5, 5, 10, 10, 15]  # before and after each round, never between its steps
+    assert ms == pytest.approx(4.0) and len(calls) == 18
+    assert synced_at == [0, 6, 6, 12, 12, 18]  # before and after each round, never between its steps
+
+
+def test_pipelined_time_on_cuda_is_the_time_between_events_around_the_timed_steps(monkeypatch):
+    """On CUDA the clock is two events recorded after the lead step and after the last step, not the host's."""
+    recorded, calls = [], []
+
+    class FakeEvent:
+        def __init__(self, enable_timing):
+            assert enable_timing
+
+        def record(self):
+            recorded.append(len(calls))
+            self.at = len(calls)
+
+        def elapsed_time(self, end):
+            return 3.0 * (end.at - self.at)
+
+    monkeypatch.setattr(bench_model.torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(bench_model, "synchronize", lambda device: None)
+    ms = bench_model.pipelined_ms(lambda: calls.append(1), steps=4, device=torch.device("cuda"), rounds=2)
+    assert ms == pytest.approx(3.0) and recorded == [1, 5, 6, 10]
 
 
 def test_a_row_takes_its_speed_from_the_back_to_back_time(monkeypatch):

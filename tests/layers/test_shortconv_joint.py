@@ -178,6 +178,27 @@ def test_registered_ops():
     assert all(v == "SUCCESS" for v in result.values()), result
 
 
+def test_registered_ops_read_a_padded_projection_in_place():
+    """The ops take y with a row stride wider than its columns (inductor pads a matmul output's rows on CUDA, and
+    the ops accept any strides) and give the contiguous call's outputs and gradients, contiguous as their fakes."""
+    import linattn.layers.shortconv_joint  # noqa: F401
+
+    gen = torch.Generator().manual_seed(13)
+    y, w, b = (randn(*s, generator=gen).to(DEVICE) for s in ((2, 9, 36), (32, 4), (32,)))
+    padded = torch.zeros(2, 9, 48, device=DEVICE)[..., :36]
+    padded.copy_(y)
+    grads = [randn(2, 9, 16, generator=gen).to(DEVICE), None, randn(2, 9, 4, generator=gen).to(DEVICE)]
+    ops = torch.ops.linattn
+    assert torch.Tag.flexible_layout in ops.short_conv_streams_fwd.default.tags
+    assert torch.Tag.flexible_layout in ops.short_conv_streams_bwd.default.tags
+    for got, want in zip(ops.short_conv_streams_fwd(padded, w, b, [16, 16], [4], True),
+                         ops.short_conv_streams_fwd(y, w, b, [16, 16], [4], True)):
+        assert got.is_contiguous() and torch.equal(got, want)
+    for got, want in zip(ops.short_conv_streams_bwd(padded, w, b, [16, 16], [4], True, grads),
+                         ops.short_conv_streams_bwd(y, w, b, [16, 16], [4], True, grads)):
+        assert got.is_contiguous() and torch.equal(got, want)
+
+
 def test_compiled_layer_equals_eager():
     """A layer with Triton ShortConvs compiles without graph breaks and gives the eager numbers."""
     torch._dynamo.reset()

@@ -17,12 +17,19 @@ import torch
 LIBRARY = torch.library.Library("linattn", "FRAGMENT")
 
 
-def define_op(name: str, implementation: Callable, fake: Callable) -> torch._ops.OpOverload:
+def define_op(name: str, implementation: Callable, fake: Callable, *, any_strides: bool = False
+              ) -> torch._ops.OpOverload:
     """Register ``implementation`` (type-hinted; returns new tensors, mutates none) as ``linattn::<name>`` for
     every device, with ``fake`` (same arguments: empty tensors of the outputs' shapes) for tracing; return the
-    op to call. Autograd falls through the op (its outputs never require grad)."""
+    op to call. Autograd falls through the op (its outputs never require grad).
+
+    ``any_strides``: the implementation takes its tensor arguments with any strides, so inductor may hand it the
+    layouts it chose (tag ``flexible_layout``). Without it inductor gives every argument the strides it had when
+    traced, copying where its own layout differs: on CUDA it pads the row stride of a matmul's output whose rows
+    are not a multiple of 128 bytes (``comprehensive_padding``), and an op over such an output then costs a full
+    copy of it."""
     schema = torch.library.infer_schema(implementation, mutates_args=())
-    LIBRARY.define(name + schema)
+    LIBRARY.define(name + schema, tags=(torch.Tag.flexible_layout,) if any_strides else ())
     LIBRARY.impl(name, implementation, "CompositeExplicitAutograd")
     # autograd passes straight through (no fallback kernel runs per call)
     LIBRARY.impl(name, torch.library.fallthrough_kernel, "Autograd")
