@@ -199,6 +199,31 @@ def test_registered_ops_read_a_padded_projection_in_place():
         assert got.is_contiguous() and torch.equal(got, want)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="inductor pads matmul outputs on CUDA only")
+def test_inductor_leaves_a_padded_projection_in_place():
+    """Inductor on CUDA pads the joint projection's rows (1,544 columns: not a multiple of 128 bytes); the compiled
+    layer copies nothing before the conv ops (no kernel named after them) and gives the eager numbers."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    torch.manual_seed(4)
+    layer = build_mixer("gated_delta_rule", 512, 4).to(DEVICE)
+    x = torch.randn(2, 64, 512, device=DEVICE, requires_grad=True)
+
+    def loss(x):
+        y, _ = layer(x, use_cache=False)
+        return y.square().sum()
+
+    compiled_loss = torch.compile(loss, fullgraph=True)
+    with linattn.settings(shortconv_backend="triton"):
+        eager = torch.autograd.grad(loss(x), [x, *layer.parameters()])
+        compiled, code = run_and_get_code(
+            lambda: torch.autograd.grad(compiled_loss(x), [x, *layer.parameters()]))  # forward and backward graphs
+    assert not [line for line in "\n".join(code).splitlines() if "def triton" in line and "short_conv" in line]
+    for a, e in zip(compiled, eager):
+        assert_close(a, e, 1e-4, "gradient")
+
+
 def test_compiled_layer_equals_eager():
     """A layer with Triton ShortConvs compiles without graph breaks and gives the eager numbers."""
     torch._dynamo.reset()

@@ -37,7 +37,8 @@ def run(q, k, v, p, g, beta, s0, backend, chunk_size=16, final=True, neg=False):
                                                                ((2, 37, 2, 20, 24), 16, True, True),
                                                                ((1, 70, 1, 32, 48), 32, True, False),
                                                                ((1, 130, 1, 16, 16), 64, False, True),
-                                                               ((1, 40, 1, 80, 16), 16, True, True)])  # two key blocks
+                                                               ((1, 40, 1, 80, 16), 16, True, True),  # two key blocks
+                                                               ((2, 23, 3, 80, 16), 16, True, True)])  # and B*H > 1
 def test_comba_triton_matches_recurrent_fp32(shape, chunk_size, with_state, final):
     q, k, v, p, g, beta, s0 = make(*shape)
     check_backends_agree(lambda *xs, backend: run(*xs, backend, chunk_size, final=final),

@@ -52,7 +52,10 @@ def dn(q, k, v, g, beta, s0, backend, chunk_size=16, final=True, neg=False):
                                                          ((2, 37, 2, 20, 24), 16, True),
                                                          ((1, 70, 1, 32, 48), 32, True),
                                                          ((1, 130, 1, 16, 16), 64, False),
-                                                         ((1, 40, 1, 80, 16), 16, True)])  # two key blocks
+                                                         ((1, 40, 1, 80, 16), 16, True),  # two key blocks
+                                                         # ... and several batch-heads: where each block's share
+                                                         # of the gate's gradient lies depends on B*H
+                                                         ((2, 23, 3, 80, 16), 16, True)])
 def test_gated_delta_triton_matches_recurrent_fp32(shape, chunk_size, with_state):
     q, k, v, g, beta, s0 = make(*shape)
     check_backends_agree(lambda *xs, backend: gdn(*xs, backend, chunk_size),

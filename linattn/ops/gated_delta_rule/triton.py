@@ -288,6 +288,13 @@ def _state_bwd_kernel(q, k, w, g, do, dd, dh, dht, dh0, cu, rows, scale, T, NC, 
     tl.store(dh0 + i_bh.to(tl.int64) * K * V + kv, dS, mask=m_kv)
 
 
+@triton.jit
+def _db_share(db, i_k, T):
+    """Key block i_k's share of db, a [B, T, H] float32 slice of db [NKQ, B, T, H], in the kernels whose grid's axis 1
+    runs over the B*H batch-heads (both of db's writer and reader: one rule for where a share lies)."""
+    return db + i_k * (tl.num_programs(1).to(tl.int64) * T)
+
+
 @fast_launch
 @triton.jit(do_not_specialize=["T", "NC"])
 def _grads_qk_kernel(q, k, g, h, dlt, dd, do, dh, dq, dk, dw, db, rows, scale, T, NC, H: tl.constexpr,
@@ -349,7 +356,7 @@ def _grads_qk_kernel(q, k, g, h, dlt, dd, do, dh, dq, dk, dw, db, rows, scale, T
         dbv += tl.sum(PP, axis=1) - tl.sum(PP, axis=0) - x
         # the chunk-end terms (through b_C) go to the last token of the chunk that exists
         dbv += tl.where(o_c == count - 1, tl.sum(x, axis=0) + tl.exp(b_last) * tl.sum(sds, axis=0), 0.0)
-        tl.store(db + i_k * (tl.num_programs(2).to(tl.int64) * T) + r0 + row, dbv, mask=m_t)
+        tl.store(_db_share(db, i_k, T) + r0 + row, dbv, mask=m_t)
 
 
 @fast_launch
@@ -431,7 +438,7 @@ def _grads_wy_kernel(k, p, v, beta, g, tm, dd, dw, dk, dp, dv, dbeta, db, dg, ro
     if USE_G:
         dbv = bet * y + bet * a_row - a_col
         for i_k in range(NKQ):
-            dbv += tl.load(db + i_k * (tl.num_programs(1).to(tl.int64) * T) + r0 + row, mask=m_t, other=0.0)
+            dbv += tl.load(_db_share(db, i_k, T) + r0 + row, mask=m_t, other=0.0)
         tl.store(dg + r0 + row, tl.cumsum(dbv, axis=0, reverse=True), mask=m_t)
 
 
