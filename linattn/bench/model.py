@@ -421,9 +421,8 @@ def pipelined_ms(step: Callable[[], None], steps: int, device: torch.device, rou
     timed steps: the clock starts when the GPU has finished the lead step, not when the host starts queueing.
     Without the lead step a round also counts its start (the GPU idle while the host queues the first kernels) and
     its end (the last step's kernels still queued when the host is done), which a long training run never sees
-    again: with rounds of 4 steps whose host time is near their device time, that made a compiled model's steps
-    look up to a sixth slower than its steady rate. What is timed is the steady rate: the device's time per step
-    when the host keeps ahead of it, the host's when it does not."""
+    again, and which weigh most in short rounds of steps whose host time is near their device time. What is timed
+    is the steady rate: the device's time per step when the host keeps ahead of it, the host's when it does not."""
     runs = []
     for _ in range(rounds):
         synchronize(device)

@@ -24,7 +24,7 @@ import torch
 
 from ..ops.common.registered_ops import define_op
 from ..ops.common.triton_ops import eager_backward, op_function
-from .shortconv_triton import conv_streams_bwd, conv_streams_fwd
+from .shortconv_triton import conv_streams_bwd, conv_streams_fwd, rows_contiguous
 
 
 def _fwd(y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv_widths: list[int],
@@ -49,8 +49,7 @@ def _kernel_layouts(y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     """The arguments as the kernels take them: y with unit channel stride (its batch and row strides are free, so
     a padded matmul output is read in place), the rest contiguous. The ops accept any strides (``any_strides``):
     under torch.compile these calls copy nothing unless inductor chose an unusual layout."""
-    y = y if y.stride(-1) == 1 else y.contiguous()
-    return (y, weight.contiguous(), None if bias is None else bias.contiguous(),
+    return (rows_contiguous(y), weight.contiguous(), None if bias is None else bias.contiguous(),
             None if pos is None else pos.contiguous())
 
 

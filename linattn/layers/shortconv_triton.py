@@ -201,7 +201,7 @@ def _conv_dx_kernel(w, dz, pos, dx, dcache, T, D, sdx_b, sdx_t, W: tl.constexpr,
                  mask=(p < W - 1)[:, None] & m_d[None, :])
 
 
-def _rows_contiguous(x: torch.Tensor) -> torch.Tensor:
+def rows_contiguous(x: torch.Tensor) -> torch.Tensor:
     """x [B, T, D] with unit channel stride (batch and time strides are passed to the kernels)."""
     return x if x.stride(-1) == 1 else x.contiguous()
 
@@ -285,7 +285,7 @@ def conv_streams_fwd(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.
 
 def _conv_fwd(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
               silu: bool, pos: torch.Tensor | None = None) -> torch.Tensor:
-    return conv_streams_fwd(_rows_contiguous(x), cache, weight, bias, silu, [x.shape[-1]], pos)[0]
+    return conv_streams_fwd(rows_contiguous(x), cache, weight, bias, silu, [x.shape[-1]], pos)[0]
 
 
 def _short_conv_fwd_fake(x, cache, weight, bias, silu, pos=None):
@@ -356,7 +356,7 @@ def _conv_bwd(x: torch.Tensor, cache: torch.Tensor | None, weight: torch.Tensor,
               silu: bool, dy: torch.Tensor, pos: torch.Tensor | None = None
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, d_cache ([B, 0, D] without a cache), d_weight [D, W], d_bias ([D] zeros without a bias))."""
-    return conv_streams_bwd(_rows_contiguous(x), cache, weight, bias, silu, [dy], pos=pos)
+    return conv_streams_bwd(rows_contiguous(x), cache, weight, bias, silu, [dy], pos=pos)
 
 
 def _short_conv_bwd_fake(x, cache, weight, bias, silu, dy, pos=None):
