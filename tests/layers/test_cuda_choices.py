@@ -41,9 +41,20 @@ PACKED = [m for m in list_mixers() if "cu_seqlens" in inspect.signature(mixer_cl
 @pytest.mark.parametrize("mixer,packed", [(m, False) for m in list_mixers()] + [(m, True) for m in PACKED])
 def test_the_layer_with_cudas_choices_equals_the_cpu_layer(mixer, packed, monkeypatch):
     """Packed: three sequences in one row (the packed ShortConv and op paths)."""
+    _check_cudas_choices(mixer, packed, 32, monkeypatch)
+
+
+@pytest.mark.parametrize("mixer", ["gated_delta_rule", "comba", "gla", "mamba2"])
+def test_heads_of_128_with_cudas_choices_equal_the_cpu_layer(mixer, monkeypatch):
+    """Heads of 128 channels, as the benchmark model's: the kernels then run several key blocks per head (at 16
+    channels one block hid a gate gradient read from the wrong place)."""
+    _check_cudas_choices(mixer, False, 256, monkeypatch)
+
+
+def _check_cudas_choices(mixer, packed, d_model, monkeypatch):
     torch.manual_seed(0)
-    layer = mixer_class(mixer)(32, 2)
-    x = torch.randn(1 if packed else 2, 70 if packed else 37, 32, generator=torch.Generator().manual_seed(1))
+    layer = mixer_class(mixer)(d_model, 2)
+    x = torch.randn(1 if packed else 2, 70 if packed else 37, d_model, generator=torch.Generator().manual_seed(1))
     cu = torch.tensor([0, 20, 33, 70]) if packed else None
     kw = {"cu_seqlens": cu} if packed else {}
     with linattn.settings(op_backend="chunk", fused_backend="torch", shortconv_backend="muladd"):
