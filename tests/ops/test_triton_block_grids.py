@@ -1,8 +1,8 @@
-"""Every op with a Triton backend equals its chunk backend (float32: the output and every input's gradient) at a
-shape where its kernels run several key and value blocks over several batch-heads and chunks, with a partial last
-block and chunk (B 2, T 37, H 2, K = V = 80). A block's index, or where a per-block partial result lies, taken from
-the wrong grid axis shows only at such shapes: with one block or one batch-head the wrong offset equals the right
-one (gated_delta_rule's gate gradient was wrong so on the GPU at K = 128).
+"""Every op with a Triton backend equals its chunk backend (mesa_net: the recurrence) in float32, the output and
+every input's gradient, at a shape where its kernels run several key and value blocks over several batch-heads and
+chunks, with a partial last block and chunk (B 2, T 37, H 2, K = V = 80). A block's index, or where a per-block
+partial result lies, taken from the wrong grid axis shows only at such shapes: with one block or one batch-head the
+wrong offset equals the right one (gated_delta_rule's gate gradient was wrong so on the GPU at K = 128).
 
 Runs on CUDA when present, else on the CPU through Triton's interpreter (tests/conftest.py)."""
 
@@ -16,13 +16,17 @@ from linattn.testing import assert_close
 pytestmark = [pytest.mark.triton, pytest.mark.skipif(not triton_available(), reason="triton not installed")]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SHAPE = dict(B=2, T=37, H=2, K=80, V=80)
+# mesa_net's Triton kernels are its CG solver's (solver "exact" runs the chunk backend's code): CG with K steps, exact
+# in exact arithmetic, against the recurrence's Cholesky solve
+TRITON_KWARGS = {"mesa_net": {"solver": "cg", "cg_steps": SHAPE["K"]}}
+REFERENCE = {"mesa_net": "recurrent"}
 
 
-def _output_and_grads(op: str, inputs: dict, backend: str) -> tuple[torch.Tensor, dict]:
+def _output_and_grads(op: str, inputs: dict, backend: str, **kwargs) -> tuple[torch.Tensor, dict]:
     leaves = {n: x.detach().clone().to(DEVICE).requires_grad_(True) for n, x in inputs.items()
               if isinstance(x, torch.Tensor) and x.is_floating_point()}
     args = {n: leaves.get(n, x.to(DEVICE) if isinstance(x, torch.Tensor) else x) for n, x in inputs.items()}
-    o = get_op(op).fn(**args, backend=backend)[0]
+    o = get_op(op).fn(**args, backend=backend, **kwargs)[0]
     cotangent = torch.randn(o.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     grads = torch.autograd.grad((o * cotangent).sum(), list(leaves.values()), allow_unused=True)
     return o.detach(), dict(zip(leaves, grads))
@@ -32,8 +36,8 @@ def _output_and_grads(op: str, inputs: dict, backend: str) -> tuple[torch.Tensor
 def test_triton_equals_chunk_over_several_blocks_and_batch_heads(op):
     torch.manual_seed(0)
     inputs = get_op(op).example_inputs(**SHAPE, dtype=torch.float32)
-    want_o, want = _output_and_grads(op, inputs, "chunk")
-    got_o, got = _output_and_grads(op, inputs, "triton")
+    want_o, want = _output_and_grads(op, inputs, REFERENCE.get(op, "chunk"))
+    got_o, got = _output_and_grads(op, inputs, "triton", **TRITON_KWARGS.get(op, {}))
     assert_close(got_o.cpu(), want_o.cpu(), 1e-5, f"{op}: output")
     for name, expected in want.items():
         assert (got[name] is None) == (expected is None), f"{op}: gradient of {name}"
