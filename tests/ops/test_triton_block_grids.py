@@ -1,8 +1,9 @@
-"""Every op with a Triton backend equals its chunk backend (mesa_net: the recurrence) in float32, and within bf16's
-tolerances in bf16, the output and every input's gradient, at a shape where its kernels run several key and value blocks over several batch-heads and
-chunks, with a partial last block and chunk (B 2, T 37, H 2, K = V = 80). A block's index, or where a per-block
-partial result lies, taken from the wrong grid axis shows only at such shapes: with one block or one batch-head the
-wrong offset equals the right one (gated_delta_rule's gate gradient was wrong so on the GPU at K = 128).
+"""Every op with a Triton backend equals its chunk backend (mesa_net: the recurrence), the output and every input's
+gradient, in float32 and within bf16's tolerances in bf16, at a shape where its kernels run several key and value
+blocks over several batch-heads and chunks, with a partial last block and chunk (B 2, T 37, H 2, K = V = 80). A
+block's index, or where a per-block partial result lies, taken from the wrong grid axis shows only at such shapes:
+with one block or one batch-head the wrong offset equals the right one (gated_delta_rule's gate gradient was wrong
+so on the GPU at K = 128).
 
 Runs on CUDA when present, else on the CPU through Triton's interpreter (tests/conftest.py)."""
 
