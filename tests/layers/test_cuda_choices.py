@@ -46,8 +46,8 @@ def test_the_layer_with_cudas_choices_equals_the_cpu_layer(mixer, packed, monkey
 
 @pytest.mark.parametrize("mixer", ["gated_delta_rule", "comba", "gla", "mamba2"])
 def test_heads_of_128_with_cudas_choices_equal_the_cpu_layer(mixer, monkeypatch):
-    """Heads of 128 channels, as the benchmark model's: the kernels then run several key blocks per head (at 16
-    channels one block hid a gate gradient read from the wrong place)."""
+    """Heads of 128 channels, as the benchmark model's: the kernels then run several key blocks per head, where a
+    per-block result in the wrong place shows (with one block per head it cannot)."""
     _check_cudas_choices(mixer, False, 256, monkeypatch)
 
 

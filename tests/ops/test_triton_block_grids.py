@@ -2,8 +2,7 @@
 gradient, in float32 and within bf16's tolerances in bf16, at a shape where its kernels run several key and value
 blocks over several batch-heads and chunks, with a partial last block and chunk (B 2, T 37, H 2, K = V = 80). A
 block's index, or where a per-block partial result lies, taken from the wrong grid axis shows only at such shapes:
-with one block or one batch-head the wrong offset equals the right one (gated_delta_rule's gate gradient was wrong
-so on the GPU at K = 128).
+with one block or one batch-head the wrong offset equals the right one.
 
 Runs on CUDA when present, else on the CPU through Triton's interpreter (tests/conftest.py)."""
 
