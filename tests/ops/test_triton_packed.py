@@ -180,7 +180,9 @@ def _launch_keys(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
         names = list(self.kernel.arg_names)
         values = dict(zip(names, args)) | {n: v for n, v in kwargs.items() if n in names}
         constexpr = {n for n, a in fn.__annotations__.items() if "constexpr" in str(a)}
-        skip = set(getattr(self.kernel, "do_not_specialize", None) or ["T"])
+        # the kernel's do_not_specialize (under the interpreter kept among the decorator's keyword arguments)
+        skip = set(getattr(self.kernel, "do_not_specialize", None)
+                   or getattr(self.kernel, "kwargs", {}).get("do_not_specialize") or ["T"])
         key: list = [fn.__name__, tuple(sorted((n, v) for n, v in kwargs.items() if n not in names))]
         for n in names:
             v = values[n]

@@ -114,12 +114,3 @@ def mm(a, b, PREC: tl.constexpr, UPCAST: tl.constexpr):
     else:
         return tl.dot(a, b, input_precision=PREC)
 
-
-@triton.jit
-def mm_acc(a, b, acc, PREC: tl.constexpr, UPCAST: tl.constexpr):
-    """acc + a @ b (float32 acc) with the sum made in the product's accumulator, as the loops of flash kernels
-    write it (Triton 3.6 compiles ``acc + mm(a, b)`` to the same code; see :func:`upcast_dots`)."""
-    if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        return tl.dot(a, b, acc, input_precision=PREC)

@@ -44,7 +44,7 @@ import triton.language as tl
 
 from ..common.triton_launch import fast_launch
 from ..common.triton_masking import is_finite
-from ..common.triton_utils import mm, mm_acc
+from ..common.triton_utils import mm
 
 
 @triton.jit
@@ -141,7 +141,7 @@ def _fwd_blocks(acc, m_i, l_i, bad, qt, Grow, pos, kb, vb, Gk, start, end, Tk, W
         p = tl.exp2(s - shift[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = mm_acc(p.to(vt.dtype), vt, acc * alpha[:, None], PREC, UP)
+        acc = acc * alpha[:, None] + mm(p.to(vt.dtype), vt, PREC, UP)
         m_i = m_new
     return acc, m_i, l_i, bad
 
@@ -253,10 +253,10 @@ def _dkv_blocks(dk, dv, dGc, kt, vt, cols, n, qb, dob, lseb, deltab, Gk, start, 
         if MASK:
             s = tl.where(_sees(pos[None, :], cols[:, None], Tk, W, HAS_WINDOW), s, float("-inf"))
         p = tl.exp2(s - lse_r[None, :])  # P^T [BN, BM]
-        dv = mm_acc(p.to(dot_.dtype), dot_, dv, PREC, UP)
+        dv += mm(p.to(dot_.dtype), dot_, PREC, UP)
         dp = mm(vt, tl.trans(dot_), PREC, UP)
         ds = p * (dp - delta_r[None, :])  # dS^T
-        dk = mm_acc(ds.to(q_t.dtype), tl.trans(q_t), dk, PREC, UP)
+        dk += mm(ds.to(q_t.dtype), tl.trans(q_t), PREC, UP)
         if HAS_GATE:
             dGc -= tl.sum(ds, axis=1)
     return dk, dv, dGc
@@ -347,7 +347,7 @@ def _dq_blocks(dq, dGr, qt, dot_, lse_r, delta_r, Grow, pos, kb, vb, Gk, start, 
         p = tl.exp2(s - shift[:, None])
         dp = mm(dot_, vt, PREC, UP)
         ds = p * (dp - delta_r[:, None])
-        dq = mm_acc(ds.to(kc.dtype), kc, dq, PREC, UP)
+        dq += mm(ds.to(kc.dtype), kc, PREC, UP)
         if HAS_GATE:
             dGr += tl.sum(ds, axis=1)
     return dq, dGr

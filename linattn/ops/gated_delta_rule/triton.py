@@ -288,21 +288,14 @@ def _state_bwd_kernel(q, k, w, g, do, dd, dh, dht, dh0, cu, rows, scale, T, NC, 
     tl.store(dh0 + i_bh.to(tl.int64) * K * V + kv, dS, mask=m_kv)
 
 
-@triton.jit
-def _db_share(db, i_k, T):
-    """Key block i_k's share of db, a [B, T, H] float32 slice of db [NKQ, B, T, H], in the kernels whose grid's axis 1
-    runs over the B*H batch-heads (both of db's writer and reader: one rule for where a share lies)."""
-    return db + i_k * (tl.num_programs(1).to(tl.int64) * T)
-
-
 @fast_launch
-@triton.jit(do_not_specialize=["T", "NC"])
-def _grads_qk_kernel(q, k, g, h, dlt, dd, do, dh, dq, dk, dw, db, rows, scale, T, NC, H: tl.constexpr,
+@triton.jit(do_not_specialize=["T", "NC", "sdb"])
+def _grads_qk_kernel(q, k, g, h, dlt, dd, do, dh, dq, dk, dw, db, rows, scale, T, NC, sdb, H: tl.constexpr,
                      K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      USE_G: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr, PACKED: tl.constexpr):
     """Grid (cdiv(K, BK) * N, B*H) (block_and_index), looping over value blocks: for one key block, dq, the part of
     dk from o and S' (written to dk), dW = -ddelta S^T, and this key block's share of the part of db_t from o and S'
-    (written to db[i_k]: the shares are linear in sums over keys and add up)."""
+    (written to db[i_k], at db + i_k * sdb: the shares are linear in sums over keys and add up)."""
     i_k, n = block_and_index(tl.cdiv(K, BK))
     i_bh = tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -356,12 +349,13 @@ def _grads_qk_kernel(q, k, g, h, dlt, dd, do, dh, dq, dk, dw, db, rows, scale, T
         dbv += tl.sum(PP, axis=1) - tl.sum(PP, axis=0) - x
         # the chunk-end terms (through b_C) go to the last token of the chunk that exists
         dbv += tl.where(o_c == count - 1, tl.sum(x, axis=0) + tl.exp(b_last) * tl.sum(sds, axis=0), 0.0)
-        tl.store(_db_share(db, i_k, T) + r0 + row, dbv, mask=m_t)
+        tl.store(db + sdb.to(tl.int64) * i_k + r0 + row, dbv, mask=m_t)
 
 
 @fast_launch
-@triton.jit(do_not_specialize=["T"])
-def _grads_wy_kernel(k, p, v, beta, g, tm, dd, dw, dk, dp, dv, dbeta, db, dg, rows, T, H: tl.constexpr, K: tl.constexpr,
+@triton.jit(do_not_specialize=["T", "sdb"])
+def _grads_wy_kernel(k, p, v, beta, g, tm, dd, dw, dk, dp, dv, dbeta, db, dg, rows, T, sdb, H: tl.constexpr,
+                     K: tl.constexpr,
                      V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NKQ: tl.constexpr,
                      USE_G: tl.constexpr, HAS_P: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
                      PACKED: tl.constexpr):
@@ -438,7 +432,7 @@ def _grads_wy_kernel(k, p, v, beta, g, tm, dd, dw, dk, dp, dv, dbeta, db, dg, ro
     if USE_G:
         dbv = bet * y + bet * a_row - a_col
         for i_k in range(NKQ):
-            dbv += tl.load(_db_share(db, i_k, T) + r0 + row, mask=m_t, other=0.0)
+            dbv += tl.load(db + sdb.to(tl.int64) * i_k + r0 + row, mask=m_t, other=0.0)
         tl.store(dg + r0 + row, tl.cumsum(dbv, axis=0, reverse=True), mask=m_t)
 
 
@@ -604,18 +598,20 @@ def gated_delta_triton_backward(q, k, v, g, beta, scale, initial_state, C, do, d
     dg = dbeta if g is None else torch.empty_like(g)  # without a gate a pointer the kernels never write
     BKQ = min(LAUNCH["grads_BK"], BK)
     NKQ = cdiv(K, BKQ)
-    # shares of the part of db_t from o and S', one per key block (unused without a gate)
+    # shares of the part of db_t from o and S', one per key block (unused without a gate); the kernels place share
+    # i at i * sdb, as the tensor lays it out (not as any launch grid happens to be shaped)
     db = dg if g is None else torch.empty(NKQ, *g.shape, device=g.device, dtype=torch.float32)
+    sdb = db.stride(0) if g is not None else 0
     BV = min(LAUNCH["grads_BV"], _block(V))
     states_done.join()
     _grads_qk_kernel[(NKQ * N, B * H)](
         q=q, k=k, g=gp, h=h, dlt=dlt, dd=dd, do=do, dh=dh, dq=dq, dk=dk, dw=dw, db=db, rows=rp, scale=scale, T=T,
-        NC=N, H=H, K=K, V=V, C=C, BK=BKQ, BV=BV, USE_G=g is not None, PACKED=chunks.packed, **_launch_args(q),
+        NC=N, sdb=sdb, H=H, K=K, V=V, C=C, BK=BKQ, BV=BV, USE_G=g is not None, PACKED=chunks.packed, **_launch_args(q),
         **_options(q, "grads"))
     dp = None if p is None else torch.empty_like(p)
     _grads_wy_kernel[(N, B * H)](
         k=k, p=k if p is None else p, v=v, beta=beta, g=gp, tm=tm, dd=dd, dw=dw, dk=dk, dp=dk if p is None else dp,
-        dv=dv, dbeta=dbeta, db=db, dg=dg, rows=rp, T=T, H=H, K=K, V=V, C=C, BK=min(LAUNCH["wy_BK"], BK),
+        dv=dv, dbeta=dbeta, db=db, dg=dg, rows=rp, T=T, sdb=sdb, H=H, K=K, V=V, C=C, BK=min(LAUNCH["wy_BK"], BK),
         BV=min(LAUNCH["wy_BV"], _block(V)), NKQ=NKQ, USE_G=g is not None, HAS_P=p is not None, PACKED=chunks.packed,
         **_launch_args(q), **_options(q, "wy"))
     return dq, dk, dv, (None if g is None else dg), dbeta, dh0, dp
