@@ -83,12 +83,19 @@ def _load(ptr, m_a, m_b, MASKED: tl.constexpr):
 
 
 @triton.jit
+def _gate_cols(Gk, n, cols, Tk):
+    """(G_n in float64, the bias's column term G_j - G_n [BN] of key block n in float32 log2 units)."""
+    ref = tl.load(Gk + n)
+    gc = tl.load(Gk + cols, mask=cols < Tk, other=ref)
+    return ref, (gc - ref).to(tl.float32) * 1.4426950408889634
+
+
+@triton.jit
 def _gate_terms(Grow, Gk, n, cols, Tk):
     """The bias of key block n as its row and column terms, (G_{p_i} - G_n) [rows] and (G_j - G_n) [BN], in
     float32 log2 units (G read in float64): the tile's bias is row[:, None] - col[None, :]."""
-    ref = tl.load(Gk + n)
-    gc = tl.load(Gk + cols, mask=cols < Tk, other=ref)
-    return (Grow - ref).to(tl.float32) * 1.4426950408889634, (gc - ref).to(tl.float32) * 1.4426950408889634
+    ref, col = _gate_cols(Gk, n, cols, Tk)
+    return (Grow - ref).to(tl.float32) * 1.4426950408889634, col
 
 
 @triton.jit
@@ -237,7 +244,7 @@ def fox_delta_kernel(o, do, delta, Tq, H: tl.constexpr, V: tl.constexpr, BM: tl.
 
 
 @triton.jit
-def _dkv_blocks(dk, dv, dGc, kt, vt, cols, n, qb, dob, lseb, deltab, Gk, start, end, T0, Tq, Tk, W, scale2,
+def _dkv_blocks(dk, dv, dGc, kt, vt, cols, ref, col, qb, dob, lseb, deltab, Gk, start, end, T0, Tq, Tk, W, scale2,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
                 BV: tl.constexpr, MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_GATE: tl.constexpr,
                 PREC: tl.constexpr, UP: tl.constexpr):
@@ -245,7 +252,8 @@ def _dkv_blocks(dk, dv, dGc, kt, vt, cols, n, qb, dob, lseb, deltab, Gk, start, 
 
     Computed transposed, keys along the tiles' rows (S^T = K Q^T, [BN, BM]): P^T and dS^T are then the left
     operands of dV += P^T dO and dK += dS^T Q as they come out of the products, with no transpose of a register
-    tile between them, and the column sums of dS are sums along the tiles' rows."""
+    tile between them, and the column sums of dS are sums along the tiles' rows. ``ref``, ``col``: the key block's
+    G_n and bias column term (:func:`_gate_cols`), the same for every query block, so formed once by the caller."""
     o_k, o_v = tl.arange(0, BK), tl.arange(0, BV)
     for r in range(start, end, BM):
         rows = r + tl.arange(0, BM)
@@ -260,7 +268,7 @@ def _dkv_blocks(dk, dv, dGc, kt, vt, cols, n, qb, dob, lseb, deltab, Gk, start, 
         pos = T0 + rows
         s = mm(kt, q_t, PREC, UP) * scale2  # [BN, BM]
         if HAS_GATE:  # the bias's row term joins the row's log-sum-exp ([BM] work), as in the forward
-            row, col = _gate_terms(_gate_rows(Gk, Tk, Tq, rows, m_rows, HAS_GATE), Gk, n, cols, Tk)
+            row = (_gate_rows(Gk, Tk, Tq, rows, m_rows, HAS_GATE) - ref).to(tl.float32) * 1.4426950408889634
             s = s - col[:, None]
             lse_r = lse_r - row
         if MASK:
@@ -319,13 +327,17 @@ def fox_dkv_kernel(q, k, v, G, do, lse, delta, dk, dv, dG, scale, Tq, Tk, W, H: 
         dob = do + (i_b * Tq * H + i_h) * V
         Gk = G + i_bh * Tk
         dGc = tl.zeros([BN], dtype=tl.float32)
-        dk_acc, dv_acc, dGc = _dkv_blocks(dk_acc, dv_acc, dGc, kt, vt, cols, n, qb, dob, lse + i_bh * Tq,
+        if HAS_GATE:
+            ref, col = _gate_cols(Gk, n, cols, Tk)
+        else:  # not read
+            ref, col = 0.0, dGc
+        dk_acc, dv_acc, dGc = _dkv_blocks(dk_acc, dv_acc, dGc, kt, vt, cols, ref, col, qb, dob, lse + i_bh * Tq,
                                           delta + i_bh * Tq, Gk, r_lo, mid_lo, T0, Tq, Tk, W, scale2, H, K, V, BM,
                                           BK, BV, True, HAS_WINDOW, HAS_GATE, PREC, UP)
-        dk_acc, dv_acc, dGc = _dkv_blocks(dk_acc, dv_acc, dGc, kt, vt, cols, n, qb, dob, lse + i_bh * Tq,
+        dk_acc, dv_acc, dGc = _dkv_blocks(dk_acc, dv_acc, dGc, kt, vt, cols, ref, col, qb, dob, lse + i_bh * Tq,
                                           delta + i_bh * Tq, Gk, mid_lo, mid_hi, T0, Tq, Tk, W, scale2, H, K, V, BM,
                                           BK, BV, False, HAS_WINDOW, HAS_GATE, PREC, UP)
-        dk_acc, dv_acc, dGc = _dkv_blocks(dk_acc, dv_acc, dGc, kt, vt, cols, n, qb, dob, lse + i_bh * Tq,
+        dk_acc, dv_acc, dGc = _dkv_blocks(dk_acc, dv_acc, dGc, kt, vt, cols, ref, col, qb, dob, lse + i_bh * Tq,
                                           delta + i_bh * Tq, Gk, mid_hi, r_hi, T0, Tq, Tk, W, scale2, H, K, V, BM,
                                           BK, BV, True, HAS_WINDOW, HAS_GATE, PREC, UP)
         if HAS_GATE:
