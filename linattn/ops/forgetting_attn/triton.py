@@ -22,7 +22,7 @@ from ..common.positions import apply_rope, rope_config
 from ..common.registered_ops import define_op
 from ..common.triton_ops import eager_backward, op_function
 from ..common.triton_utils import block, cdiv, dot_precision, launch_options, launch_overrides, upcast_dots
-from .triton_kernels import fox_delta_kernel, fox_dkv_kernel, fox_dq_kernel, fox_fwd_kernel
+from .triton_kernels import fox_delta_kernel, fox_dkv_kernel, fox_dq_kernel, fox_fwd_kernel, fox_gate_columns_kernel
 
 # Block sizes and warps per kernel, fixed per head size (never per sequence length); "fwd_BM" query rows per
 # forward program and "fwd_BN" keys per inner step; "dkv_BN" keys per dK/dV program, "dkv_BM" query rows per step;
@@ -46,6 +46,18 @@ def _dims(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, ...]:
     return B, Tq, k.shape[1], H, k.shape[2], K, v.shape[-1]
 
 
+def gate_columns(G: torch.Tensor | None, BN: int) -> torch.Tensor | None:
+    """The bias's column terms [B, H, Tk] float32 of G [B, H, Tk] float64 for key blocks of BN keys (None without
+    G): formed once per call by a kernel of its own instead of by every program of the attention kernels at each
+    key block (triton_kernels.py, ``_gate_terms``)."""
+    if G is None:
+        return None
+    B, H, Tk = G.shape
+    Gc = torch.empty(B, H, Tk, device=G.device, dtype=torch.float32)
+    fox_gate_columns_kernel[(cdiv(Tk, BN), B * H)](G=G, Gc=Gc, Tk=Tk, BN=BN)
+    return Gc
+
+
 def fox_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Tensor | None, scale: float,
                 window: int, strict: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """o [B, Tq, H, V] (q's dtype) and the base-2 row log-sum-exp [B, H, Tq] (float32). q [B, Tq, H, K],
@@ -57,9 +69,11 @@ def fox_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Tens
     lse = q.new_empty(B, H, Tq, dtype=torch.float32)
     # a decoding step (a few queries against a long cache) would leave most of a 128-row block idle
     BM = LAUNCH["fwd_BM"] if Tq > 16 else 16
+    BN = LAUNCH["fwd_BN"]
+    Gc = gate_columns(G, BN)
     fox_fwd_kernel[(cdiv(Tq, BM), B * H)](
-        q=q, k=k, v=v, G=lse if G is None else G, o=o, lse=lse, scale=scale, Tq=Tq, Tk=Tk, W=window, H=H, HKV=Hkv,
-        K=K, V=V, BM=BM, BN=LAUNCH["fwd_BN"], BK=block(K), BV=block(V), HAS_WINDOW=window > 0,
+        q=q, k=k, v=v, G=lse if G is None else G, Gc=lse if Gc is None else Gc, o=o, lse=lse, scale=scale, Tq=Tq,
+        Tk=Tk, W=window, H=H, HKV=Hkv, K=K, V=V, BM=BM, BN=BN, BK=block(K), BV=block(V), HAS_WINDOW=window > 0,
         HAS_GATE=G is not None, STRICT=strict,
         PREC=dot_precision(q.dtype), UP=upcast_dots(q.dtype), **launch_options(LAUNCH, "fwd", q.dtype, 1))
     return o, lse
@@ -87,9 +101,10 @@ def fox_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Ten
     fox_dkv_kernel[(cdiv(Tk, BN), B * Hkv)](
         q=q, k=k, v=v, do=do, lse=lse, delta=delta, dk=dk, dv=dv, BM=LAUNCH["dkv_BM"], BN=BN,
         **common, **launch_options(LAUNCH, "dkv", q.dtype, 1))
-    BM = LAUNCH["dq_BM"]
+    BM, BN = LAUNCH["dq_BM"], LAUNCH["dq_BN"]
+    Gc = gate_columns(G, BN)
     fox_dq_kernel[(cdiv(Tq, BM), B * H)](
-        q=q, k=k, v=v, do=do, lse=lse, delta=delta, dq=dq, BM=BM, BN=LAUNCH["dq_BN"], **common,
+        q=q, k=k, v=v, Gc=delta if Gc is None else Gc, do=do, lse=lse, delta=delta, dq=dq, BM=BM, BN=BN, **common,
         **launch_options(LAUNCH, "dq", q.dtype, 1))
     return dq, dk, dv, dG
 

@@ -90,12 +90,32 @@ def _gate_cols(Gk, n, cols, Tk):
     return ref, (gc - ref).to(tl.float32) * 1.4426950408889634
 
 
+@fast_launch
+@triton.jit(do_not_specialize=["Tk"])
+def fox_gate_columns_kernel(G, Gc, Tk, BN: tl.constexpr):
+    """Grid (cdiv(Tk, BN), B*H): Gc [B, H, Tk] float32, the bias's column term (G_j - G_n) log2 e of each key j
+    against the first key n of its block of BN (:func:`_gate_cols`), as the forward and dQ kernels' key blocks of BN
+    use it."""
+    i_n, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    cols = i_n * BN + tl.arange(0, BN)
+    _, col = _gate_cols(G + i_bh * Tk, i_n * BN, cols, Tk)
+    tl.store(Gc + i_bh * Tk + cols, col, mask=cols < Tk)
+
+
 @triton.jit
-def _gate_terms(Grow, Gk, n, cols, Tk):
+def _gate_terms(Grow, Gk, Gck, n, cols, Tk, MASK: tl.constexpr):
     """The bias of key block n as its row and column terms, (G_{p_i} - G_n) [rows] and (G_j - G_n) [BN], in
-    float32 log2 units (G read in float64): the tile's bias is row[:, None] - col[None, :]."""
-    ref, col = _gate_cols(Gk, n, cols, Tk)
-    return (Grow - ref).to(tl.float32) * 1.4426950408889634, col
+    float32 log2 units: the tile's bias is row[:, None] - col[None, :]. The row term from G in float64; the column
+    term read from Gck, :func:`fox_gate_columns_kernel`'s output for blocks of this size (the same numbers as
+    forming it here, without a [BN] float64 load, subtraction and conversion per step: each thread holds its own
+    columns of the tile, so that work was repeated in every thread's registers). MASK: the block may reach past
+    Tk (those columns are masked out of the logits, so any finite value does)."""
+    row = (Grow - tl.load(Gk + n)).to(tl.float32) * 1.4426950408889634
+    if MASK:
+        col = tl.load(Gck + cols, mask=cols < Tk, other=0.0)
+    else:
+        col = tl.load(Gck + cols)
+    return row, col
 
 
 @triton.jit
@@ -108,7 +128,7 @@ def _gate_rows(Gk, Tk, Tq, rows, m_rows, HAS_GATE: tl.constexpr):
 
 
 @triton.jit
-def _fwd_blocks(acc, m_i, l_i, bad, qt, Grow, pos, kb, vb, Gk, start, end, Tk, W, scale2,
+def _fwd_blocks(acc, m_i, l_i, bad, qt, Grow, pos, kb, vb, Gk, Gck, start, end, Tk, W, scale2,
                 KS: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                 BV: tl.constexpr, MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_GATE: tl.constexpr,
                 PREC: tl.constexpr, UP: tl.constexpr):
@@ -129,7 +149,7 @@ def _fwd_blocks(acc, m_i, l_i, bad, qt, Grow, pos, kb, vb, Gk, start, end, Tk, W
         # constant of the row, added to the [BM] maximum instead of to every element
         s = mm(qt, kt, PREC, UP) * scale2
         if HAS_GATE:
-            row, col = _gate_terms(Grow, Gk, n, cols, Tk)
+            row, col = _gate_terms(Grow, Gk, Gck, n, cols, Tk, MASK)
             s = s - col[None, :]
         if MASK:
             vis = _visible(pos, cols, Tk, W, HAS_WINDOW)
@@ -183,13 +203,14 @@ def _key_ranges(p_first, p_last, W, HAS_WINDOW: tl.constexpr, BN: tl.constexpr):
 
 @fast_launch
 @triton.jit(do_not_specialize=["Tq", "Tk", "W"])
-def fox_fwd_kernel(q, k, v, G, o, lse, scale, Tq, Tk, W, H: tl.constexpr, HKV: tl.constexpr, K: tl.constexpr,
+def fox_fwd_kernel(q, k, v, G, Gc, o, lse, scale, Tq, Tk, W, H: tl.constexpr, HKV: tl.constexpr, K: tl.constexpr,
                    V: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    HAS_WINDOW: tl.constexpr, HAS_GATE: tl.constexpr, STRICT: tl.constexpr, PREC: tl.constexpr,
                    UP: tl.constexpr):
     """Grid (cdiv(Tq, BM), B*H): o [B, Tq, H, V] and lse [B, H, Tq] (base 2) of one query block; a row that sees
-    no key (STRICT, the first position) gets o = 0 and lse = +inf (its probabilities are 0 in backward). Without
-    HAS_GATE, G is not read (any pointer)."""
+    no key (STRICT, the first position) gets o = 0 and lse = +inf (its probabilities are 0 in backward). Gc: the
+    bias's column terms for key blocks of BN (:func:`fox_gate_columns_kernel`). Without HAS_GATE, G and Gc are not
+    read (any pointers)."""
     # the last query blocks first: a causal program's work grows with its block's index, and the light ones left
     # for the end fill the last wave of programs
     i_m, i_bh = tl.num_programs(0) - 1 - tl.program_id(0), tl.program_id(1).to(tl.int64)
@@ -202,7 +223,7 @@ def fox_fwd_kernel(q, k, v, G, o, lse, scale, Tq, Tk, W, H: tl.constexpr, HKV: t
     o_k, o_v = tl.arange(0, BK), tl.arange(0, BV)
     qb = q + (i_b * Tq * H + i_h) * K
     qt = tl.load(qb + rows[:, None] * (H * K) + o_k[None, :], mask=m_rows[:, None] & (o_k[None, :] < K), other=0.0)
-    Gk = G + i_bh * Tk
+    Gk, Gck = G + i_bh * Tk, Gc + i_bh * Tk
     Grow = _gate_rows(Gk, Tk, Tq, rows, m_rows, HAS_GATE)
     kb = k + (i_b * Tk * HKV + i_hk) * K
     vb = v + (i_b * Tk * HKV + i_hk) * V
@@ -215,11 +236,11 @@ def fox_fwd_kernel(q, k, v, G, o, lse, scale, Tq, Tk, W, H: tl.constexpr, HKV: t
     m_i = tl.full([BM], -1e30, dtype=tl.float32)
     l_i = tl.zeros([BM], dtype=tl.float32)
     bad = rows < 0  # [BM] all False: rows that see a non-finite value in a masked block
-    acc, m_i, l_i, bad = _fwd_blocks(acc, m_i, l_i, bad, qt, Grow, pos, kb, vb, Gk, lo, mid_lo, Tk, W, scale2, HKV,
+    acc, m_i, l_i, bad = _fwd_blocks(acc, m_i, l_i, bad, qt, Grow, pos, kb, vb, Gk, Gck, lo, mid_lo, Tk, W, scale2, HKV,
                                      K, V, BN, BK, BV, True, HAS_WINDOW, HAS_GATE, PREC, UP)
-    acc, m_i, l_i, bad = _fwd_blocks(acc, m_i, l_i, bad, qt, Grow, pos, kb, vb, Gk, mid_lo, mid_hi, Tk, W, scale2,
+    acc, m_i, l_i, bad = _fwd_blocks(acc, m_i, l_i, bad, qt, Grow, pos, kb, vb, Gk, Gck, mid_lo, mid_hi, Tk, W, scale2,
                                      HKV, K, V, BN, BK, BV, False, HAS_WINDOW, HAS_GATE, PREC, UP)
-    acc, m_i, l_i, bad = _fwd_blocks(acc, m_i, l_i, bad, qt, Grow, pos, kb, vb, Gk, mid_hi, hi, Tk, W, scale2, HKV,
+    acc, m_i, l_i, bad = _fwd_blocks(acc, m_i, l_i, bad, qt, Grow, pos, kb, vb, Gk, Gck, mid_hi, hi, Tk, W, scale2, HKV,
                                      K, V, BN, BK, BV, True, HAS_WINDOW, HAS_GATE, PREC, UP)
     empty = l_i == 0.0  # padding rows (not stored), and with STRICT the first position
     l_safe = tl.where(empty, 1.0, l_i)
@@ -349,7 +370,7 @@ def fox_dkv_kernel(q, k, v, G, do, lse, delta, dk, dv, dG, scale, Tq, Tk, W, H: 
 
 
 @triton.jit
-def _dq_blocks(dq, dGr, qt, dot_, lse_r, delta_r, Grow, pos, kb, vb, Gk, start, end, Tk, W, scale2,
+def _dq_blocks(dq, dGr, qt, dot_, lse_r, delta_r, Grow, pos, kb, vb, Gk, Gck, start, end, Tk, W, scale2,
                KS: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr,
                UP: tl.constexpr):
@@ -364,7 +385,7 @@ def _dq_blocks(dq, dGr, qt, dot_, lse_r, delta_r, Grow, pos, kb, vb, Gk, start, 
         s = mm(qt, tl.trans(kc), PREC, UP) * scale2
         shift = lse_r
         if HAS_GATE:
-            row, col = _gate_terms(Grow, Gk, n, cols, Tk)
+            row, col = _gate_terms(Grow, Gk, Gck, n, cols, Tk, MASK)
             s = s - col[None, :]
             shift = lse_r - row
         if MASK:
@@ -380,12 +401,12 @@ def _dq_blocks(dq, dGr, qt, dot_, lse_r, delta_r, Grow, pos, kb, vb, Gk, start, 
 
 @fast_launch
 @triton.jit(do_not_specialize=["Tq", "Tk", "W"])
-def fox_dq_kernel(q, k, v, G, do, lse, delta, dq, dG, scale, Tq, Tk, W, H: tl.constexpr, HKV: tl.constexpr,
+def fox_dq_kernel(q, k, v, G, Gc, do, lse, delta, dq, dG, scale, Tq, Tk, W, H: tl.constexpr, HKV: tl.constexpr,
                   K: tl.constexpr, V: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                   BV: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_GATE: tl.constexpr, STRICT: tl.constexpr,
                   PREC: tl.constexpr, UP: tl.constexpr):
     """Grid (cdiv(Tq, BM), B*H): dq of one query block; adds the row sums of dS to dG at the query positions
-    (with HAS_GATE)."""
+    (with HAS_GATE). Gc: the bias's column terms for key blocks of BN, as in the forward."""
     # the last query blocks first, as in the forward
     i_m, i_bh = tl.num_programs(0) - 1 - tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
@@ -401,7 +422,7 @@ def fox_dq_kernel(q, k, v, G, do, lse, delta, dq, dG, scale, Tq, Tk, W, H: tl.co
                    mask=m_rows[:, None] & (o_v[None, :] < V), other=0.0)
     lse_r = tl.load(lse + i_bh * Tq + rows, mask=m_rows, other=float("inf"))
     delta_r = tl.load(delta + i_bh * Tq + rows, mask=m_rows, other=0.0)
-    Gk = G + i_bh * Tk
+    Gk, Gck = G + i_bh * Tk, Gc + i_bh * Tk
     Grow = _gate_rows(Gk, Tk, Tq, rows, m_rows, HAS_GATE)
     kb = k + (i_b * Tk * HKV + i_hk) * K
     vb = v + (i_b * Tk * HKV + i_hk) * V
@@ -411,13 +432,13 @@ def fox_dq_kernel(q, k, v, G, do, lse, delta, dq, dG, scale, Tq, Tk, W, H: tl.co
     lo, mid_lo, mid_hi, hi = _key_ranges(p_first, p_last, W, HAS_WINDOW, BN)
     acc = tl.zeros([BM, BK], dtype=tl.float32)
     dGr = tl.zeros([BM], dtype=tl.float32)
-    acc, dGr = _dq_blocks(acc, dGr, qt, dot_, lse_r, delta_r, Grow, pos, kb, vb, Gk,
+    acc, dGr = _dq_blocks(acc, dGr, qt, dot_, lse_r, delta_r, Grow, pos, kb, vb, Gk, Gck,
                           lo, mid_lo, Tk, W, scale2, HKV, K, V, BN, BK, BV, True, HAS_WINDOW,
                           HAS_GATE, PREC, UP)
-    acc, dGr = _dq_blocks(acc, dGr, qt, dot_, lse_r, delta_r, Grow, pos, kb, vb, Gk,
+    acc, dGr = _dq_blocks(acc, dGr, qt, dot_, lse_r, delta_r, Grow, pos, kb, vb, Gk, Gck,
                           mid_lo, mid_hi, Tk, W, scale2, HKV, K, V, BN, BK, BV, False,
                           HAS_WINDOW, HAS_GATE, PREC, UP)
-    acc, dGr = _dq_blocks(acc, dGr, qt, dot_, lse_r, delta_r, Grow, pos, kb, vb, Gk,
+    acc, dGr = _dq_blocks(acc, dGr, qt, dot_, lse_r, delta_r, Grow, pos, kb, vb, Gk, Gck,
                           mid_hi, hi, Tk, W, scale2, HKV, K, V, BN, BK, BV, True, HAS_WINDOW,
                           HAS_GATE, PREC, UP)
     tl.store(dq + (i_b * Tq * H + i_h) * K + rows[:, None] * (H * K) + o_k[None, :],
