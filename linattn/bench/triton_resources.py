@@ -29,7 +29,7 @@ from linattn.bench.shape_args import add_shape_arguments
 from linattn.ops import get_op
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
-           torch.int32: "i32", torch.int64: "i64", torch.bool: "i1"}
+           torch.int8: "i8", torch.int32: "i32", torch.int64: "i64", torch.bool: "i1"}
 
 
 @dataclass

@@ -9,7 +9,9 @@ differentiates into dg = reverse cumulative sum of dG), registers the forward an
 that calls the implementations directly in eager mode (``common/triton_ops.py`` says why). Nothing reads a tensor
 on the host, so decoding steps (one query against the cache) do not synchronise.
 
-Memory: the forward keeps q, k, v, G, o and the row log-sum-exp; no Tq x Tk tile exists anywhere.
+Memory: the forward keeps q, k, v, G, o and the row log-sum-exp; no Tq x Tk tile exists anywhere. While it runs,
+it also holds a cleaned copy of the values its masked blocks can reach (:func:`clean_values`) and the float32
+column terms of G (:func:`gate_columns`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,14 @@ from ..common.positions import apply_rope, rope_config
 from ..common.registered_ops import define_op
 from ..common.triton_ops import eager_backward, op_function
 from ..common.triton_utils import block, cdiv, dot_precision, launch_options, launch_overrides, upcast_dots
-from .triton_kernels import fox_delta_kernel, fox_dkv_kernel, fox_dq_kernel, fox_fwd_kernel, fox_gate_columns_kernel
+from .triton_kernels import (
+    fox_clean_values_kernel,
+    fox_delta_kernel,
+    fox_dkv_kernel,
+    fox_dq_kernel,
+    fox_fwd_kernel,
+    fox_gate_columns_kernel,
+)
 
 # Block sizes and warps per kernel, fixed per head size (never per sequence length); "fwd_BM" query rows per
 # forward program and "fwd_BN" keys per inner step; "dkv_BN" keys per dK/dV program, "dkv_BM" query rows per step;
@@ -39,6 +48,7 @@ LAUNCH = {"fwd_BM": 128, "fwd_BN": 64, "fwd_warps": 4, "fwd_stages": 2,
           "delta_BM": 64, "delta_warps": 4, "delta_stages": 1}
 launch_overrides("forgetting_attn", LAUNCH)
 MAX_HEAD_DIM = 256  # q/k rows and v rows are held whole in registers
+CLEAN_ROWS = 32  # value rows per program of fox_clean_values_kernel (memory-bound: any size that fills the GPU)
 
 
 def _dims(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, ...]:
@@ -58,6 +68,29 @@ def gate_columns(G: torch.Tensor | None, BN: int) -> torch.Tensor | None:
     return Gc
 
 
+def clean_values(v: torch.Tensor, k0: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(vc [B, Tk - k0, H_kv, V], flags [B, H_kv, Tk - k0] int8) of the values v [B, Tk, H_kv, V] from key k0 on:
+    rows holding a NaN or an infinity zeroed in vc and flagged 1 (the forward's masked blocks read these,
+    triton_kernels.py, ``_fwd_blocks``)."""
+    B, Tk, Hkv, V = v.shape
+    vc = v.new_empty(B, Tk - k0, Hkv, V)
+    flags = torch.empty(B, Hkv, Tk - k0, device=v.device, dtype=torch.int8)
+    if Tk > k0:
+        fox_clean_values_kernel[(cdiv(Tk - k0, CLEAN_ROWS), B * Hkv)](
+            v=v, vc=vc, flags=flags, Tk=Tk, k0=k0, HKV=Hkv, V=V, BT=CLEAN_ROWS, BV=block(V))
+    return vc, flags
+
+
+def masked_keys_start(Tq: int, Tk: int, window: int, strict: bool, BN: int) -> int:
+    """The first key any of the forward's masked blocks (blocks of BN keys) reaches: the diagonal's for the first
+    query, or 0 with a window (its edge blocks lie anywhere). A decoding step's masked keys are the cache's last
+    block."""
+    if window > 0:
+        return 0
+    first_position = Tk - Tq - (1 if strict else 0)
+    return max(0, (first_position + 1) // BN * BN)
+
+
 def fox_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Tensor | None, scale: float,
                 window: int, strict: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """o [B, Tq, H, V] (q's dtype) and the base-2 row log-sum-exp [B, H, Tq] (float32). q [B, Tq, H, K],
@@ -71,11 +104,13 @@ def fox_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, G: torch.Tens
     BM = LAUNCH["fwd_BM"] if Tq > 16 else 16
     BN = LAUNCH["fwd_BN"]
     Gc = gate_columns(G, BN)
+    k0 = masked_keys_start(Tq, Tk, window, strict, BN)
+    vc, flags = clean_values(v, k0)
     fox_fwd_kernel[(cdiv(Tq, BM), B * H)](
-        q=q, k=k, v=v, G=lse if G is None else G, Gc=lse if Gc is None else Gc, o=o, lse=lse, scale=scale, Tq=Tq,
-        Tk=Tk, W=window, H=H, HKV=Hkv, K=K, V=V, BM=BM, BN=BN, BK=block(K), BV=block(V), HAS_WINDOW=window > 0,
-        HAS_GATE=G is not None, STRICT=strict,
-        PREC=dot_precision(q.dtype), UP=upcast_dots(q.dtype), **launch_options(LAUNCH, "fwd", q.dtype, 1))
+        q=q, k=k, v=v, vc=vc, flags=flags, G=lse if G is None else G, Gc=lse if Gc is None else Gc, o=o, lse=lse,
+        scale=scale, Tq=Tq, Tk=Tk, W=window, k0=k0, H=H, HKV=Hkv, K=K, V=V, BM=BM, BN=BN, BK=block(K), BV=block(V),
+        HAS_WINDOW=window > 0, HAS_GATE=G is not None, STRICT=strict, PREC=dot_precision(q.dtype),
+        UP=upcast_dots(q.dtype), **launch_options(LAUNCH, "fwd", q.dtype, 1))
     return o, lse
 
 

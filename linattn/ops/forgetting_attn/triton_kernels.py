@@ -128,23 +128,28 @@ def _gate_rows(Gk, Tk, Tq, rows, m_rows, HAS_GATE: tl.constexpr):
 
 
 @triton.jit
-def _fwd_blocks(acc, m_i, l_i, bad, qt, Grow, pos, kb, vb, Gk, Gck, start, end, Tk, W, scale2,
+def _fwd_blocks(acc, m_i, l_i, bad, qt, Grow, pos, kb, vb, vcb, flb, k0, Gk, Gck, start, end, Tk, W, scale2,
                 KS: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                 BV: tl.constexpr, MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_GATE: tl.constexpr,
                 PREC: tl.constexpr, UP: tl.constexpr):
     """Online softmax over key blocks [start, end) (steps of BN); MASK: apply the visibility mask.
 
-    In a masked block a hidden key's probability is 0, but 0 x NaN = NaN inside P V: such blocks read the
-    values' finite part, and ``bad`` [BM] records which rows see a non-finite value (their output is set to NaN
-    at the end), so a non-finite value reaches no earlier query (common/triton_masking.py). In an unmasked block
-    every row sees every value and the product propagates it."""
+    In a masked block a hidden key's probability is 0, but 0 x NaN = NaN inside P V: such blocks read the values
+    from vcb, :func:`fox_clean_values_kernel`'s copy of the keys from k0 on with non-finite rows zeroed, and its
+    flags flb of those rows; ``bad`` [BM] records which rows see a flagged value (their output is set to NaN at the
+    end), so a non-finite value reaches no earlier query (common/triton_masking.py). In an unmasked block every row
+    sees every value and the product propagates it. (Cleaning the value tile in registers here instead made Triton
+    3.6 wait for each tensor-core product before issuing the next, in every loop of the kernel.)"""
     o_k, o_v = tl.arange(0, BK), tl.arange(0, BV)
     for n in range(start, end, BN):
         cols = n + tl.arange(0, BN)
         kt = _load(kb + cols[None, :] * (KS * K) + o_k[:, None], o_k[:, None] < K, cols[None, :] < Tk,
                    MASK or BK != K)
-        vt = _load(vb + cols[:, None] * (KS * V) + o_v[None, :], cols[:, None] < Tk, o_v[None, :] < V,
-                   MASK or BV != V)
+        if MASK:
+            vt = _load(vcb + (cols - k0)[:, None] * (KS * V) + o_v[None, :], cols[:, None] < Tk, o_v[None, :] < V,
+                       True)
+        else:
+            vt = _load(vb + cols[:, None] * (KS * V) + o_v[None, :], cols[:, None] < Tk, o_v[None, :] < V, BV != V)
         # s holds the logits less the bias's row term (one fused multiply-add per element): the row term is a
         # constant of the row, added to the [BM] maximum instead of to every element
         s = mm(qt, kt, PREC, UP) * scale2
@@ -154,14 +159,13 @@ def _fwd_blocks(acc, m_i, l_i, bad, qt, Grow, pos, kb, vb, Gk, Gck, start, end, 
         if MASK:
             vis = _visible(pos, cols, Tk, W, HAS_WINDOW)
             s = tl.where(vis, s, float("-inf"))
-            col_bad = _nonfinite_rows(vt)  # [BN]: this key's value row is not finite
-            vt = tl.where(col_bad[:, None], 0.0, vt)
+            col_bad = tl.load(flb + cols - k0, mask=cols < Tk, other=0) != 0  # [BN]: the value row is not finite
             if HAS_WINDOW:
                 bad = bad | (tl.max(tl.where(vis, col_bad[None, :].to(tl.int32), 0), axis=1) > 0)
             else:
                 # causal alone: a row sees a bad key of the block iff the first one (that exists) is at or before
                 # its position ([BM] work instead of a [BM, BN] reduction, which cost 8% of the forward's time)
-                first = tl.min(tl.where(col_bad, cols, 2147483647), axis=0)  # keys past Tk load as zeros
+                first = tl.min(tl.where(col_bad, cols, 2147483647), axis=0)
                 bad = bad | (pos >= first)
         if HAS_GATE:
             m_new = tl.maximum(m_i, tl.max(s, axis=1) + row)
@@ -184,6 +188,25 @@ def _nonfinite_rows(x):
     return tl.sum(x.to(tl.float32) * 0.0, axis=1) != 0.0
 
 
+@fast_launch
+@triton.jit(do_not_specialize=["Tk", "k0"])
+def fox_clean_values_kernel(v, vc, flags, Tk, k0, HKV: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                            BV: tl.constexpr):
+    """Grid (cdiv(Tk - k0, BT), B*H_kv): for the keys j in [k0, Tk), flags [B, H_kv, Tk - k0] int8 = 1 where value row
+    j holds a NaN or an infinity, and vc [B, Tk - k0, H_kv, V] the value rows with those rows zeroed: what the
+    forward's masked blocks read (:func:`_fwd_blocks`)."""
+    i_t, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // HKV, i_bh % HKV
+    Tc = Tk - k0
+    r = i_t * BT + tl.arange(0, BT)
+    o_v = tl.arange(0, BV)
+    m = (r[:, None] < Tc) & (o_v[None, :] < V)
+    x = tl.load(v + ((i_b * Tk + k0 + r[:, None]) * HKV + i_h) * V + o_v[None, :], mask=m, other=0.0)
+    row_bad = _nonfinite_rows(x)
+    tl.store(vc + ((i_b * Tc + r[:, None]) * HKV + i_h) * V + o_v[None, :], tl.where(row_bad[:, None], 0.0, x), mask=m)
+    tl.store(flags + i_bh * Tc + r, row_bad.to(tl.int8), mask=r < Tc)
+
+
 @triton.jit
 def _key_ranges(p_first, p_last, W, HAS_WINDOW: tl.constexpr, BN: tl.constexpr):
     """Key blocks of the query rows at positions p_first .. p_last: [lo, mid_lo) masked (window edge),
@@ -202,15 +225,16 @@ def _key_ranges(p_first, p_last, W, HAS_WINDOW: tl.constexpr, BN: tl.constexpr):
 
 
 @fast_launch
-@triton.jit(do_not_specialize=["Tq", "Tk", "W"])
-def fox_fwd_kernel(q, k, v, G, Gc, o, lse, scale, Tq, Tk, W, H: tl.constexpr, HKV: tl.constexpr, K: tl.constexpr,
-                   V: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                   HAS_WINDOW: tl.constexpr, HAS_GATE: tl.constexpr, STRICT: tl.constexpr, PREC: tl.constexpr,
-                   UP: tl.constexpr):
+@triton.jit(do_not_specialize=["Tq", "Tk", "W", "k0"])
+def fox_fwd_kernel(q, k, v, vc, flags, G, Gc, o, lse, scale, Tq, Tk, W, k0, H: tl.constexpr, HKV: tl.constexpr,
+                   K: tl.constexpr, V: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                   BV: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_GATE: tl.constexpr, STRICT: tl.constexpr,
+                   PREC: tl.constexpr, UP: tl.constexpr):
     """Grid (cdiv(Tq, BM), B*H): o [B, Tq, H, V] and lse [B, H, Tq] (base 2) of one query block; a row that sees
     no key (STRICT, the first position) gets o = 0 and lse = +inf (its probabilities are 0 in backward). Gc: the
-    bias's column terms for key blocks of BN (:func:`fox_gate_columns_kernel`). Without HAS_GATE, G and Gc are not
-    read (any pointers)."""
+    bias's column terms for key blocks of BN (:func:`fox_gate_columns_kernel`); vc, flags: the values of the keys
+    from k0 on (every key a masked block may reach) cleaned, and their flags (:func:`fox_clean_values_kernel`).
+    Without HAS_GATE, G and Gc are not read (any pointers)."""
     # the last query blocks first: a causal program's work grows with its block's index, and the light ones left
     # for the end fill the last wave of programs
     i_m, i_bh = tl.num_programs(0) - 1 - tl.program_id(0), tl.program_id(1).to(tl.int64)
@@ -227,6 +251,8 @@ def fox_fwd_kernel(q, k, v, G, Gc, o, lse, scale, Tq, Tk, W, H: tl.constexpr, HK
     Grow = _gate_rows(Gk, Tk, Tq, rows, m_rows, HAS_GATE)
     kb = k + (i_b * Tk * HKV + i_hk) * K
     vb = v + (i_b * Tk * HKV + i_hk) * V
+    vcb = vc + (i_b * (Tk - k0) * HKV + i_hk) * V
+    flb = flags + (i_b * HKV + i_hk) * (Tk - k0)
     scale2 = scale * 1.4426950408889634
     p_first = T0 + i_m * BM
     p_last = tl.minimum(p_first + BM - 1, T0 + Tq - 1)
@@ -236,12 +262,12 @@ def fox_fwd_kernel(q, k, v, G, Gc, o, lse, scale, Tq, Tk, W, H: tl.constexpr, HK
     m_i = tl.full([BM], -1e30, dtype=tl.float32)
     l_i = tl.zeros([BM], dtype=tl.float32)
     bad = rows < 0  # [BM] all False: rows that see a non-finite value in a masked block
-    acc, m_i, l_i, bad = _fwd_blocks(acc, m_i, l_i, bad, qt, Grow, pos, kb, vb, Gk, Gck, lo, mid_lo, Tk, W, scale2, HKV,
-                                     K, V, BN, BK, BV, True, HAS_WINDOW, HAS_GATE, PREC, UP)
-    acc, m_i, l_i, bad = _fwd_blocks(acc, m_i, l_i, bad, qt, Grow, pos, kb, vb, Gk, Gck, mid_lo, mid_hi, Tk, W, scale2,
-                                     HKV, K, V, BN, BK, BV, False, HAS_WINDOW, HAS_GATE, PREC, UP)
-    acc, m_i, l_i, bad = _fwd_blocks(acc, m_i, l_i, bad, qt, Grow, pos, kb, vb, Gk, Gck, mid_hi, hi, Tk, W, scale2, HKV,
-                                     K, V, BN, BK, BV, True, HAS_WINDOW, HAS_GATE, PREC, UP)
+    acc, m_i, l_i, bad = _fwd_blocks(acc, m_i, l_i, bad, qt, Grow, pos, kb, vb, vcb, flb, k0, Gk, Gck, lo, mid_lo,
+                                     Tk, W, scale2, HKV, K, V, BN, BK, BV, True, HAS_WINDOW, HAS_GATE, PREC, UP)
+    acc, m_i, l_i, bad = _fwd_blocks(acc, m_i, l_i, bad, qt, Grow, pos, kb, vb, vcb, flb, k0, Gk, Gck, mid_lo, mid_hi,
+                                     Tk, W, scale2, HKV, K, V, BN, BK, BV, False, HAS_WINDOW, HAS_GATE, PREC, UP)
+    acc, m_i, l_i, bad = _fwd_blocks(acc, m_i, l_i, bad, qt, Grow, pos, kb, vb, vcb, flb, k0, Gk, Gck, mid_hi, hi,
+                                     Tk, W, scale2, HKV, K, V, BN, BK, BV, True, HAS_WINDOW, HAS_GATE, PREC, UP)
     empty = l_i == 0.0  # padding rows (not stored), and with STRICT the first position
     l_safe = tl.where(empty, 1.0, l_i)
     out = tl.where(bad[:, None], float("nan"), acc / l_safe[:, None])
