@@ -6,6 +6,11 @@ intercepted (nothing runs), compiles every launched kernel for ``sm_<arch>`` wit
 constexprs, warps and stages, and prints what ``cuobjdump -res-usage`` reports. Stack bytes are register
 spills; a kernel that needs more shared memory than the GPU has (an H100: 227 KB) fails to launch there.
 Shapes other than T only change the constexprs; T changes nothing (kernels do not specialise on it).
+
+On sm_90 it also counts, in the kernel's SASS, the Hopper tensor-core instructions (``HGMMA``) and the waits for
+them (``WARPGROUP.DEPBAR``). A chain of products issued back to back ends in one wait; a kernel with about as many
+waits as products issues them one at a time (forgetting_attn's forward did, in every loop, while its masked blocks
+edited the value tile in registers: docs/triton.md).
 """
 
 from __future__ import annotations
@@ -87,7 +92,8 @@ def _source(launch: Launch) -> tuple[ASTSource, dict]:
 
 
 def resource_usage(launch: Launch, arch: int = 90) -> dict:
-    """{"kernel", "warps", "stages", "regs", "stack", "shared"} of one launch compiled for sm_<arch>."""
+    """{"kernel", "warps", "stages", "regs", "stack", "shared", "mma", "mma_waits"} of one launch compiled for
+    sm_<arch> (mma, mma_waits: HGMMA and WARPGROUP.DEPBAR instructions in its SASS; 0 off sm_90)."""
     src, options = _source(launch)
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -95,10 +101,12 @@ def resource_usage(launch: Launch, arch: int = 90) -> dict:
         f.write(compiled.asm["cubin"])
         f.flush()
         report = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
     found = dict(re.findall(r"(REG|STACK|SHARED):(\d+)", report))
     return {"kernel": launch.fn.__name__, "warps": options.get("num_warps", 4), "stages": options.get("num_stages", 3),
             "regs": int(found.get("REG", 0)), "stack": int(found.get("STACK", 0)),
-            "shared": int(compiled.metadata.shared)}
+            "shared": int(compiled.metadata.shared), "mma": len(re.findall(r"\bHGMMA\.", sass)),
+            "mma_waits": len(re.findall(r"\bWARPGROUP\.DEPBAR\b", sass))}
 
 
 @contextmanager
@@ -149,12 +157,13 @@ def main() -> None:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--arch", type=int, default=90)
     a = p.parse_args()
-    print(f"{'op':<18} {'kernel':<26} {'warps':>5} {'stages':>6} {'regs':>5} {'stack':>6} {'shared':>7}")
+    print(f"{'op':<18} {'kernel':<26} {'warps':>5} {'stages':>6} {'regs':>5} {'stack':>6} {'shared':>7} {'mma':>5} "
+          f"{'waits':>5}")
     for op in a.ops:
         for launch in op_launches(op, a.B, a.T, a.H, a.K, a.V, getattr(torch, a.dtype)):
             r = resource_usage(launch, a.arch)
             print(f"{op:<18} {r['kernel']:<26} {r['warps']:>5} {r['stages']:>6} {r['regs']:>5} {r['stack']:>6} "
-                  f"{r['shared']:>7}", flush=True)
+                  f"{r['shared']:>7} {r['mma']:>5} {r['mma_waits']:>5}", flush=True)
 
 
 if __name__ == "__main__":

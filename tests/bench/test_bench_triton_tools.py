@@ -95,6 +95,21 @@ def test_resource_report_compiles_the_kernels_for_sm90_without_a_gpu():
     assert [r[1] for r in rows] == ["_state_fwd_kernel", "chunk_output_kernel", "_state_bwd_kernel",
                                     "_grads_bwd_kernel"]
     assert all(int(r[4]) > 0 for r in rows)  # registers read back from the cubin
+    assert all(int(r[7]) >= 0 and int(r[8]) >= 0 for r in rows)  # tensor-core instructions and their waits
+
+
+@needs_triton
+def test_forgetting_attn_forward_issues_its_tensor_core_products_back_to_back():
+    """In SASS for sm_90, the forward's HGMMAs are not each followed by a wait: cleaning the value tile in registers
+    inside the kernel had made Triton 3.6 issue all of them one at a time (as many waits as products)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-m", "linattn.bench.triton_resources", "forgetting_attn", "--T", "256",
+                          "--H", "2", "--K", "128", "--V", "128", "--dtype", "bfloat16"], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {r[1]: r for r in (line.split() for line in out.stdout.splitlines()[1:])}
+    mma, waits = int(rows["fox_fwd_kernel"][7]), int(rows["fox_fwd_kernel"][8])
+    assert mma > 0 and 4 * waits < mma, (mma, waits)
 
 
 def test_tune_records_a_setting_that_fails_and_goes_on(monkeypatch):
