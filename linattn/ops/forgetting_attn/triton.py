@@ -82,12 +82,12 @@ def clean_values(v: torch.Tensor, k0: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def masked_keys_start(Tq: int, Tk: int, window: int, strict: bool, BN: int) -> int:
-    """The first key any of the forward's masked blocks (blocks of BN keys) reaches: the diagonal's for the first
-    query, or 0 with a window (its edge blocks lie anywhere). A decoding step's masked keys are the cache's last
-    block."""
-    if window > 0:
-        return 0
+    """The first key any of the forward's masked blocks (blocks of BN keys) reaches: the first query's diagonal
+    block, or with a window its window's first block (triton_kernels.py, ``_key_ranges``; later queries' blocks
+    start later). A decoding step's masked keys are the cache's last block or its window's."""
     first_position = Tk - Tq - (1 if strict else 0)
+    if window > 0:
+        return max(0, first_position - window + 1) // BN * BN
     return max(0, (first_position + 1) // BN * BN)
 
 
