@@ -25,16 +25,18 @@ reverse cumulative sum of dG (the caller's cumsum, differentiated by autograd, g
 G is read in float64: for a tile of query rows and the key block starting at n, the bias is formed as
 (G_{p_i} - G_n) - (G_j - G_n), each difference rounded to float32 once, so its error is relative to the
 difference itself and not to |G| (which grows without bound with T: float32 G alone would lose ~1e-4 absolute at
-|G| ~ 1e3). A [BM] and a [BN] float64 subtraction per tile; the [BM, BN] work stays float32. The row term
-G_{p_i} - G_n is a constant of the row: it joins the row's running maximum (forward) or its log-sum-exp (backward)
-as [BM] work, so each logit costs one fused multiply-add for the scale and the bias's column term.
+|G| ~ 1e3). The column terms G_j - G_n are formed once per call for the whole sequence (fox_gate_columns_kernel)
+and read as float32; the row terms take a [BM] float64 subtraction per tile; the [BM, BN] work stays float32. The
+row term G_{p_i} - G_n is a constant of the row: it joins the row's running maximum (forward) or its log-sum-exp
+(backward) as [BM] work, so each logit costs one fused multiply-add for the scale and the bias's column term.
 
 Kernels: the forward (a program per query block and batch*query head), delta (rowsum(dO O), same grid), the dK/dV
 kernel (a program per key block and batch*key/value head, looping over the query heads of its group and the query
 blocks that see the key block, so dK and dV accumulate in registers without atomics; its tiles are transposed, keys
-along the rows, see :func:`_dkv_blocks`), and the dQ kernel (a program
-per query block and batch*query head). Each loop over blocks is split into the blocks that need the causal / window
-/ bounds mask and those that are entirely visible (no mask work there).
+along the rows, see :func:`_dkv_blocks`), and the dQ kernel (a program per query block and batch*query head); before
+the forward, two small ones: the bias's column terms (fox_gate_columns_kernel, also before dQ) and the cleaned values
+the forward's masked blocks read (fox_clean_values_kernel). Each loop over blocks is split into the blocks that need
+the causal / window / bounds mask and those that are entirely visible (no mask work there).
 """
 
 from __future__ import annotations
