@@ -355,10 +355,9 @@ def _grads_qk_kernel(q, k, g, h, dlt, dd, do, dh, dq, dk, dw, db, rows, scale, T
 @fast_launch
 @triton.jit(do_not_specialize=["T", "sdb"])
 def _grads_wy_kernel(k, p, v, beta, g, tm, dd, dw, dk, dp, dv, dbeta, db, dg, rows, T, sdb, H: tl.constexpr,
-                     K: tl.constexpr,
-                     V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NKQ: tl.constexpr,
-                     USE_G: tl.constexpr, HAS_P: tl.constexpr, PREC: tl.constexpr, UP: tl.constexpr,
-                     PACKED: tl.constexpr):
+                     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                     NKQ: tl.constexpr, USE_G: tl.constexpr, HAS_P: tl.constexpr, PREC: tl.constexpr,
+                     UP: tl.constexpr, PACKED: tl.constexpr):
     """Grid (N, B*H), looping over value and key blocks: the gradients through W = Tm diag(beta gamma) R,
     U = Tm diag(beta) V and Tm = (I + A)^-1 (Tm read from tm, kept by the forward pass): dv, dbeta, dp (HAS_P;
     else added to dk), the rest of dk (added to dk), and dg = reverse cumulative sum within the chunk of db_t
